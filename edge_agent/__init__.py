@@ -1,0 +1,1 @@
+"""The beamline daemon: watch the detector, decide readiness, start and follow runs."""

@@ -1,0 +1,1 @@
+"""Flow definitions in the Globus Flows language, shipped as package data."""

@@ -1,0 +1,1 @@
+"""Globus Compute functions that the flows call (self-contained bodies)."""
