@@ -1,0 +1,234 @@
+"""The `beamflow` command line.
+
+Exit codes: 0 ok, 1 the work failed (bad input, a failed run, bad configuration), 2 usage.
+Every command takes ``--config FILE`` (default ./beamflow.toml, then
+~/.config/beamflow/beamflow.toml); BEAMFLOW_* environment variables override the file.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from beamflow import __version__
+from beamflow.config import (
+    CONFIG_NAME,
+    ConfigError,
+    Settings,
+    globus_workspace_toml,
+    load_config,
+    local_workspace_toml,
+)
+from beamflow.store import RunStatus, Store
+
+app = typer.Typer(
+    name="beamflow",
+    help="Turn a ptychography beamline into a live analysis instrument.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+runs_app = typer.Typer(help="List, inspect, start, retry and cancel runs.", no_args_is_help=True)
+flows_app = typer.Typer(help="Validate and try flow definitions offline.", no_args_is_help=True)
+register_app = typer.Typer(
+    help="Register compute functions and flows (idempotent).", no_args_is_help=True
+)
+app.add_typer(runs_app, name="runs")
+app.add_typer(flows_app, name="flows")
+app.add_typer(register_app, name="register")
+
+console = Console()
+err_console = Console(stderr=True)
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help=f"Config file (default ./{CONFIG_NAME}, then ~/.config/beamflow/{CONFIG_NAME}).",
+        dir_okay=False,
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print a clear error (no traceback) and leave with ``code``."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def settings_from(config: Path | None) -> Settings:
+    try:
+        return load_config(config)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def open_store(settings: Settings) -> Store:
+    return Store(settings.store_path)
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"beamflow {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show version.")
+    ] = False,
+) -> None:
+    """beamflow: edge agent, flows, GPU ptychography and a status page."""
+
+
+# -- init ------------------------------------------------------------------------------------
+@app.command()
+def init(
+    directory: Annotated[Path, typer.Argument(help="Workspace directory to create.")],
+    backend: Annotated[
+        str, typer.Option(help="local (works now, offline) or globus (a template to fill in).")
+    ] = "local",
+    force: Annotated[bool, typer.Option(help="Overwrite an existing beamflow.toml.")] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Create a workspace: beamflow.toml, beamline/{detector,previews}, hpc/, state/."""
+    if backend not in ("local", "globus"):
+        fail(f"--backend must be 'local' or 'globus', not {backend!r}", code=2)
+    target = directory / CONFIG_NAME
+    if target.exists() and not force:
+        fail(f"{target} exists already (use --force to overwrite)")
+    for sub in ("beamline/detector", "beamline/previews", "hpc", "state"):
+        (directory / sub).mkdir(parents=True, exist_ok=True)
+    text = local_workspace_toml() if backend == "local" else globus_workspace_toml()
+    target.write_text(text)
+    if backend == "local":
+        settings_from(target)  # what init writes must load
+    console.print(f"[green]workspace ready:[/] {directory.resolve()}")
+    console.print(f"  config      {target}")
+    console.print(f"  detector    {directory / 'beamline/detector'}  (the agent watches this)")
+    console.print(f"  previews    {directory / 'beamline/previews'}")
+    if backend == "globus":
+        console.print("  next: fill in the ids marked FILL, then `beamflow login`.")
+    else:
+        console.print(
+            f"  next: cd {directory} && beamflow register functions && beamflow register flows"
+        )
+
+
+# -- runs ------------------------------------------------------------------------------------
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+_STATUS_STYLE = {
+    RunStatus.QUEUED: "blue",
+    RunStatus.ACTIVE: "yellow",
+    RunStatus.INACTIVE: "magenta",
+    RunStatus.SUCCEEDED: "green",
+    RunStatus.FAILED: "red",
+    RunStatus.CANCELLED: "dim",
+}
+
+
+@runs_app.command("list")
+def runs_list(
+    status: Annotated[
+        str | None, typer.Option(help="Only runs with this status (e.g. FAILED).")
+    ] = None,
+    scan: Annotated[str | None, typer.Option(help="Only scans whose name contains this.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many runs.")] = 50,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Runs, newest first."""
+    if status is not None and status.upper() not in RunStatus.__members__:
+        fail(f"--status must be one of {', '.join(RunStatus)}, not {status!r}", code=2)
+    store = open_store(settings_from(config))
+    runs = store.list_runs(status=status, scan=scan, limit=limit)
+    if as_json:
+        print(json.dumps([r.model_dump(mode="json") for r in runs]))
+        return
+    table = Table(title=f"runs ({store.count_runs(status=status, scan=scan)} in all)")
+    for column in ("id", "scan", "status", "step", "created", "duration", "error"):
+        table.add_column(column)
+    for r in runs:
+        table.add_row(
+            r.id[:8],
+            r.scan,
+            f"[{_STATUS_STYLE[r.status]}]{r.status}[/]",
+            r.current_step or "-",
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at)),
+            _duration(r.duration),
+            (r.error or "")[:60],
+        )
+    console.print(table)
+
+
+def _find_run(store: Store, run_id: str):  # noqa: ANN202 - Run
+    run = store.get_run(run_id)
+    if run is None:  # accept the short id the table shows
+        matches = [r for r in store.list_runs(limit=None) if r.id.startswith(run_id)]
+        if len(matches) == 1:
+            run = matches[0]
+        elif len(matches) > 1:
+            fail(f"run id {run_id!r} is ambiguous ({len(matches)} runs start with it)")
+    if run is None:
+        fail(f"no run {run_id!r} in {store.path}")
+    return run
+
+
+@runs_app.command("show")
+def runs_show(
+    run_id: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """One run: status, steps with timings, error, previews, product."""
+    store = open_store(settings_from(config))
+    run = _find_run(store, run_id)
+    steps = store.steps(run.id)
+    if as_json:
+        data = run.model_dump(mode="json")
+        data["steps"] = [s.model_dump(mode="json") for s in steps]
+        print(json.dumps(data))
+        return
+    console.print(f"[bold]{run.scan}[/]  run {run.id}")
+    console.print(f"  status    [{_STATUS_STYLE[run.status]}]{run.status}[/]")
+    console.print(f"  flow      {run.flow} on {run.backend}")
+    console.print(f"  duration  {_duration(run.duration)}")
+    if run.iteration is not None:
+        console.print(f"  progress  iteration {run.iteration} of {run.iterations_total or '?'}")
+    if run.error:
+        console.print(f"  error     [red]{run.error_step or ''}: {run.error}[/]", highlight=False)
+    if run.product:
+        console.print(f"  product   {run.product}")
+    for p in run.previews:
+        console.print(f"  preview   {p}")
+    if steps:
+        table = Table(title="steps")
+        for column in ("step", "status", "duration"):
+            table.add_column(column)
+        for s in steps:
+            table.add_row(s.name, s.status, _duration(s.duration))
+        console.print(table)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,341 @@
+"""The one configuration model: ``beamflow.toml`` plus ``BEAMFLOW_*`` environment overrides.
+
+Where the file is looked for (first found wins): the ``--config`` option, ``./beamflow.toml``,
+``~/.config/beamflow/beamflow.toml``. Relative paths in the file are relative to the file's own
+directory, so a workspace can be moved or opened from anywhere.
+
+Environment variables override the file, with ``__`` between nested keys:
+``BEAMFLOW_BACKEND=globus``, ``BEAMFLOW_STATUS__PORT=9000``, ``BEAMFLOW_GLOBUS__CLIENT_SECRET=...``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+CONFIG_NAME = "beamflow.toml"
+USER_CONFIG = Path("~/.config/beamflow") / CONFIG_NAME
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the file, the key and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Beamline(_Section):
+    """The beamline side: where the detector writes and where results come back."""
+
+    collection_id: str = Field(
+        default="", description="Globus collection (or local collection id) of the beamline"
+    )
+    collection_root: Path = Field(
+        default=Path("beamline"), description="local path that the collection's '/' maps to"
+    )
+    detector_dir: Path = Field(
+        default=Path("beamline/detector"), description="directory the edge agent watches"
+    )
+    preview_dir: Path = Field(
+        default=Path("beamline/previews"), description="where previews and products arrive"
+    )
+
+
+class HPC(_Section):
+    """The cluster side: where raw data lands and the compute function writes results."""
+
+    collection_id: str = ""
+    collection_root: Path = Path("hpc")
+    scratch_dir: Path = Field(
+        default=Path("hpc"), description="root the compute function may read and write"
+    )
+    node_local_dir: Path | None = Field(
+        default=None, description="fast node-local directory for L1 checkpoints (optional)"
+    )
+
+
+class Compute(_Section):
+    """Where the reconstruct function runs."""
+
+    endpoint_id: str = ""
+    workers: int = Field(default=1, ge=1, description="local backend: worker processes")
+
+
+class Globus(_Section):
+    """Globus ids; registered function and flow ids live in the state directory, not here."""
+
+    client_id: str = Field(default="", description="Globus Auth app (native or confidential)")
+    client_secret: SecretStr | None = Field(
+        default=None, description="confidential client secret (unattended agent)"
+    )
+    token_storage: Path | None = Field(
+        default=None, description="SQLite token file; default <state_dir>/tokens.db"
+    )
+
+
+class Reconstruction(_Section):
+    """Defaults for reconstructions started by the agent and `runs start`."""
+
+    algorithm: Literal["rpie", "epie", "dm", "lsqml"] = "rpie"
+    iterations: int = Field(default=100, ge=1)
+    batch: int | None = Field(default=None, ge=1)
+    probe_modes: int = Field(default=1, ge=1, le=16)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    checkpoint_every: int = Field(default=10, ge=0)
+    preview_every: int = Field(default=10, ge=0)
+
+
+class Agent(_Section):
+    """Edge agent policy."""
+
+    quiet_seconds: float = Field(default=2.0, ge=0, description="files unchanged this long")
+    stall_timeout: float = Field(default=120.0, gt=0, description="a short scan is aborted")
+    rescan_seconds: float = Field(default=30.0, gt=0, description="periodic full rescan")
+    observer: Literal["auto", "inotify", "polling"] = "auto"
+    max_concurrent_runs: int = Field(default=2, ge=1)
+    max_retries: int = Field(default=3, ge=0)
+    retry_backoff_seconds: float = Field(default=5.0, ge=0)
+    poll_seconds: float = Field(default=1.0, gt=0)
+    progressive: list[float] = Field(
+        default_factory=list, description="fractions of frames at which to start runs, e.g. [0.5]"
+    )
+
+    @field_validator("progressive")
+    @classmethod
+    def _fractions(cls, value: list[float]) -> list[float]:
+        if any(not 0 < f < 1 for f in value):
+            raise ValueError("fractions must lie strictly between 0 and 1 (1.0 is implied)")
+        return sorted(set(value))
+
+
+class Status(_Section):
+    """The status page."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=1, le=65535)
+    token: SecretStr | None = Field(default=None, description="required for actions off loopback")
+    require_token_for_viewing: bool = False
+
+
+class Settings(BaseSettings):
+    """Everything beamflow is configured with. Load it with :func:`load_config`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BEAMFLOW_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    backend: Literal["local", "globus"] = "local"
+    state_dir: Path = Field(default=Path("state"), description="run store, registry, tokens")
+    beamline: Beamline = Field(default_factory=Beamline)
+    hpc: HPC = Field(default_factory=HPC)
+    compute: Compute = Field(default_factory=Compute)
+    globus: Globus = Field(default_factory=Globus)
+    reconstruction: Reconstruction = Field(default_factory=Reconstruction)
+    agent: Agent = Field(default_factory=Agent)
+    status: Status = Field(default_factory=Status)
+
+    # Where the settings came from; not a setting.
+    source: Path | None = Field(default=None, exclude=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The environment beats the file, which is passed in as init values.
+        return (env_settings, init_settings)
+
+    @property
+    def store_path(self) -> Path:
+        return self.state_dir / "runs.sqlite"
+
+    @property
+    def registry_path(self) -> Path:
+        return self.state_dir / "registry.json"
+
+    @property
+    def token_path(self) -> Path:
+        return self.globus.token_storage or self.state_dir / "tokens.db"
+
+
+def find_config(explicit: Path | None = None) -> Path | None:
+    """The config file to use: explicit, ./beamflow.toml, then the user's config."""
+    if explicit is not None:
+        if not explicit.is_file():
+            raise ConfigError(f"{explicit}: no such config file (create one with `beamflow init`)")
+        return explicit
+    for candidate in (Path.cwd() / CONFIG_NAME, USER_CONFIG.expanduser()):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_config(path: Path | None = None) -> Settings:
+    """Load and validate the configuration; errors name the file, the key and the fix."""
+    found = find_config(path)
+    data: dict[str, Any] = {}
+    if found is not None:
+        try:
+            data = tomllib.loads(found.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{found}: not valid TOML: {exc}") from None
+    base = found.parent.resolve() if found else Path.cwd()
+    try:
+        settings = Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(_explain(found, exc)) from None
+    settings = _resolve_paths(settings, base)
+    settings.source = found
+    return settings
+
+
+def _explain(found: Path | None, exc: ValidationError) -> str:
+    where = str(found) if found else "configuration (environment)"
+    lines = [f"{where}: invalid configuration:"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            fix = "remove it or check the spelling (see `beamflow init` for a complete file)"
+        else:
+            fix = err["msg"]
+        env = "BEAMFLOW_" + "__".join(str(p) for p in err["loc"]).upper()
+        lines.append(f"  {key}: {fix} (got {err.get('input')!r}; set in the file or {env})")
+    return "\n".join(lines)
+
+
+def _resolve_paths(settings: Settings, base: Path) -> Settings:
+    def absolute(p: Path | None) -> Path | None:
+        if p is None:
+            return None
+        p = p.expanduser()
+        return p if p.is_absolute() else (base / p)
+
+    settings.state_dir = absolute(settings.state_dir)
+    for section in (settings.beamline, settings.hpc, settings.globus):
+        for name, field in type(section).model_fields.items():
+            value = getattr(section, name)
+            if isinstance(value, Path) or (value is None and "Path" in str(field.annotation)):
+                setattr(section, name, absolute(value))
+    return settings
+
+
+def local_workspace_toml() -> str:
+    """A complete, working local-backend configuration for `beamflow init`."""
+    beamline_id, hpc_id, endpoint_id = (str(uuid.uuid4()) for _ in range(3))
+    return f"""\
+# beamflow workspace: the embedded local backend (one machine, no network).
+# Relative paths are relative to this file. Environment variables BEAMFLOW_* override
+# (nested keys with "__", e.g. BEAMFLOW_STATUS__PORT=9000).
+backend = "local"
+state_dir = "state"          # run store, registered ids, logs
+
+[beamline]
+collection_id = "{beamline_id}"
+collection_root = "beamline"           # the collection's "/" on this machine
+detector_dir = "beamline/detector"     # the edge agent watches this directory
+preview_dir = "beamline/previews"      # previews and products come back here
+
+[hpc]
+collection_id = "{hpc_id}"
+collection_root = "hpc"
+scratch_dir = "hpc"                    # the compute function reads and writes only here
+# node_local_dir = "/tmp/beamflow-l1"  # fast L1 checkpoints (optional)
+
+[compute]
+endpoint_id = "{endpoint_id}"
+workers = 1                            # reconstructions at once (one per GPU on a GPU node)
+
+[reconstruction]
+algorithm = "rpie"                     # rpie | epie | dm | lsqml
+iterations = 100
+probe_modes = 1
+device = "auto"                        # auto | cpu | cuda
+checkpoint_every = 10
+preview_every = 10
+
+[agent]
+quiet_seconds = 2.0                    # files unchanged this long before a scan is read
+stall_timeout = 120.0                  # short of frames this long: processed as aborted
+rescan_seconds = 30.0
+observer = "auto"                      # auto | inotify | polling (network filesystems)
+max_concurrent_runs = 2
+max_retries = 3
+progressive = []                       # e.g. [0.25, 0.5]: also reconstruct at these fractions
+
+[status]
+host = "127.0.0.1"                     # loopback only; set a token before exposing it
+port = 8765
+"""
+
+
+def globus_workspace_toml() -> str:
+    """A commented template for a facility deployment on Globus."""
+    return """\
+# beamflow on Globus. Fill in every id marked FILL, then:
+#   beamflow login && beamflow register functions && beamflow register flows && beamflow doctor
+# See docs/deployment.md.
+backend = "globus"
+state_dir = "state"
+
+[globus]
+client_id = "FILL: Globus Auth app client id (app registered at app.globus.org)"
+# client_secret: never in this file for shared machines; use BEAMFLOW_GLOBUS__CLIENT_SECRET
+# for the unattended agent (a confidential client / service account).
+
+[beamline]
+collection_id = "FILL: UUID of the beamline's Globus collection"
+collection_root = "/"                  # the local path that the collection's "/" maps to
+detector_dir = "/data/detector"        # local path the edge agent watches
+preview_dir = "/data/previews"         # local path previews come back to
+
+[hpc]
+collection_id = "FILL: UUID of the cluster's Globus collection"
+collection_root = "/"                  # path of the collection's "/" as the compute nodes see it
+scratch_dir = "/lus/project/beamflow"  # the compute function reads and writes only here
+# node_local_dir = "/local/scratch"    # fast L1 checkpoints on the GPU node
+
+[compute]
+endpoint_id = "FILL: UUID of the Globus Compute endpoint (see deploy/)"
+
+[reconstruction]
+algorithm = "rpie"
+iterations = 200
+probe_modes = 1
+device = "cuda"
+checkpoint_every = 10
+preview_every = 10
+
+[agent]
+quiet_seconds = 5.0
+stall_timeout = 300.0
+rescan_seconds = 60.0
+observer = "polling"                   # detector file systems are often NFS/GPFS
+max_concurrent_runs = 8
+max_retries = 3
+progressive = [0.25, 0.5]
+
+[status]
+host = "127.0.0.1"
+port = 8765
+# token: set BEAMFLOW_STATUS__TOKEN before using --host 0.0.0.0
+"""
+
+
+def environ_overrides() -> dict[str, str]:
+    """The BEAMFLOW_* variables in effect (for `doctor` and logs; secrets masked)."""
+    return {
+        k: ("***" if "SECRET" in k or "TOKEN" in k else v)
+        for k, v in os.environ.items()
+        if k.startswith("BEAMFLOW_")
+    }

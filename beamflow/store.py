@@ -1,0 +1,493 @@
+"""The run store: SQLite in WAL mode, the single source of truth about runs.
+
+The agent writes and the status page reads at the same time, often from different processes.
+WAL lets readers go on while one writer commits; a busy timeout absorbs the short write
+locks. Each thread gets its own connection (sqlite3 connections are not shared across
+threads). The schema carries a version (``PRAGMA user_version``) and migrates forward on open.
+
+Times are stored as Unix seconds (REAL) and shown as ISO 8601 UTC by the models.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, field_serializer
+
+
+class RunStatus(StrEnum):
+    QUEUED = "QUEUED"
+    ACTIVE = "ACTIVE"
+    INACTIVE = "INACTIVE"  # Globus: waiting on something a person must do (e.g. consent)
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class StoreError(Exception):
+    """The store cannot do what was asked (unknown run, duplicate key, bad field)."""
+
+
+class DuplicateRun(StoreError):
+    """A run with this dedupe key exists already: the scan was processed (or is queued)."""
+
+    def __init__(self, key: str, run_id: str) -> None:
+        super().__init__(f"a run for {key!r} exists already: {run_id}")
+        self.key = key
+        self.run_id = run_id
+
+
+def _iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class _Timed(BaseModel):
+    @field_serializer("*", when_used="json")
+    def _times(self, value: Any, info: Any) -> Any:
+        if info.field_name.endswith("_at") or info.field_name == "time":
+            return _iso(value)
+        return value
+
+
+class Run(_Timed):
+    id: str
+    scan: str
+    scan_path: str | None = None
+    flow: str
+    backend: str
+    status: RunStatus
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    updated_at: float
+    error: str | None = None
+    error_step: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    result: dict[str, Any] = Field(default_factory=dict)
+    product: str | None = None
+    previews: list[str] = Field(default_factory=list)
+    current_step: str | None = None
+    iteration: int | None = None
+    iterations_total: int | None = None
+    backend_run_id: str | None = None
+    label: str | None = None
+    attempt: int = 1
+    parent_run_id: str | None = None
+    fraction: float | None = None
+    dedupe_key: str | None = None
+
+    @property
+    def duration(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return (self.finished_at or time.time()) - self.started_at
+
+
+class Step(_Timed):
+    run_id: str
+    name: str
+    status: str
+    started_at: float | None = None
+    finished_at: float | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def duration(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.started_at
+
+
+class Event(_Timed):
+    id: int
+    run_id: str | None
+    time: float
+    level: str
+    code: str
+    message: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+# Each entry moves the schema one version forward; never edit a released entry.
+_MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        scan TEXT NOT NULL,
+        scan_path TEXT,
+        flow TEXT NOT NULL,
+        backend TEXT NOT NULL,
+        status TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        started_at REAL,
+        finished_at REAL,
+        updated_at REAL NOT NULL,
+        error TEXT,
+        error_step TEXT,
+        parameters TEXT NOT NULL DEFAULT '{}',
+        result TEXT NOT NULL DEFAULT '{}',
+        product TEXT,
+        previews TEXT NOT NULL DEFAULT '[]',
+        current_step TEXT,
+        iteration INTEGER,
+        iterations_total INTEGER,
+        backend_run_id TEXT,
+        label TEXT,
+        attempt INTEGER NOT NULL DEFAULT 1,
+        parent_run_id TEXT,
+        fraction REAL,
+        dedupe_key TEXT UNIQUE
+    );
+    CREATE INDEX runs_created ON runs (created_at DESC);
+    CREATE INDEX runs_status_created ON runs (status, created_at DESC);
+    CREATE INDEX runs_scan ON runs (scan);
+    CREATE TABLE steps (
+        run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        name TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        started_at REAL,
+        finished_at REAL,
+        details TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (run_id, name)
+    );
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT,
+        time REAL NOT NULL,
+        level TEXT NOT NULL,
+        code TEXT NOT NULL,
+        message TEXT NOT NULL,
+        details TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX events_run ON events (run_id, id);
+    """,
+]
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+_JSON_FIELDS = {"parameters", "result", "previews"}
+_RUN_FIELDS = set(Run.model_fields)
+_UPDATABLE = _RUN_FIELDS - {"id", "created_at", "updated_at"}
+
+
+class Store:
+    """Runs, their steps and events, in one SQLite file."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._migrate()
+
+    # -- connections -------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        # BEGIN IMMEDIATE takes the write lock up front, so two writers never deadlock
+        # upgrading read locks; the busy timeout makes the second one wait.
+        conn = self._connect()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def _migrate(self) -> None:
+        with self._write() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path}: schema version {version} is newer than this beamflow "
+                    f"({SCHEMA_VERSION}); upgrade beamflow"
+                )
+            for number in range(version, SCHEMA_VERSION):
+                for statement in _MIGRATIONS[number].split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {number + 1}")
+
+    # -- runs --------------------------------------------------------------------------
+    def create_run(
+        self,
+        *,
+        scan: str,
+        flow: str,
+        backend: str,
+        scan_path: str | None = None,
+        parameters: dict[str, Any] | None = None,
+        status: RunStatus = RunStatus.QUEUED,
+        dedupe_key: str | None = None,
+        label: str | None = None,
+        parent_run_id: str | None = None,
+        attempt: int = 1,
+        fraction: float | None = None,
+        iterations_total: int | None = None,
+        run_id: str | None = None,
+    ) -> Run:
+        """Record a new run. A second run with the same ``dedupe_key`` raises DuplicateRun."""
+        now = time.time()
+        run = Run(
+            id=run_id or str(uuid.uuid4()),
+            scan=scan,
+            scan_path=scan_path,
+            flow=flow,
+            backend=backend,
+            status=status,
+            created_at=now,
+            updated_at=now,
+            started_at=now if status == RunStatus.ACTIVE else None,
+            parameters=parameters or {},
+            dedupe_key=dedupe_key,
+            label=label,
+            parent_run_id=parent_run_id,
+            attempt=attempt,
+            fraction=fraction,
+            iterations_total=iterations_total,
+        )
+        row = self._to_row(run.model_dump())
+        columns = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        try:
+            with self._write() as conn:
+                conn.execute(f"INSERT INTO runs ({columns}) VALUES ({marks})", list(row.values()))
+        except sqlite3.IntegrityError:
+            existing = self.get_run_by_key(dedupe_key) if dedupe_key else None
+            if existing is not None:
+                raise DuplicateRun(dedupe_key, existing.id) from None
+            raise
+        return run
+
+    def get_run(self, run_id: str) -> Run | None:
+        row = self._connect().execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return self._run(row) if row else None
+
+    def require_run(self, run_id: str) -> Run:
+        run = self.get_run(run_id)
+        if run is None:
+            raise StoreError(f"no run with id {run_id!r} in {self.path}")
+        return run
+
+    def get_run_by_key(self, dedupe_key: str) -> Run | None:
+        row = (
+            self._connect()
+            .execute("SELECT * FROM runs WHERE dedupe_key = ?", (dedupe_key,))
+            .fetchone()
+        )
+        return self._run(row) if row else None
+
+    def list_runs(
+        self,
+        *,
+        status: RunStatus | str | Sequence[RunStatus | str] | None = None,
+        scan: str | None = None,
+        limit: int | None = 50,
+        offset: int = 0,
+        oldest_first: bool = False,
+    ) -> list[Run]:
+        """Runs, newest first; ``scan`` matches a substring of the scan name."""
+        where, args = self._filters(status, scan)
+        order = "ASC" if oldest_first else "DESC"
+        sql = f"SELECT * FROM runs {where} ORDER BY created_at {order}, rowid {order}"
+        if limit is not None:
+            sql += " LIMIT ? OFFSET ?"
+            args += [limit, offset]
+        return [self._run(r) for r in self._connect().execute(sql, args)]
+
+    def count_runs(
+        self,
+        *,
+        status: RunStatus | str | Sequence[RunStatus | str] | None = None,
+        scan: str | None = None,
+    ) -> int:
+        where, args = self._filters(status, scan)
+        return self._connect().execute(f"SELECT COUNT(*) FROM runs {where}", args).fetchone()[0]
+
+    def update_run(self, run_id: str, **fields: Any) -> Run:
+        """Change fields of a run. Status changes stamp started_at/finished_at on the way."""
+        unknown = set(fields) - _UPDATABLE
+        if unknown:
+            raise StoreError(f"cannot update run fields {sorted(unknown)}")
+        now = time.time()
+        with self._write() as conn:
+            row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"no run with id {run_id!r} in {self.path}")
+            current = self._run(row)
+            if "status" in fields:
+                status = RunStatus(fields["status"])
+                fields["status"] = status
+                if status == RunStatus.ACTIVE and current.started_at is None:
+                    fields.setdefault("started_at", now)
+                if status.finished and current.finished_at is None:
+                    fields.setdefault("finished_at", now)
+                    fields.setdefault("started_at", current.started_at or now)
+            fields["updated_at"] = now
+            row_values = self._to_row(fields)
+            assignments = ", ".join(f"{k} = ?" for k in row_values)
+            conn.execute(
+                f"UPDATE runs SET {assignments} WHERE id = ?", [*row_values.values(), run_id]
+            )
+            row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return self._run(row)
+
+    def add_previews(self, run_id: str, paths: Sequence[str | Path]) -> Run:
+        """Link preview files to a run (kept once each, in the order first seen)."""
+        run = self.require_run(run_id)
+        previews = list(run.previews)
+        for p in map(str, paths):
+            if p not in previews:
+                previews.append(p)
+        return self.update_run(run_id, previews=previews)
+
+    # -- steps and events --------------------------------------------------------------
+    def record_step(
+        self,
+        run_id: str,
+        name: str,
+        status: str,
+        *,
+        started_at: float | None = None,
+        finished_at: float | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> Step:
+        """Create or update the step ``name`` of a run; fields left None keep their value."""
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT * FROM steps WHERE run_id = ? AND name = ?", (run_id, name)
+            ).fetchone()
+            if row is None:
+                seq = conn.execute(
+                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM steps WHERE run_id = ?", (run_id,)
+                ).fetchone()[0]
+                conn.execute(
+                    "INSERT INTO steps (run_id, name, seq, status, started_at, finished_at, "
+                    "details) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (run_id, name, seq, status, started_at, finished_at, json.dumps(details or {})),
+                )
+            else:
+                merged = {**json.loads(row["details"]), **(details or {})}
+                conn.execute(
+                    "UPDATE steps SET status = ?, started_at = COALESCE(?, started_at), "
+                    "finished_at = COALESCE(?, finished_at), details = ? "
+                    "WHERE run_id = ? AND name = ?",
+                    (status, started_at, finished_at, json.dumps(merged), run_id, name),
+                )
+            conn.execute("UPDATE runs SET current_step = ? WHERE id = ?", (name, run_id))
+            row = conn.execute(
+                "SELECT * FROM steps WHERE run_id = ? AND name = ?", (run_id, name)
+            ).fetchone()
+        return self._step(row)
+
+    def steps(self, run_id: str) -> list[Step]:
+        rows = self._connect().execute(
+            "SELECT * FROM steps WHERE run_id = ? ORDER BY seq", (run_id,)
+        )
+        return [self._step(r) for r in rows]
+
+    def add_event(
+        self,
+        run_id: str | None,
+        code: str,
+        message: str,
+        *,
+        level: str = "info",
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO events (run_id, time, level, code, message, details) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, time.time(), level, code, message, json.dumps(details or {})),
+            )
+
+    def events(self, run_id: str | None = None, limit: int = 200) -> list[Event]:
+        if run_id is None:
+            rows = self._connect().execute(
+                "SELECT * FROM events ORDER BY id DESC LIMIT ?", (limit,)
+            )
+        else:
+            rows = self._connect().execute(
+                "SELECT * FROM events WHERE run_id = ? ORDER BY id DESC LIMIT ?", (run_id, limit)
+            )
+        return [
+            Event(**{**dict(r), "details": json.loads(r["details"])}) for r in rows
+        ][::-1]
+
+    # -- helpers -----------------------------------------------------------------------
+    @staticmethod
+    def _filters(
+        status: RunStatus | str | Sequence[RunStatus | str] | None, scan: str | None
+    ) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        args: list[Any] = []
+        if status:
+            statuses = [status] if isinstance(status, str) else list(status)
+            values = [RunStatus(str(s).upper()).value for s in statuses]
+            clauses.append(f"status IN ({', '.join('?' for _ in values)})")
+            args += values
+        if scan:
+            clauses.append("scan LIKE ? ESCAPE '\\'")
+            escaped = scan.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            args.append(f"%{escaped}%")
+        return ("WHERE " + " AND ".join(clauses)) if clauses else "", args
+
+    @staticmethod
+    def _to_row(fields: dict[str, Any]) -> dict[str, Any]:
+        row = {}
+        for key, value in fields.items():
+            if key in _JSON_FIELDS:
+                value = json.dumps(value)
+            elif isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, RunStatus):
+                value = value.value
+            row[key] = value
+        return row
+
+    @staticmethod
+    def _run(row: sqlite3.Row) -> Run:
+        data = dict(row)
+        for key in _JSON_FIELDS:
+            data[key] = json.loads(data[key])
+        return Run(**data)
+
+    @staticmethod
+    def _step(row: sqlite3.Row) -> Step:
+        data = dict(row)
+        data.pop("seq")
+        data["details"] = json.loads(data["details"])
+        return Step(**data)
