@@ -1,0 +1,90 @@
+"""The one interface the agent and the CLI use to register, start, follow and cancel runs.
+
+Two implementations sit behind it: ``beamflow.local`` (embedded, one machine) and
+``beamflow.globus`` (Globus Flows, Transfer, Compute). Which one is chosen by configuration
+alone (``backend = "local" | "globus"``); callers never import either package directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field
+
+from beamflow.config import Settings
+from beamflow.store import RunStatus
+
+
+class BackendError(Exception):
+    """The backend could not do what was asked. ``transient`` faults are worth a retry."""
+
+    def __init__(self, message: str, *, transient: bool = False, step: str | None = None) -> None:
+        super().__init__(message)
+        self.transient = transient
+        self.step = step
+
+
+class RegistrationResult(BaseModel):
+    """What `register` did (or would do, with --dry-run) for one function or flow."""
+
+    kind: Literal["function", "flow"]
+    name: str
+    action: Literal["created", "updated", "unchanged"]
+    id: str | None = None
+    checksum: str
+
+
+class StepInfo(BaseModel):
+    """One step of a flow run, from the backend's run log."""
+
+    name: str
+    status: str  # ACTIVE, SUCCEEDED, FAILED, ...
+    started_at: float | None = None
+    finished_at: float | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class FlowRunInfo(BaseModel):
+    """Where a flow run stands, in terms the run store understands."""
+
+    backend_run_id: str
+    status: RunStatus
+    steps: list[StepInfo] = Field(default_factory=list)
+    output: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
+    error_step: str | None = None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What every backend offers. Names of flows and functions are the file stems in
+    ``flows/`` and ``functions/`` (e.g. ``ptycho_reconstruct``, ``reconstruct``)."""
+
+    name: str
+
+    def register_functions(self, *, dry_run: bool = False) -> list[RegistrationResult]: ...
+
+    def register_flows(self, *, dry_run: bool = False) -> list[RegistrationResult]: ...
+
+    def start_run(
+        self, flow: str, body: dict[str, Any], *, label: str, tags: list[str]
+    ) -> str:
+        """Start a run of a registered flow; returns the backend's run id."""
+        ...
+
+    def get_run(self, backend_run_id: str) -> FlowRunInfo: ...
+
+    def cancel_run(self, backend_run_id: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def get_backend(settings: Settings) -> Backend:
+    """The backend the configuration names."""
+    if settings.backend == "local":
+        from beamflow.local import LocalBackend
+
+        return LocalBackend(settings)
+    from beamflow.globus import GlobusBackend
+
+    return GlobusBackend(settings)
