@@ -1,0 +1,43 @@
+# The two commands: `make demo` and `make test`. Both work on a fresh machine with only python3.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench browser clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+# Debian's Chromium for the real-browser tests of the status page (never a browser download).
+browser:
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null \
+		|| echo "warning: could not install chromium; browser tests will be skipped"; \
+	elif sudo -n true 2>/dev/null; then \
+		(sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null \
+		|| echo "warning: could not install chromium; browser tests will be skipped"; \
+	else echo "warning: no /usr/bin/chromium and no root; browser tests will be skipped"; fi
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: $(STAMP) browser
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+demo: $(STAMP)
+	rm -rf demo-workspace
+	$(BIN)/beamflow init demo-workspace
+	$(BIN)/beamflow simulate demo-workspace/beamline/detector --name demo_scan --positions 200 --seed 1
+	$(BIN)/beamflow reconstruct demo-workspace/beamline/detector/demo_scan --out demo-workspace/beamline/previews/demo_scan --iterations 50
+
+bench: $(STAMP)
+	@for b in benchmarks/bench_*.py; do $(BIN)/python $$b; done
+
+clean:
+	rm -rf $(VENV) demo-workspace .pytest_cache .ruff_cache
