@@ -1,0 +1,454 @@
+"""Dectris-Eiger-style NeXus/HDF5 scans: the layout, its writer (for the simulator) and reader.
+
+Layout (one scan = one directory ``NAME/``)::
+
+    NAME/NAME_master.h5                     written first, atomically (temp name + rename)
+      /entry                                 NXentry
+        /data                                NXdata
+          data_000001 -> ExternalLink("NAME_data_000001.h5", "/entry/data/data")  ...
+        /instrument                          NXinstrument
+          /beam/incident_wavelength          Å (units attr), as an Eiger writes it
+          /detector/x_pixel_size, y_pixel_size, detector_distance     m (units attrs)
+          /detector/detectorSpecific/nimages, ntrigger   expected frames = nimages·ntrigger
+          /detector/detectorSpecific/pixel_mask          uint32, non-zero = bad (Eiger bits)
+          /detector/detectorSpecific/x_pixels_in_detector, y_pixels_in_detector
+        /sample/positions/y, /sample/positions/x        (N,) float64, metres (units attrs)
+    NAME/NAME_data_000001.h5 ...            /entry/data/data (K,H,W) uint32, one chunk per
+                                             frame, bitshuffle+LZ4; attrs image_nr_low/high
+                                             (1-based, inclusive). Each written under a hidden
+                                             temporary name and renamed when closed, so a
+                                             reader only ever sees complete data files.
+
+Positions are the probe position relative to the sample (the negative of the sample stage
+displacement), in metres, ``y`` and ``x`` in the detector's row/column directions; they are
+planned up front, one per expected frame. The reader also accepts
+``/entry/instrument/beam/incident_energy`` (eV) when no wavelength is present, and length
+``units`` attributes m/mm/um/nm.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import h5py
+import hdf5plugin
+import numpy as np
+from pydantic import ValidationError
+
+from ._h5 import atomic_h5, dataset, length_scale, open_h5, read_array, read_length_m, read_scalar
+from .errors import ScanFormatError
+from .scan import Geometry, Scan, check_positions
+
+MASTER_SUFFIX = "_master.h5"
+DATA_GROUP = "/entry/data"
+DATA_KEY = "/entry/data/data"
+DETECTOR = "/entry/instrument/detector"
+SPECIFIC = f"{DETECTOR}/detectorSpecific"
+PIXEL_MASK = f"{SPECIFIC}/pixel_mask"
+NIMAGES = f"{SPECIFIC}/nimages"
+NTRIGGER = f"{SPECIFIC}/ntrigger"
+X_PIXEL_SIZE = f"{DETECTOR}/x_pixel_size"
+Y_PIXEL_SIZE = f"{DETECTOR}/y_pixel_size"
+DISTANCE = f"{DETECTOR}/detector_distance"
+WAVELENGTH = "/entry/instrument/beam/incident_wavelength"
+ENERGY = "/entry/instrument/beam/incident_energy"
+POSITIONS = "/entry/sample/positions"
+POS_Y = f"{POSITIONS}/y"
+POS_X = f"{POSITIONS}/x"
+
+#: Eiger pixel_mask bits (non-zero = do not use the pixel).
+MASK_GAP, MASK_DEAD, MASK_COLD, MASK_HOT, MASK_NOISY = 1, 2, 4, 8, 16
+
+_LINK_RE = re.compile(r"^data_(\d{6})$")
+
+
+def scan_name(master: Path) -> str:
+    n = Path(master).name
+    return n[: -len(MASTER_SUFFIX)] if n.endswith(MASTER_SUFFIX) else Path(master).stem
+
+
+def master_path(out_dir: Path, name: str) -> Path:
+    return Path(out_dir) / name / f"{name}{MASTER_SUFFIX}"
+
+
+def data_file_name(name: str, index: int) -> str:
+    """Data file ``index`` (1-based) of scan ``name``: ``NAME_data_000001.h5``."""
+    return f"{name}_data_{index:06d}.h5"
+
+
+# --------------------------------------------------------------------------------- writing
+
+
+def _attrs(obj: h5py.HLObject, **attrs: object) -> None:
+    for k, v in attrs.items():
+        obj.attrs[k] = v
+
+
+def write_master(
+    path: Path,
+    *,
+    geometry: Geometry,
+    frame_shape: tuple[int, int],
+    positions_m: np.ndarray,
+    frames_per_file: int,
+    pixel_mask: np.ndarray | None = None,
+    count_time_s: float = 0.1,
+    description: str = "Dectris EIGER2 (beamflow simulator)",
+    start_time: str | None = None,
+) -> None:
+    """Write a master file promising ``len(positions_m)`` frames, atomically.
+
+    Links to every planned data file are written now (dangling until the data file
+    appears), as the frame count and positions are known before the scan starts.
+    """
+    path = Path(path)
+    name = scan_name(path)
+    positions_m = np.asarray(positions_m, dtype=np.float64)
+    n_frames = positions_m.shape[0]
+    n_files = -(-n_frames // frames_per_file)
+    h, w = frame_shape
+    with atomic_h5(path) as f:
+        entry = f.create_group("entry")
+        _attrs(entry, NX_class="NXentry")
+        if start_time is not None:
+            entry["start_time"] = start_time
+        data = entry.create_group("data")
+        _attrs(data, NX_class="NXdata")
+        for i in range(1, n_files + 1):
+            data[f"data_{i:06d}"] = h5py.ExternalLink(data_file_name(name, i), DATA_KEY)
+        inst = entry.create_group("instrument")
+        _attrs(inst, NX_class="NXinstrument")
+        beam = inst.create_group("beam")
+        _attrs(beam, NX_class="NXbeam")
+        wl = beam.create_dataset("incident_wavelength", data=geometry.wavelength_m / 1e-10)
+        _attrs(wl, units="angstrom")
+        det = inst.create_group("detector")
+        _attrs(det, NX_class="NXdetector")
+        det["description"] = description
+        for key, value in (
+            ("x_pixel_size", geometry.detector_pixel_size_m),
+            ("y_pixel_size", geometry.detector_pixel_size_m),
+            ("detector_distance", geometry.distance_m),
+        ):
+            _attrs(det.create_dataset(key, data=value), units="m")
+        _attrs(det.create_dataset("count_time", data=count_time_s), units="s")
+        det["bit_depth_image"] = np.uint32(32)
+        spec = det.create_group("detectorSpecific")
+        _attrs(spec, NX_class="NXcollection")
+        spec["nimages"] = np.uint32(n_frames)
+        spec["ntrigger"] = np.uint32(1)
+        spec["x_pixels_in_detector"] = np.uint32(w)
+        spec["y_pixels_in_detector"] = np.uint32(h)
+        mask = np.zeros(frame_shape, np.uint32) if pixel_mask is None else pixel_mask
+        spec.create_dataset("pixel_mask", data=np.asarray(mask, dtype=np.uint32), **_compression())
+        sample = entry.create_group("sample")
+        _attrs(sample, NX_class="NXsample")
+        pos = sample.create_group("positions")
+        _attrs(
+            pos,
+            NX_class="NXcollection",
+            description="probe position relative to the sample, one per frame, planned",
+        )
+        _attrs(pos.create_dataset("y", data=positions_m[:, 0]), units="m")
+        _attrs(pos.create_dataset("x", data=positions_m[:, 1]), units="m")
+
+
+def _compression() -> dict:
+    return dict(hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
+
+
+def write_data_file(path: Path, frames: np.ndarray, image_nr_low: int) -> None:
+    """Write one data file (frames ``image_nr_low`` … , 1-based) atomically, as an Eiger does."""
+    frames = np.asarray(frames)
+    if frames.ndim != 3:
+        raise ValueError(f"frames must be (K, H, W), got {frames.shape}")
+    k, h, w = frames.shape
+    with atomic_h5(Path(path)) as f:
+        entry = f.create_group("entry")
+        _attrs(entry, NX_class="NXentry")
+        g = entry.create_group("data")
+        _attrs(g, NX_class="NXdata")
+        ds = g.create_dataset(
+            "data", data=frames.astype(np.uint32, copy=False), chunks=(1, h, w), **_compression()
+        )
+        _attrs(
+            ds, image_nr_low=np.uint64(image_nr_low), image_nr_high=np.uint64(image_nr_low + k - 1)
+        )
+
+
+# --------------------------------------------------------------------------------- reading
+
+
+def _data_links(f: h5py.File, master: Path) -> list[tuple[str, Path, str]]:
+    """(link name, file, dataset key) for each ``/entry/data/data_NNNNNN``, in order."""
+    group = f.get(DATA_GROUP)
+    if not isinstance(group, h5py.Group):
+        raise ScanFormatError(master, DATA_GROUP, "missing (no data links)")
+    names = sorted(k for k in group if _LINK_RE.match(k))
+    if not names:
+        raise ScanFormatError(master, DATA_GROUP, "no data_NNNNNN links")
+    out = []
+    for i, n in enumerate(names, start=1):
+        if int(_LINK_RE.match(n).group(1)) != i:
+            raise ScanFormatError(
+                master, f"{DATA_GROUP}/{n}", f"data links not numbered 1..N (expected data_{i:06d})"
+            )
+        link = group.get(n, getlink=True)
+        key = f"{DATA_GROUP}/{n}"
+        if isinstance(link, h5py.ExternalLink):
+            target = Path(link.filename)
+            # Link targets come from the file's writer: keep them inside the scan directory.
+            if target.is_absolute() or ".." in target.parts:
+                raise ScanFormatError(
+                    master, key, f"external link leaves the scan directory: {link.filename}"
+                )
+            out.append((key, master.parent / target, link.path))
+        elif isinstance(link, h5py.HardLink):
+            out.append((key, master, key))  # frames stored inside the master itself
+        else:
+            raise ScanFormatError(master, key, f"unsupported link type {type(link).__name__}")
+    return out
+
+
+def _probe_data(
+    file: Path, key: str, link: str, master: Path
+) -> tuple[int, tuple[int, int], np.dtype]:
+    """Frames in one data file, checking it opens and its last frame decodes."""
+    if not file.exists():
+        raise ScanFormatError(master, link, f"data file {file.name} does not exist (yet)")
+    with open_h5(file) as f:
+        ds = dataset(f, file, key)
+        if ds.ndim != 3:
+            raise ScanFormatError(
+                file,
+                key,
+                f"frames must be rank 3 (K, H, W), found rank {ds.ndim} (shape {ds.shape})",
+            )
+        if ds.shape[0] == 0:
+            raise ScanFormatError(file, key, "holds no frames")
+        try:
+            last = ds[ds.shape[0] - 1]
+        except (OSError, ValueError) as exc:
+            raise ScanFormatError(
+                file, key, f"last frame cannot be read: truncated or corrupt ({exc})"
+            ) from exc
+        if not np.issubdtype(last.dtype, np.number) or np.issubdtype(
+            last.dtype, np.complexfloating
+        ):
+            raise ScanFormatError(file, key, f"frames must be real numbers, found {ds.dtype}")
+        return int(ds.shape[0]), (int(ds.shape[1]), int(ds.shape[2])), ds.dtype
+
+
+def _expected_frames(f: h5py.File, master: Path) -> int | None:
+    if NIMAGES not in f:
+        return None
+    n = read_scalar(f, master, NIMAGES)
+    t = read_scalar(f, master, NTRIGGER) if NTRIGGER in f else 1.0
+    if n < 0 or t < 0 or n != int(n) or t != int(t):
+        raise ScanFormatError(
+            master, NIMAGES, f"frame count must be a whole number ≥ 0, found {n}×{t}"
+        )
+    return int(n) * int(t)
+
+
+def scan_progress(master_path: Path) -> tuple[int, int | None]:
+    """(frames readable now, frames the master promises) — cheap, for readiness checks.
+
+    Counts the frames of complete, readable data files in link order and stops at the first
+    missing or unreadable one, so a data file still being written never counts. Raises
+    ScanFormatError only when the master itself cannot be read.
+    """
+    master = Path(master_path)
+    with open_h5(master) as f:
+        expected = _expected_frames(f, master)
+        links = _data_links(f, master)
+    count = 0
+    for link, file, key in links:
+        try:
+            n, _, _ = _probe_data(file, key, link, master)
+        except ScanFormatError:
+            break
+        count += n
+    return count, expected
+
+
+def _geometry(f: h5py.File, master: Path) -> Geometry:
+    px = read_length_m(f, master, X_PIXEL_SIZE)
+    py = read_length_m(f, master, Y_PIXEL_SIZE)
+    if not np.isclose(px, py, rtol=1e-6):
+        raise ScanFormatError(
+            master, X_PIXEL_SIZE, f"non-square pixels ({px} m × {py} m) are not supported"
+        )
+    distance = read_length_m(f, master, DISTANCE)
+    if WAVELENGTH in f:
+        wl = read_scalar(f, master, WAVELENGTH) * length_scale(
+            f[WAVELENGTH], master, WAVELENGTH, "angstrom"
+        )
+        if wl <= 0:
+            raise ScanFormatError(master, WAVELENGTH, f"wavelength must be positive, found {wl} m")
+        energy = 1.239841984e-6 / wl
+    elif ENERGY in f:
+        energy = read_scalar(f, master, ENERGY)
+    else:
+        raise ScanFormatError(master, WAVELENGTH, f"missing (and no {ENERGY} either)")
+    try:
+        return Geometry(energy_eV=energy, distance_m=distance, detector_pixel_size_m=px)
+    except ValidationError as exc:
+        raise ScanFormatError(master, DETECTOR, f"invalid geometry: {_first_error(exc)}") from exc
+
+
+def _first_error(exc: ValidationError) -> str:
+    e = exc.errors()[0]
+    return f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']} (got {e.get('input')!r})"
+
+
+def _positions(f: h5py.File, master: Path) -> np.ndarray:
+    if POSITIONS not in f:
+        raise ScanFormatError(master, POSITIONS, "missing: the master file has no scan positions")
+    y = read_array(f, master, POS_Y, ndim=1)
+    x = read_array(f, master, POS_X, ndim=1)
+    if y.shape != x.shape:
+        raise ScanFormatError(
+            master, POSITIONS, f"y has {y.shape[0]} positions but x has {x.shape[0]}"
+        )
+    try:
+        ys = y.astype(np.float64) * length_scale(f[POS_Y], master, POS_Y)
+        xs = x.astype(np.float64) * length_scale(f[POS_X], master, POS_X)
+    except (TypeError, ValueError) as exc:
+        raise ScanFormatError(master, POSITIONS, f"positions are not numbers ({exc})") from exc
+    return np.stack([ys, xs], axis=1)
+
+
+def read_detector_scan(
+    path: Path, *, max_frames: int | None = None, allow_partial: bool = False
+) -> Scan:
+    """Read an Eiger-style scan from its master file.
+
+    Without ``allow_partial`` every frame the master promises must be present and readable
+    (else ScanFormatError, naming the file). With it, the frames of the complete data files
+    present now are used (a scan still being written, or one aborted early). ``max_frames``
+    uses at most that many frames.
+    """
+    master = Path(path)
+    with open_h5(master) as f:
+        expected = _expected_frames(f, master)
+        links = _data_links(f, master)
+        planned = _positions(f, master)
+        mask_raw = read_array(f, master, PIXEL_MASK, ndim=2) if PIXEL_MASK in f else None
+        geometry = _geometry(f, master)
+    if expected is not None and planned.shape[0] != expected:
+        raise ScanFormatError(
+            master,
+            POSITIONS,
+            f"frame/position count mismatch: {planned.shape[0]} positions "
+            f"but the master promises {expected} frames",
+        )
+
+    segments: list[tuple[Path, str, int, int]] = []  # (file, key, first frame, count)
+    total = 0
+    frame_shape: tuple[int, int] | None = None
+    for link, file, key in links:
+        if max_frames is not None and total >= max_frames:
+            break
+        if not file.exists() and not allow_partial:
+            raise ScanFormatError(
+                master,
+                link,
+                f"scan incomplete: data file {file.name} is missing "
+                f"({total} of {expected if expected is not None else '?'} frames present)",
+            )
+        try:
+            n, shape, _ = _probe_data(file, key, link, master)
+            if frame_shape is None:
+                frame_shape = shape
+            elif shape != frame_shape:
+                raise ScanFormatError(
+                    file,
+                    key,
+                    f"frame shape {shape} differs from the first data file's {frame_shape}",
+                )
+        except ScanFormatError:
+            if allow_partial:
+                break
+            raise
+        segments.append((file, key, total, n))
+        total += n
+
+    if frame_shape is None or total == 0:
+        raise ScanFormatError(master, DATA_GROUP, "no complete, readable data file yet")
+    if expected is not None and total > expected:
+        raise ScanFormatError(
+            master,
+            DATA_GROUP,
+            f"frame count mismatch: data files hold {total} frames "
+            f"but the master promises {expected}",
+        )
+    n_use = total if max_frames is None else min(total, int(max_frames))
+    if (
+        not allow_partial
+        and expected is not None
+        and total < expected
+        and (max_frames is None or max_frames > total)
+    ):
+        raise ScanFormatError(
+            master, DATA_GROUP, f"scan incomplete: {total} of {expected} frames present"
+        )
+    if n_use > planned.shape[0]:
+        raise ScanFormatError(
+            master,
+            POSITIONS,
+            f"frame/position count mismatch: {n_use} frames but only {planned.shape[0]} positions",
+        )
+    if expected is None and max_frames is None and planned.shape[0] != total:
+        raise ScanFormatError(
+            master,
+            POSITIONS,
+            f"frame/position count mismatch: {total} frames but {planned.shape[0]} positions",
+        )
+    if frame_shape[0] != frame_shape[1]:
+        raise ScanFormatError(
+            segments[0][0],
+            segments[0][1],
+            f"frames must be square, found {frame_shape[0]}×{frame_shape[1]}",
+        )
+
+    if mask_raw is None:
+        mask = np.ones(frame_shape, dtype=bool)
+    else:
+        if mask_raw.shape != frame_shape:
+            raise ScanFormatError(
+                master,
+                PIXEL_MASK,
+                f"shape {mask_raw.shape} differs from the frame shape {frame_shape}",
+            )
+        mask = mask_raw == 0
+    planned = check_positions(master, POSITIONS, planned, geometry, frame_shape[0])
+
+    def read(start: int, stop: int) -> np.ndarray:
+        out = np.empty((stop - start, *frame_shape), dtype=np.float32)
+        for file, key, first, count in segments:
+            lo, hi = max(start, first), min(stop, first + count)
+            if lo >= hi:
+                continue
+            with open_h5(file) as fh:
+                try:
+                    out[lo - start : hi - start] = dataset(fh, file, key)[lo - first : hi - first]
+                except (OSError, ValueError) as exc:
+                    raise ScanFormatError(
+                        file, key, f"frames {lo - first}..{hi - first - 1} cannot be read ({exc})"
+                    ) from exc
+        return out
+
+    return Scan(
+        name=scan_name(master),
+        source=master,
+        format="eiger",
+        geometry=geometry,
+        positions_m=planned[:n_use].copy(),
+        planned_positions_m=planned,
+        mask=mask,
+        n_frames=n_use,
+        expected_frames=expected,
+        _read=read,
+    )

@@ -1,0 +1,227 @@
+"""The reconstruction product file, in the Ptychodus HDF5 product layout (ptychodus 1.7).
+
+File attributes: ``name``, ``comments``, ``detector_object_distance_m``, ``photon_energy_eV``,
+``probe_photon_count``, ``exposure_time_s`` (+ the other Ptychodus metadata with defaults).
+Datasets: ``probe_position_indexes`` (N,) int, ``probe_position_x_m``, ``probe_position_y_m``
+(N,) float64; ``probe`` (1, K, M, M) complex64 with attrs ``pixel_width_m``,
+``pixel_height_m``; ``object`` (1, H, W) complex64 with attrs ``center_x_m``, ``center_y_m``,
+``pixel_width_m``, ``pixel_height_m``; ``object_layer_spacing_m`` (0,); ``loss_epochs``,
+``loss_values``. Array ranks are those Ptychodus's own ``save_product`` writes; the reader
+also takes a 2-D object and a 2-/3-D probe.
+
+Coordinates: probe positions and the object centre share one frame, metres (x = columns,
+y = rows); ``center_*_m`` is the position of the object array's centre in that frame.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ._h5 import atomic_h5, dataset, open_h5, read_array
+from .errors import ScanFormatError
+
+
+def _array(value: Any, dtype: type, ndim: int) -> np.ndarray:
+    a = np.asarray(value)
+    if dtype is np.complex64 and not (np.iscomplexobj(a) or np.issubdtype(a.dtype, np.number)):
+        raise ValueError(f"expected numbers, got {a.dtype}")
+    a = np.ascontiguousarray(a, dtype=dtype)
+    if a.ndim != ndim:
+        raise ValueError(f"expected rank {ndim}, got shape {a.shape}")
+    return a
+
+
+class Product(BaseModel):
+    """A reconstruction: object, probe modes, positions, losses and the metadata to use them."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, validate_assignment=True)
+
+    name: str
+    comments: str = ""
+    detector_object_distance_m: float = Field(gt=0)
+    photon_energy_eV: float = Field(gt=0)
+    probe_photon_count: float = 0.0
+    exposure_time_s: float = 0.0
+    probe: np.ndarray  # (K, M, M) complex64 incoherent modes
+    probe_pixel_width_m: float = Field(gt=0)
+    probe_pixel_height_m: float = Field(gt=0)
+    object: np.ndarray  # (H, W) complex64
+    object_center_x_m: float = 0.0
+    object_center_y_m: float = 0.0
+    object_pixel_width_m: float = Field(gt=0)
+    object_pixel_height_m: float = Field(gt=0)
+    probe_position_indexes: np.ndarray  # (N,) int64
+    probe_position_x_m: np.ndarray  # (N,) float64
+    probe_position_y_m: np.ndarray  # (N,) float64
+    object_layer_spacing_m: np.ndarray = Field(default_factory=lambda: np.zeros(0))
+    loss_epochs: np.ndarray = Field(default_factory=lambda: np.zeros(0, np.int64))
+    loss_values: np.ndarray = Field(default_factory=lambda: np.zeros(0))
+
+    @field_validator("probe", mode="before")
+    @classmethod
+    def _probe(cls, v: Any) -> np.ndarray:
+        a = np.asarray(v)
+        if a.ndim == 2:
+            a = a[None]
+        return _array(a, np.complex64, 3)
+
+    @field_validator("object", mode="before")
+    @classmethod
+    def _object(cls, v: Any) -> np.ndarray:
+        return _array(v, np.complex64, 2)
+
+    @field_validator("probe_position_indexes", "loss_epochs", mode="before")
+    @classmethod
+    def _ints(cls, v: Any) -> np.ndarray:
+        return _array(v, np.int64, 1)
+
+    @field_validator(
+        "probe_position_x_m",
+        "probe_position_y_m",
+        "object_layer_spacing_m",
+        "loss_values",
+        mode="before",
+    )
+    @classmethod
+    def _floats(cls, v: Any) -> np.ndarray:
+        return _array(v, np.float64, 1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Product:
+        n = self.probe_position_indexes.shape[0]
+        if not (self.probe_position_x_m.shape[0] == self.probe_position_y_m.shape[0] == n):
+            raise ValueError(
+                "probe_position_indexes, probe_position_x_m, probe_position_y_m differ in length"
+            )
+        if self.loss_epochs.shape != self.loss_values.shape:
+            raise ValueError("loss_epochs and loss_values differ in length")
+        if self.object_layer_spacing_m.shape[0] != 0:
+            raise ValueError("multi-slice objects are not supported (object_layer_spacing_m)")
+        return self
+
+
+_ATTRS = {  # Ptychodus metadata written with neutral defaults (its reader tolerates them)
+    "mass_attenuation_m2_per_kg": 0.0,
+    "tomography_angle_deg": 0.0,
+    "focus_object_distance_m": 0.0,
+    "tilt_angle_deg": 0.0,
+    "far_field": True,
+}
+
+
+def write_product(path: Path, product: Product) -> Path:
+    """Write ``product`` to ``path`` atomically (temporary file, fsync, rename)."""
+    path = Path(path)
+    with atomic_h5(path) as f:
+        f.attrs["name"] = product.name
+        f.attrs["comments"] = product.comments
+        f.attrs["detector_object_distance_m"] = product.detector_object_distance_m
+        f.attrs["photon_energy_eV"] = product.photon_energy_eV
+        f.attrs["probe_photon_count"] = product.probe_photon_count
+        f.attrs["exposure_time_s"] = product.exposure_time_s
+        for k, v in _ATTRS.items():
+            f.attrs[k] = v
+        f["probe_position_indexes"] = product.probe_position_indexes
+        f["probe_position_x_m"] = product.probe_position_x_m
+        f["probe_position_y_m"] = product.probe_position_y_m
+        probe = f.create_dataset("probe", data=product.probe[None])
+        probe.attrs["pixel_width_m"] = product.probe_pixel_width_m
+        probe.attrs["pixel_height_m"] = product.probe_pixel_height_m
+        obj = f.create_dataset("object", data=product.object[None])
+        obj.attrs["center_x_m"] = product.object_center_x_m
+        obj.attrs["center_y_m"] = product.object_center_y_m
+        obj.attrs["pixel_width_m"] = product.object_pixel_width_m
+        obj.attrs["pixel_height_m"] = product.object_pixel_height_m
+        f["object_layer_spacing_m"] = product.object_layer_spacing_m
+        f["loss_epochs"] = product.loss_epochs
+        f["loss_values"] = product.loss_values
+    return path
+
+
+def _attr(obj: Any, path: Path, where: str, key: str, default: float | None = None) -> Any:
+    if key in obj.attrs:
+        v = obj.attrs[key]
+        return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+    if default is None:
+        raise ScanFormatError(path, f"{where}@{key}", "missing attribute")
+    return default
+
+
+def read_product(path: Path) -> Product:
+    """Read a product file (ours or one Ptychodus wrote) into a Product."""
+    path = Path(path)
+    with open_h5(path) as f:
+        obj = dataset(f, path, "object")
+        probe = dataset(f, path, "probe")
+        o = read_array(f, path, "object")
+        if o.ndim == 3:
+            if o.shape[0] != 1:
+                raise ScanFormatError(
+                    path, "object", f"{o.shape[0]} layers: multi-slice objects are not supported"
+                )
+            o = o[0]
+        p = read_array(f, path, "probe")
+        if p.ndim == 4:
+            if p.shape[0] != 1:
+                raise ScanFormatError(path, "probe", f"{p.shape[0]} OPR modes are not supported")
+            p = p[0]
+        if p.ndim not in (2, 3) or o.ndim != 2:
+            raise ScanFormatError(
+                path, "probe", f"unexpected ranks: probe {p.shape}, object {o.shape}"
+            )
+        spacing = (
+            read_array(f, path, "object_layer_spacing_m")
+            if "object_layer_spacing_m" in f
+            else np.zeros(0)
+        )
+        has_loss = "loss_epochs" in f and "loss_values" in f
+        values = dict(
+            name=str(_attr(f, path, "/", "name", "")),
+            comments=str(_attr(f, path, "/", "comments", "")),
+            detector_object_distance_m=float(_attr(f, path, "/", "detector_object_distance_m")),
+            photon_energy_eV=float(_attr(f, path, "/", "photon_energy_eV")),
+            probe_photon_count=float(_attr(f, path, "/", "probe_photon_count", 0.0)),
+            exposure_time_s=float(_attr(f, path, "/", "exposure_time_s", 0.0)),
+            probe=p,
+            probe_pixel_width_m=float(
+                _attr(
+                    probe,
+                    path,
+                    "probe",
+                    "pixel_width_m",
+                    float(_attr(obj, path, "object", "pixel_width_m")),
+                )
+            ),
+            probe_pixel_height_m=float(
+                _attr(
+                    probe,
+                    path,
+                    "probe",
+                    "pixel_height_m",
+                    float(_attr(obj, path, "object", "pixel_height_m")),
+                )
+            ),
+            object=o,
+            object_center_x_m=float(_attr(obj, path, "object", "center_x_m")),
+            object_center_y_m=float(_attr(obj, path, "object", "center_y_m")),
+            object_pixel_width_m=float(_attr(obj, path, "object", "pixel_width_m")),
+            object_pixel_height_m=float(_attr(obj, path, "object", "pixel_height_m")),
+            probe_position_indexes=read_array(f, path, "probe_position_indexes", ndim=1),
+            probe_position_x_m=read_array(f, path, "probe_position_x_m", ndim=1),
+            probe_position_y_m=read_array(f, path, "probe_position_y_m", ndim=1),
+            object_layer_spacing_m=np.asarray(spacing).reshape(-1),
+            loss_epochs=read_array(f, path, "loss_epochs", ndim=1)
+            if has_loss
+            else np.zeros(0, np.int64),
+            loss_values=read_array(f, path, "loss_values", ndim=1) if has_loss else np.zeros(0),
+        )
+    try:
+        return Product(**values)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        key = ".".join(str(x) for x in e["loc"]) or "/"
+        raise ScanFormatError(path, key, e["msg"]) from exc
