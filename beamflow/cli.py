@@ -226,6 +226,46 @@ def runs_show(
         console.print(table)
 
 
+# -- agent -----------------------------------------------------------------------------------
+@app.command()
+def agent(
+    once: Annotated[
+        bool,
+        typer.Option(
+            "--once", help="Process every scan ready now, wait for those runs, then exit."
+        ),
+    ] = False,
+    timeout: Annotated[
+        float | None, typer.Option(help="With --once: give up after this many seconds.")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    config: ConfigOption = None,
+) -> None:
+    """The edge agent: watch the detector directory and start a flow run per scan.
+
+    Runs in the foreground (systemd runs it; see deploy/systemd). Logs are JSON lines on
+    stderr. SIGTERM stops it cleanly; runs already started are re-attached at the next start.
+    """
+    import signal
+
+    from edge_agent.agent import EdgeAgent
+    from edge_agent.logs import setup_logging
+
+    settings = settings_from(config)
+    setup_logging(log_level.upper())
+    edge = EdgeAgent(settings)
+    signal.signal(signal.SIGTERM, lambda *_: edge.stop())
+    try:
+        if once:
+            ok = edge.run_once(timeout=timeout)
+            raise typer.Exit(0 if ok else 1)
+        edge.run_forever()
+    except KeyboardInterrupt:
+        edge.stop()
+    finally:
+        edge.backend.close()
+
+
 def main() -> None:
     app()
 

@@ -106,6 +106,7 @@ class Agent(_Section):
     progressive: list[float] = Field(
         default_factory=list, description="fractions of frames at which to start runs, e.g. [0.5]"
     )
+    flow: str = Field(default="ptycho_reconstruct", description="flow the agent runs per scan")
 
     @field_validator("progressive")
     @classmethod

@@ -1,0 +1,73 @@
+"""Filesystem events from the detector directory, reduced to "this scan may have changed".
+
+Events only say *when to look*; whether a scan is ready is decided from the files
+(:mod:`edge_agent.scans`). So a missed event costs at most one rescan period, never a scan.
+inotify (close-write and moves) is used where the OS has it; network filesystems, whose
+changes inotify does not see, need the polling observer (``agent.observer = "polling"``).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
+from watchdog.observers.polling import PollingObserver
+
+from .scans import CXI_SUFFIX, MASTER_SUFFIX
+
+
+class ChangedScans(FileSystemEventHandler):
+    """Collects the directories in which something happened, for the agent to re-assess."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._dirs: set[Path] = set()
+        self.wakeup = threading.Event()
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.is_directory and event.event_type != "created":
+            return
+        for raw in (event.src_path, getattr(event, "dest_path", "")):
+            if raw:
+                path = Path(str(raw))
+                with self._lock:
+                    self._dirs.add(path if event.is_directory else path.parent)
+        self.wakeup.set()
+
+    def take(self) -> set[Path]:
+        """The directories changed since the last call."""
+        with self._lock:
+            dirs, self._dirs = self._dirs, set()
+        self.wakeup.clear()
+        return dirs
+
+
+def scans_in(directory: Path) -> list[Path]:
+    """Master/CXI files directly in ``directory``."""
+    try:
+        return sorted(
+            p
+            for p in directory.iterdir()
+            if not p.name.startswith(".")
+            and (p.name.endswith(MASTER_SUFFIX) or p.name.endswith(CXI_SUFFIX))
+        )
+    except OSError:
+        return []
+
+
+def start_observer(
+    root: Path, handler: ChangedScans, kind: str = "auto", poll_seconds: float = 1.0
+) -> BaseObserver:
+    """Watch ``root`` recursively; ``kind`` is auto (inotify where available), inotify or
+    polling."""
+    if kind == "polling":
+        observer: BaseObserver = PollingObserver(timeout=poll_seconds)
+    else:
+        observer = Observer()
+    observer.schedule(handler, str(root), recursive=True)
+    observer.daemon = True
+    observer.start()
+    return observer
