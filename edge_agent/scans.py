@@ -52,8 +52,8 @@ class ScanState:
 
     def due_fractions(self, fractions: Sequence[float]) -> list[tuple[float, int]]:
         """The progressive (fraction, frames) points this scan has reached, in order."""
-        if not self.expected:
-            return []
+        if not self.expected or self.frames >= self.expected:
+            return []  # all frames are in: the final run comes next, no partial one
         due = []
         for f in sorted(fractions):
             needed = math.ceil(f * self.expected)
