@@ -1,0 +1,498 @@
+"""The beamline simulator: realistic far-field ptychography scans, written as an Eiger writes them.
+
+Physics (notation of /work/shared/PTYCHO_MATH.md):
+
+* Object: a complex transmission O = exp(Σ_m t_m (i φ_m − μ_m)) of projected thickness maps t_m
+  ∈ [0, 1] of two materials plus a weak smooth background: a Siemens (resolution) star in the
+  scan centre, resolution bar groups, discs, and text-like glyph blocks. Amplitude 0.7–1,
+  phase 0–~2 rad. Features are rendered 3× supersampled and box-averaged (area coverage).
+* Probe: a zone-plate-like annular pupil (central stop, slight astigmatism) in the far field,
+  defocused so that the probe at the sample is a ring-like spot of ~45 % of the window with
+  Fresnel fringes and sharp-ish edges. P = F⁻¹[pupil · exp(iπλΔz|k|²)].
+* Scan: Fermat spiral (or raster) of probe positions with sub-pixel coordinates at the chosen
+  linear overlap, plus Gaussian stage jitter: the master file records the planned positions,
+  the ground truth keeps the true ones.
+* Detector: I_j = |F[P_δj · O_j]|² (unnormalised FFT, zero frequency in the centre), O_j the
+  object patch at the integer part of position j and P_δj the probe shifted by the fractional
+  part with a Fourier phase ramp exp(−2πi k·δ_j) — the engine's forward model. The probe is
+  scaled so that the mean total counts per frame equal ``photons``; counts are Poisson. Dead
+  pixels read 0, hot pixels a high Poisson rate; all are flagged in the pixel mask (Eiger bits).
+
+Files: ``OUT/NAME/ground_truth.h5`` first, then ``OUT/NAME/NAME_master.h5`` (positions and the
+expected frame count), then ``NAME_data_NNNNNN.h5`` files as frames are "acquired" at
+``rate_hz`` (each under a temporary name, renamed when complete). Deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from beamflow.formats import Geometry
+from beamflow.formats._h5 import atomic_h5
+from beamflow.formats.eiger import (
+    MASK_DEAD,
+    MASK_HOT,
+    MASTER_SUFFIX,
+    data_file_name,
+    master_path,
+    write_data_file,
+    write_master,
+)
+
+GROUND_TRUTH = "ground_truth.h5"
+DEFAULT_GEOMETRY = Geometry(energy_eV=8800.0, distance_m=2.0, detector_pixel_size_m=75e-6)
+
+#: Fraction of the window the defocused probe's ring spans, and the pupil (bright-field disc)
+#: radius on the detector as a fraction of the frame size.
+PROBE_DIAMETER_FRACTION = 0.45
+PUPIL_RADIUS_FRACTION = 0.2
+CENTRAL_STOP_FRACTION = 0.45  # of the pupil radius, as on a Fresnel zone plate
+_SUPERSAMPLE = 3
+_MARGIN_PX = 8
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(eq=False)
+class GroundTruth:
+    """What the simulator knows and a reconstruction should recover.
+
+    ``positions_px`` are the true top-left corners (y, x) of each probe window in the object
+    array (floats: the integer part selects the patch, the fraction shifts the probe).
+    ``positions_m`` are the true positions in the metres frame of the scan file, and
+    ``nominal_positions_m`` what the master file records; ``positions_px = positions_m /
+    object_pixel_size_m + origin_px``.
+    """
+
+    object: np.ndarray  # (H, W) complex64
+    probe: np.ndarray  # (M, M) complex64, scaled to the photon count
+    positions_px: np.ndarray  # (N, 2) float64
+    positions_m: np.ndarray  # (N, 2) float64
+    nominal_positions_m: np.ndarray  # (N, 2) float64
+    origin_px: np.ndarray  # (2,) float64
+    object_pixel_size_m: float
+    geometry: Geometry
+    photons: float
+    pixel_mask: np.ndarray  # (M, M) uint32, Eiger bits, non-zero = bad
+    hot_rate: np.ndarray  # (M, M) float64 mean counts of hot pixels (0 elsewhere)
+    seed: int
+    defocus_m: float = 0.0
+
+    @property
+    def probe_size(self) -> int:
+        return int(self.probe.shape[-1])
+
+    @property
+    def n_positions(self) -> int:
+        return int(self.positions_px.shape[0])
+
+    @property
+    def mask(self) -> np.ndarray:
+        """True on valid detector pixels."""
+        return self.pixel_mask == 0
+
+    def diffraction(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Noise-free model intensities of positions ``start:stop`` (detector view)."""
+        return diffraction(self.object, self.probe, self.positions_px[start:stop])
+
+
+# ------------------------------------------------------------------------------ forward model
+
+
+def shift_probe(probe: np.ndarray, frac: np.ndarray) -> np.ndarray:
+    """Probe shifted by sub-pixel (dy, dx) ``frac`` (N, 2): F⁻¹[F[P] exp(−2πi k·δ)] → (N, M, M)."""
+    m = probe.shape[-1]
+    k = np.fft.fftfreq(m)
+    ramp = np.exp(
+        -2j * np.pi * (frac[:, 0, None, None] * k[None, :, None] + frac[:, 1, None, None] * k)
+    )
+    return np.fft.ifft2(np.fft.fft2(probe)[None] * ramp)
+
+
+def exit_waves(obj: np.ndarray, probe: np.ndarray, positions_px: np.ndarray) -> np.ndarray:
+    """ψ_j = P_δj · O[iy:iy+M, ix:ix+M] for top-left corners ``positions_px`` (N, 2)."""
+    m = probe.shape[-1]
+    pos = np.asarray(positions_px, dtype=np.float64)
+    corner = np.floor(pos).astype(np.int64)
+    if (corner < 0).any() or (corner + m > np.array(obj.shape)).any():
+        raise ValueError("a probe window leaves the object array")
+    iy = corner[:, 0, None, None] + np.arange(m)[None, :, None]
+    ix = corner[:, 1, None, None] + np.arange(m)[None, None, :]
+    return shift_probe(probe, pos - corner) * obj[iy, ix]
+
+
+def diffraction(obj: np.ndarray, probe: np.ndarray, positions_px: np.ndarray) -> np.ndarray:
+    """Far-field intensities |F[ψ_j]|², unnormalised FFT, zero frequency in the centre."""
+    out = np.empty((len(positions_px), probe.shape[-1], probe.shape[-1]))
+    for s in range(0, len(positions_px), 64):  # bounded memory for long scans
+        psi = exit_waves(obj, probe, positions_px[s : s + 64])
+        out[s : s + 64] = np.abs(np.fft.fftshift(np.fft.fft2(psi), axes=(-2, -1))) ** 2
+    return out
+
+
+# ------------------------------------------------------------------------------ sample, optics
+
+
+def scan_positions_px(
+    n: int, probe_diameter_px: float, overlap: float, pattern: str = "spiral"
+) -> np.ndarray:
+    """(n, 2) probe-centre positions (y, x) in object pixels around 0 for a linear ``overlap``.
+
+    Fermat spiral r = c√(j+½), θ = j·golden angle: its mean nearest-neighbour distance is
+    ≈ 1.9 c, so c = step / 1.9 with step = (1 − overlap)·D.
+    """
+    if not 0 <= overlap < 1:
+        raise ValueError("overlap must be in [0, 1)")
+    step = (1.0 - overlap) * probe_diameter_px
+    if pattern == "spiral":
+        j = np.arange(n) + 0.5
+        r = step / 1.905 * np.sqrt(j)
+        theta = j * math.pi * (3.0 - math.sqrt(5.0))
+        pos = np.stack([r * np.sin(theta), r * np.cos(theta)], axis=1)
+    elif pattern == "raster":
+        cols = math.ceil(math.sqrt(n))
+        j = np.arange(n)
+        pos = np.stack([(j // cols) * step, (j % cols) * step], axis=1)
+    else:
+        raise ValueError(f"unknown scan pattern {pattern!r} (spiral or raster)")
+    return pos - pos.mean(axis=0)
+
+
+def make_probe(m: int, geometry: Geometry) -> tuple[np.ndarray, float]:
+    """Unit-power defocused zone-plate probe (M, M) and its defocus Δz [m].
+
+    A pupil of radius R (detector pixels) and defocus Δz give a spot of diameter
+    D = 2λRΔz/(MΔx²) object pixels; the quadratic pupil phase πλΔz|k|² is then πD n²/(2RM)
+    in pixel units, which stays below π per pixel (no aliasing) for D < M.
+    """
+    dx = geometry.object_pixel_size_m(m)
+    radius = PUPIL_RADIUS_FRACTION * m
+    diameter = PROBE_DIAMETER_FRACTION * m
+    n = np.fft.fftfreq(m) * m  # frequency index, unshifted
+    ny, nx = np.meshgrid(n, n, indexing="ij")
+    rr = np.hypot(ny, nx)
+    # Edges soft over ~1.5 detector pixels (pixel integration, partial coherence): still a
+    # sharp bright-field disc, but the probe's Fresnel tails stay ≲1 % outside 0.4 M.
+    soft = 1.5
+    outer = np.clip((radius - rr) / soft + 0.5, 0.0, 1.0)
+    inner = np.clip((rr - CENTRAL_STOP_FRACTION * radius) / soft + 0.5, 0.0, 1.0)
+    pupil = outer * inner
+    phase = math.pi * diameter * rr**2 / (2.0 * radius * m)
+    phase += 0.6 * (nx**2 - ny**2) / radius**2  # mild astigmatism: breaks the symmetry
+    probe = np.fft.fftshift(np.fft.ifft2(pupil * np.exp(1j * phase)))
+    probe /= np.sqrt(np.sum(np.abs(probe) ** 2))
+    defocus = diameter * m * dx**2 / (2.0 * radius * geometry.wavelength_m)
+    return probe.astype(np.complex64), defocus
+
+
+def _coverage(fn: Callable[[np.ndarray, np.ndarray], np.ndarray], shape: tuple[int, int]):
+    """Area coverage of a shape predicate fn(y, x) on the pixel grid (supersampled)."""
+    s = _SUPERSAMPLE
+    y = (np.arange(shape[0] * s) + 0.5) / s - 0.5
+    x = (np.arange(shape[1] * s) + 0.5) / s - 0.5
+    inside = fn(y[:, None], x[None, :]).astype(np.float32)
+    return inside.reshape(shape[0], s, shape[1], s).mean(axis=(1, 3))
+
+
+def make_object(
+    shape: tuple[int, int], rng: np.random.Generator, centre: tuple[float, float], radius: float
+) -> np.ndarray:
+    """Structured complex object; features within ``radius`` px of ``centre`` (the scanned
+    field), a Siemens star in the middle."""
+    h, w = shape
+    cy, cx = centre
+    ta = np.zeros(shape, np.float32)  # strongly phase-shifting, absorbing material (e.g. Au)
+    tb = np.zeros(shape, np.float32)  # weakly absorbing material (e.g. resin)
+
+    # Siemens star: 36 spokes, a small solid centre, a ring around it.
+    rs = 0.42 * radius
+
+    def star(y, x):
+        r = np.hypot(y - cy, x - cx)
+        th = np.arctan2(y - cy, x - cx)
+        spokes = np.mod(th * 36 / (2 * np.pi), 1.0) < 0.5
+        return ((r < rs) & (spokes | (r < 0.06 * rs))) | ((r >= rs * 1.04) & (r < rs * 1.12))
+
+    ta += _coverage(star, shape)
+
+    def free_spot(size: float) -> tuple[float, float]:
+        for _ in range(200):
+            r = radius * math.sqrt(rng.uniform(0.3, 0.9))
+            t = rng.uniform(0, 2 * math.pi)
+            y, x = cy + r * math.sin(t), cx + r * math.cos(t)
+            if math.hypot(y - cy, x - cx) > rs * 1.2 + size:
+                return y, x
+        return cy + radius * 0.8, cx
+
+    # Resolution bar groups: 3 bars of width w, alternating orientation.
+    for i, bw in enumerate([1.0, 1.5, 2.0, 3.0, 4.0]):
+        gy, gx = free_spot(6 * bw)
+        length = 5.0 * bw
+        vertical = i % 2 == 0
+
+        def bars(y, x, gy=gy, gx=gx, bw=bw, length=length, vertical=vertical):
+            u, v = (x - gx, y - gy) if vertical else (y - gy, x - gx)
+            return (
+                (np.abs(v) < length / 2)
+                & (np.abs(u) < 2.5 * bw)
+                & (np.mod(u / bw + 2.5, 2.0) < 1.0)
+            )
+
+        ta += 0.8 * _coverage(bars, shape)
+
+    # Discs of the weak material, some overlapping the rest.
+    for _ in range(14):
+        r0 = rng.uniform(1.5, 0.12 * radius + 2)
+        dy, dx = free_spot(r0)
+        thick = rng.uniform(0.3, 1.0)
+        tb += thick * _coverage(
+            lambda y, x, dy=dy, dx=dx, r0=r0: np.hypot(y - dy, x - dx) < r0, shape
+        )
+
+    # Text-like blocks: lines of 5×7 glyphs of random bits.
+    for _ in range(3):
+        cell = rng.choice([1.0, 1.5, 2.0])
+        n_glyphs = int(rng.integers(3, 6))
+        ty, tx = free_spot(n_glyphs * 6 * cell / 2)
+        bits = rng.random((n_glyphs, 7, 5)) < 0.45
+        y0, x0 = ty - 3.5 * cell, tx - n_glyphs * 3 * cell
+
+        def text(y, x, y0=y0, x0=x0, cell=cell, bits=bits, n_glyphs=n_glyphs):
+            row = np.floor((y - y0) / cell).astype(np.int64)
+            colf = (x - x0) / cell
+            glyph = np.floor(colf / 6).astype(np.int64)
+            col = np.floor(colf - 6 * glyph).astype(np.int64)
+            ok = (row >= 0) & (row < 7) & (glyph >= 0) & (glyph < n_glyphs) & (col < 5)
+            out = np.zeros(np.broadcast(row, col).shape, dtype=bool)
+            rr, cc, gg = np.broadcast_arrays(row, col, glyph)
+            out[ok] = bits[gg[ok], rr[ok], cc[ok]]
+            return out
+
+        ta += 0.6 * _coverage(text, shape)
+
+    # Smooth background phase: low-pass filtered noise (a thin, uneven support film).
+    noise = rng.standard_normal(shape)
+    ky = np.fft.fftfreq(h)[:, None]
+    kx = np.fft.fftfreq(w)[None, :]
+    smooth = np.real(np.fft.ifft2(np.fft.fft2(noise) * np.exp(-((ky**2 + kx**2) / 0.012**2))))
+    smooth = (smooth - smooth.min()) / max(np.ptp(smooth), 1e-12)
+
+    ta = np.clip(ta, 0, 1)
+    tb = np.clip(tb, 0, 1)
+    phase = 1.2 * ta + 0.6 * tb + 0.15 * smooth
+    absorption = 0.29 * ta + 0.05 * tb
+    return np.exp(-absorption + 1j * phase).astype(np.complex64)
+
+
+def _bad_pixels(m: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    n = m * m
+    n_dead = max(1, round(0.002 * n))
+    n_hot = max(1, round(0.001 * n))
+    idx = rng.permutation(n)[: n_dead + n_hot]
+    mask = np.zeros(n, np.uint32)
+    mask[idx[:n_dead]] = MASK_DEAD
+    mask[idx[n_dead:]] = MASK_HOT
+    rate = np.zeros(n)
+    rate[idx[n_dead:]] = rng.uniform(1e3, 1e5, n_hot)
+    return mask.reshape(m, m), rate.reshape(m, m)
+
+
+# ------------------------------------------------------------------------------ ground truth
+
+
+def make_ground_truth(
+    positions: int = 200,
+    probe_size: int = 64,
+    photons: float = 1e6,
+    seed: int = 0,
+    *,
+    overlap: float = 0.75,
+    jitter_m: float = 10e-9,
+    pattern: str = "spiral",
+    geometry: Geometry = DEFAULT_GEOMETRY,
+) -> GroundTruth:
+    """The object, probe (scaled to ``photons`` mean counts per frame), positions and detector
+    defects of a scan, without writing anything. Deterministic for ``seed``."""
+    if positions < 1 or probe_size < 8 or photons <= 0:
+        raise ValueError("need positions ≥ 1, probe_size ≥ 8 and photons > 0")
+    rng_obj, rng_pos, rng_det = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
+    )
+    m = probe_size
+    dx = geometry.object_pixel_size_m(m)
+    probe, defocus = make_probe(m, geometry)
+
+    nominal_px = scan_positions_px(positions, PROBE_DIAMETER_FRACTION * m, overlap, pattern)
+    nominal_m = nominal_px * dx
+    true_m = nominal_m + rng_pos.normal(0.0, jitter_m, nominal_m.shape)
+    centres = true_m / dx
+    origin = _MARGIN_PX - centres.min(axis=0)  # corner = centre/dx + origin
+    corners = centres + origin
+    shape = tuple(int(v) for v in np.ceil(corners.max(axis=0)) + m + _MARGIN_PX)
+    field_centre = (float(origin[0] + m / 2), float(origin[1] + m / 2))  # scan centre (0 m)
+    # Features go where the probe reaches (scan radius + most of the probe's half width).
+    field_radius = float(np.hypot(*(centres - centres.mean(0)).T).max() + 0.15 * m)
+    obj = make_object(shape, rng_obj, field_centre, field_radius)
+
+    pixel_mask, hot_rate = _bad_pixels(m, rng_det)
+    # Scale the probe so the mean total counts per frame equal `photons` (Parseval: the
+    # unnormalised FFT gives Σ|F ψ|² = M² Σ|ψ|²).
+    power = np.mean(np.sum(np.abs(exit_waves(obj, probe, corners)) ** 2, axis=(-2, -1))) * m * m
+    probe = (probe * np.sqrt(photons / power)).astype(np.complex64)
+    return GroundTruth(
+        object=obj,
+        probe=probe,
+        positions_px=corners,
+        positions_m=true_m,
+        nominal_positions_m=nominal_m,
+        origin_px=np.asarray(origin, dtype=np.float64),
+        object_pixel_size_m=dx,
+        geometry=geometry,
+        photons=float(photons),
+        pixel_mask=pixel_mask,
+        hot_rate=hot_rate,
+        seed=int(seed),
+        defocus_m=defocus,
+    )
+
+
+def write_ground_truth(path: Path, gt: GroundTruth) -> Path:
+    with atomic_h5(Path(path)) as f:
+        for key in (
+            "object", "probe", "positions_px", "positions_m", "nominal_positions_m",
+            "origin_px", "pixel_mask", "hot_rate",
+        ):  # fmt: skip
+            f[key] = getattr(gt, key)
+        f.attrs["object_pixel_size_m"] = gt.object_pixel_size_m
+        f.attrs["energy_eV"] = gt.geometry.energy_eV
+        f.attrs["distance_m"] = gt.geometry.distance_m
+        f.attrs["detector_pixel_size_m"] = gt.geometry.detector_pixel_size_m
+        f.attrs["photons"] = gt.photons
+        f.attrs["seed"] = gt.seed
+        f.attrs["defocus_m"] = gt.defocus_m
+        f.attrs["description"] = (
+            "beamflow simulator ground truth: positions_px = top-left corners (y, x) of the "
+            "probe window in the object; positions_px = positions_m / object_pixel_size_m "
+            "+ origin_px"
+        )
+    return Path(path)
+
+
+def read_ground_truth(path: str | Path) -> GroundTruth:
+    """Read ``ground_truth.h5`` (or find it from a scan directory or master file)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / GROUND_TRUTH
+    elif path.name.endswith(MASTER_SUFFIX):
+        path = path.parent / GROUND_TRUTH
+    with h5py.File(path, "r") as f:
+        a = f.attrs
+        return GroundTruth(
+            object=f["object"][()],
+            probe=f["probe"][()],
+            positions_px=f["positions_px"][()],
+            positions_m=f["positions_m"][()],
+            nominal_positions_m=f["nominal_positions_m"][()],
+            origin_px=f["origin_px"][()],
+            object_pixel_size_m=float(a["object_pixel_size_m"]),
+            geometry=Geometry(
+                energy_eV=float(a["energy_eV"]),
+                distance_m=float(a["distance_m"]),
+                detector_pixel_size_m=float(a["detector_pixel_size_m"]),
+            ),
+            photons=float(a["photons"]),
+            pixel_mask=f["pixel_mask"][()],
+            hot_rate=f["hot_rate"][()],
+            seed=int(a["seed"]),
+            defocus_m=float(a.get("defocus_m", 0.0)),
+        )
+
+
+# ------------------------------------------------------------------------------ the scan
+
+
+def detector_frames(gt: GroundTruth, start: int, stop: int, rng: np.random.Generator) -> np.ndarray:
+    """Poisson counts of frames ``start:stop`` with dead (0) and hot pixels, as uint32."""
+    counts = rng.poisson(gt.diffraction(start, stop))
+    hot = gt.hot_rate > 0
+    counts[:, hot] = rng.poisson(gt.hot_rate[hot], (counts.shape[0], int(hot.sum())))
+    counts[:, (gt.pixel_mask & MASK_DEAD) != 0] = 0
+    return np.minimum(counts, np.iinfo(np.uint32).max - 1).astype(np.uint32)
+
+
+def simulate_scan(
+    out_dir: str | Path,
+    name: str,
+    positions: int = 200,
+    probe_size: int = 64,
+    photons: float = 1e6,
+    seed: int = 0,
+    frames_per_file: int = 50,
+    rate_hz: float | None = None,
+    progress: Progress | None = None,
+    *,
+    overlap: float = 0.75,
+    jitter_m: float = 10e-9,
+    pattern: str = "spiral",
+    geometry: Geometry = DEFAULT_GEOMETRY,
+    stop_after: int | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Simulate a scan and write it as a detector would; returns the master file path.
+
+    ``rate_hz``: frames per second of "acquisition" (data files appear every
+    ``frames_per_file / rate_hz`` s); None writes as fast as possible. ``stop_after``: abort
+    the scan after that many frames (the master still promises all of them), as a beamline
+    does when a scan is interrupted. ``progress(frames_written, frames_total)`` is called
+    after each data file.
+    """
+    if frames_per_file < 1:
+        raise ValueError("frames_per_file must be ≥ 1")
+    if rate_hz is not None and rate_hz <= 0:
+        raise ValueError("rate_hz must be > 0")
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"invalid scan name {name!r}")
+    master = master_path(Path(out_dir), name)
+    scan_dir = master.parent
+    if master.exists() or (scan_dir / GROUND_TRUTH).exists():
+        if not overwrite:
+            raise FileExistsError(f"{scan_dir} already holds a scan named {name}")
+        for p in [master, scan_dir / GROUND_TRUTH, *scan_dir.glob(f"{name}_data_*.h5")]:
+            p.unlink(missing_ok=True)
+    scan_dir.mkdir(parents=True, exist_ok=True)
+
+    gt = make_ground_truth(
+        positions, probe_size, photons, seed,
+        overlap=overlap, jitter_m=jitter_m, pattern=pattern, geometry=geometry,
+    )  # fmt: skip
+    write_ground_truth(scan_dir / GROUND_TRUTH, gt)
+    write_master(
+        master,
+        geometry=geometry,
+        frame_shape=(probe_size, probe_size),
+        positions_m=gt.nominal_positions_m,
+        frames_per_file=frames_per_file,
+        pixel_mask=gt.pixel_mask,
+        count_time_s=(1.0 / rate_hz) if rate_hz else 0.1,
+    )
+    noise = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[3])
+    total = positions if stop_after is None else max(0, min(positions, stop_after))
+    t0 = time.monotonic()
+    for index, start in enumerate(range(0, total, frames_per_file), start=1):
+        stop = min(start + frames_per_file, total)
+        frames = detector_frames(gt, start, stop, noise)
+        if rate_hz is not None:  # the file is complete when its last frame is acquired
+            delay = t0 + stop / rate_hz - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        write_data_file(scan_dir / data_file_name(name, index), frames, start + 1)
+        if progress is not None:
+            progress(stop, positions)
+    return master
