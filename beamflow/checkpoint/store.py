@@ -1,15 +1,19 @@
 """On-disk checkpoint format, atomic commit, verification, restore and retention.
 
-One HDF5 file per checkpoint, ``ckpt-<iteration:09d>.h5``::
+One HDF5 file per checkpoint, ``ckpt-<iteration:09d>-<sha256 of the file, 16 hex>.h5``::
 
     attrs: format="beamflow-checkpoint", schema_version, iteration, time,
            meta_json, fingerprint_json, header_json, content_sha256
     /arrays/<name>   one dataset per array (fletcher32; complex stored natively)
 
-`content_sha256` covers the header (names, dtypes, shapes), iteration, meta, fingerprint and
-every array's bytes, so a file can be verified on its own (after LATEST.json is lost or
-garbled); fletcher32 catches damaged chunks on read. `LATEST.json` holds the sha256 of the
-whole file it names. Commit order (each step a hook point, for crash tests)::
+Every file is hashed before HDF5 parses a byte of it: against the full sha256 in
+`LATEST.json`, or (fallback, LATEST lost or garbled) against the sha256 prefix in its own
+name. This matters: the HDF5 library can abort() the whole process on some damaged files,
+so a damaged checkpoint must never reach it. Inside, `content_sha256` covers the header
+(names, dtypes, shapes), iteration, meta, fingerprint and every array's bytes, and
+fletcher32 guards each chunk: a second, independent check of what is returned.
+
+Commit order (each step a hook point, for crash tests)::
 
     temp written -> fsync -> rename -> fsync dir -> LATEST temp written+fsync -> rename
     -> fsync dir -> retention
@@ -44,7 +48,8 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 FORMAT_NAME = "beamflow-checkpoint"
 LATEST_NAME = "LATEST.json"
-_FILE_RE = re.compile(r"^ckpt-(\d{9,})\.h5$")
+_FILE_RE = re.compile(r"^ckpt-(\d{9,})-([0-9a-f]{16})\.h5$")
+_SHA_IN_NAME = 16
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _TMP_PREFIX = ".tmp-"
 _HOST = socket.gethostname().replace("-", "_")
@@ -93,8 +98,8 @@ class LatestRecord:
         return Path(directory) / self.file
 
 
-def checkpoint_name(iteration: int) -> str:
-    return f"ckpt-{iteration:09d}.h5"
+def checkpoint_name(iteration: int, sha256: str) -> str:
+    return f"ckpt-{iteration:09d}-{sha256[:_SHA_IN_NAME]}.h5"
 
 
 def _json_default(o: Any) -> Any:
@@ -216,10 +221,10 @@ def commit(
     """Atomically write one serialized checkpoint into `directory` and point LATEST.json at it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    name = checkpoint_name(iteration)
+    digest = sha256 or hashlib.sha256(image).hexdigest()
+    name = checkpoint_name(iteration, digest)
     final = directory / name
     tmp = _tmp_path(directory, name)
-    digest = sha256 or hashlib.sha256(image).hexdigest()
 
     def step(s: str, p: Path) -> None:
         if hook is not None:
@@ -265,19 +270,23 @@ def commit(
 
 
 def list_checkpoints(directory: Path | str) -> list[tuple[int, Path]]:
-    """(iteration, path) of every checkpoint-named file, newest first."""
+    """(iteration, path) of every checkpoint-named file, newest first (ties: newest mtime)."""
     directory = Path(directory)
     try:
-        names = os.listdir(directory)
+        entries = list(os.scandir(directory))
     except FileNotFoundError:
         return []
     out = []
-    for n in names:
-        m = _FILE_RE.match(n)
+    for e in entries:
+        m = _FILE_RE.match(e.name)
         if m:
-            out.append((int(m.group(1)), directory / n))
-    out.sort(key=lambda t: t[0], reverse=True)
-    return out
+            try:
+                mtime = e.stat().st_mtime_ns
+            except FileNotFoundError:
+                continue
+            out.append((int(m.group(1)), mtime, Path(e.path)))
+    out.sort(key=lambda t: (t[0], t[1]), reverse=True)
+    return [(it, p) for it, _, p in out]
 
 
 def apply_retention(directory: Path | str, *, keep: int, current_iteration: int | None = None,
@@ -285,8 +294,9 @@ def apply_retention(directory: Path | str, *, keep: int, current_iteration: int 
     """Keep the newest `keep` checkpoints; never delete protected files or LATEST's target.
 
     Files from iterations after `current_iteration` belong to an abandoned line of history
-    (for example a corrupt newer file that a resume skipped); they are removed so that a later
-    fallback cannot pick them.
+    (for example a corrupt newer file that a resume skipped), and older copies of
+    `current_iteration` itself are superseded; both are removed so that a later fallback
+    cannot pick them.
     """
     directory = Path(directory)
     protected = {Path(p).resolve() for p in protect}
@@ -299,8 +309,8 @@ def apply_retention(directory: Path | str, *, keep: int, current_iteration: int 
         if path.resolve() in protected:
             kept += 1
             continue
-        if current_iteration is not None and it > current_iteration:
-            pass  # abandoned future: remove
+        if current_iteration is not None and it >= current_iteration:
+            pass  # abandoned future, or a superseded copy of this iteration: remove
         elif kept < keep:
             kept += 1
             continue
@@ -374,7 +384,9 @@ def read_checkpoint(path: Path | str, expected_sha256: str | None = None) -> Che
     """Read and fully verify one checkpoint file; raise CorruptCheckpoint with the reason.
 
     The file is read into memory once, and both the sha256 and the HDF5 parse use those same
-    bytes, so a concurrent rename cannot make us verify one file and return another.
+    bytes, so a concurrent rename cannot make us verify one file and return another. The
+    bytes are checked against `expected_sha256` and the sha256 prefix in a checkpoint name
+    before HDF5 sees them; a file under another name with no expected hash is parsed as is.
     """
     path = Path(path)
     try:
@@ -384,8 +396,11 @@ def read_checkpoint(path: Path | str, expected_sha256: str | None = None) -> Che
         raise CorruptCheckpoint(f"{path}: cannot read ({e.strerror or e})") from e
     sha = hashlib.sha256(data).hexdigest()
     if expected_sha256 is not None and sha != expected_sha256:
-        raise CorruptCheckpoint(f"{path}: sha256 {sha[:12]}… does not match LATEST.json "
-                                f"({expected_sha256[:12]}…)")
+        raise CorruptCheckpoint(f"{path}: sha256 {sha[:16]}… does not match LATEST.json "
+                                f"({expected_sha256[:16]}…)")
+    m = _FILE_RE.match(path.name)
+    if m and sha[:_SHA_IN_NAME] != m.group(2):
+        raise CorruptCheckpoint(f"{path}: sha256 {sha[:16]}… does not match its name")
     try:
         with h5py.File(io.BytesIO(data), "r") as f:
             if f.attrs.get("format") != FORMAT_NAME:
@@ -419,7 +434,6 @@ def read_checkpoint(path: Path | str, expected_sha256: str | None = None) -> Che
     digest = _content_digest(header, iteration, meta_json, fp_json, arrays.values())
     if digest != stored_digest:
         raise CorruptCheckpoint(f"{path}: content digest mismatch (damaged data or metadata)")
-    m = _FILE_RE.match(path.name)
     if m and int(m.group(1)) != iteration:
         raise CorruptCheckpoint(f"{path}: holds iteration {iteration}, name says {m.group(1)}")
     try:
