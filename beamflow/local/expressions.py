@@ -189,6 +189,8 @@ class Expression:
             self._check(node.orelse)
             return
         if isinstance(node, ast.Call):
+            # Check the callee first, so `x.__class__.f()` is reported for its dunder.
+            self._check(node.func)
             if not isinstance(node.func, ast.Name):
                 self._reject(node, "method calls")
             name = node.func.id  # type: ignore[union-attr]
