@@ -124,6 +124,68 @@ def init(
         )
 
 
+# -- simulate --------------------------------------------------------------------------------
+@app.command()
+def simulate(
+    out_dir: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Directory the detector writes into (default: config beamline.detector_dir).",
+            file_okay=False,
+        ),
+    ] = None,
+    name: Annotated[
+        str, typer.Option(help="Scan name: writes OUT_DIR/NAME/NAME_master.h5, data files.")
+    ] = ...,  # type: ignore[assignment]
+    positions: Annotated[int, typer.Option(min=1, help="Scan positions (frames).")] = 200,
+    probe_size: Annotated[int, typer.Option(min=8, help="Frame / probe size in pixels.")] = 64,
+    photons: Annotated[float, typer.Option(min=1, help="Mean photons per frame.")] = 1e6,
+    seed: Annotated[int, typer.Option(help="Random seed (same seed, same files).")] = 0,
+    frames_per_file: Annotated[int, typer.Option(min=1, help="Frames per data file.")] = 50,
+    rate: Annotated[
+        float | None, typer.Option(min=0.001, help="Frames per second (default: at once).")
+    ] = None,
+    overlap: Annotated[
+        float, typer.Option(min=0.0, max=0.95, help="Linear probe overlap of neighbours.")
+    ] = 0.75,
+    pattern: Annotated[str, typer.Option(help="spiral (Fermat) or raster.")] = "spiral",
+    stop_after: Annotated[
+        int | None, typer.Option(min=0, help="Abort the scan after this many frames.")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing scan of that name.")] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Simulate a ptychography scan and write it as the detector would, file by file.
+
+    Writes OUT_DIR/NAME/ground_truth.h5 and NAME_master.h5 first,
+    then NAME_data_NNNNNN.h5 files as the frames are acquired at --rate.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from beamflow.simulate import simulate_scan
+
+    if pattern not in ("spiral", "raster"):
+        fail(f"--pattern must be 'spiral' or 'raster', not {pattern!r}", code=2)
+    if out_dir is None:
+        out_dir = settings_from(config).beamline.detector_dir
+    with Progress(
+        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=err_console, transient=False,
+    ) as bar:  # fmt: skip
+        task = bar.add_task(f"simulating {name}", total=positions)
+        try:
+            master = simulate_scan(
+                out_dir, name, positions=positions, probe_size=probe_size, photons=photons,
+                seed=seed, frames_per_file=frames_per_file, rate_hz=rate, overlap=overlap,
+                pattern=pattern, stop_after=stop_after, overwrite=overwrite,
+                progress=lambda done, total: bar.update(task, completed=done),
+            )  # fmt: skip
+        except (FileExistsError, ValueError, OSError) as exc:
+            fail(str(exc))
+    console.print(f"[green]scan written:[/] {master}")
+    console.print(f"  ground truth  {master.parent / 'ground_truth.h5'}")
+
+
 # -- runs ------------------------------------------------------------------------------------
 def _duration(seconds: float | None) -> str:
     if seconds is None:

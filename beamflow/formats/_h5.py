@@ -149,6 +149,11 @@ def atomic_h5(path: Path, tmp_name: str | None = None) -> Iterator[h5py.File]:
             yield f
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
+        # mkstemp makes 0600 files; give the final file the permissions a plain open() would
+        # (other accounts, e.g. a transfer service, must be able to read detector data).
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_path, 0o666 & ~umask)
         os.replace(tmp_path, path)
         fsync_dir(path.parent)
     except BaseException:
