@@ -1,0 +1,228 @@
+"""The Globus Compute function the flows call: reconstruct one scan on a GPU node.
+
+The body is self-contained (every import is inside it): globus-compute serialises the
+function, and the endpoint runs it without this module. It needs beamflow installed on the
+endpoint (the same version: the registered checksum includes it).
+
+Flow kwargs (``flows/ptycho_reconstruct.json``, task kwargs)::
+
+    reconstruct(scan=..., output_dir=..., allowed_roots=[...], parameters={...},
+                checkpoint_dir=..., node_local_dir=None, run_name=...)
+
+Every path must resolve (symlinks followed, ``..`` collapsed) inside one of
+``allowed_roots``; anything else is refused before a byte is read. The GPU is the one the
+endpoint pinned for this worker (``CUDA_VISIBLE_DEVICES``, which the endpoint's
+``available_accelerators`` and the local compute pool both set); the function never widens it.
+Errors raise ``ValueError`` (bad input: nothing to retry) or ``RuntimeError`` (the
+reconstruction failed), both built-ins so they deserialise anywhere, with the scan and the
+cause in the message.
+"""
+
+# No "from __future__ import annotations": the pydantic models are built inside the body
+# from real annotation objects, wherever the body is deserialised.
+from typing import Any
+
+
+def reconstruct(
+    *,
+    scan: str,
+    output_dir: str,
+    allowed_roots: list[str],
+    parameters: dict[str, Any] | None = None,
+    checkpoint_dir: str | None = None,
+    node_local_dir: str | None = None,
+    run_name: str | None = None,
+) -> dict[str, Any]:
+    """Reconstruct ``scan`` into ``output_dir`` (product.h5, previews/); return a summary."""
+    import dataclasses
+    import inspect
+    import json
+    import os
+    import socket
+    import time
+    from pathlib import Path
+    from typing import Literal
+
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+    class Parameters(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+        algorithm: Literal["rpie", "epie", "dm", "lsqml"] = "rpie"
+        iterations: int = Field(default=100, ge=1, le=1_000_000)
+        probe_modes: int = Field(default=1, ge=1, le=16)
+        batch: int | None = Field(default=None, ge=1)
+        device: Literal["auto", "cpu", "cuda"] = "auto"
+        checkpoint_every: int = Field(default=10, ge=0)
+        preview_every: int = Field(default=10, ge=0)
+        resume: bool = True
+        max_frames: int | None = Field(default=None, ge=1)
+        aborted: bool = False
+
+    class Request(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+        scan: str = Field(min_length=1)
+        output_dir: str = Field(min_length=1)
+        allowed_roots: list[str] = Field(min_length=1, max_length=16)
+        parameters: Parameters = Field(default_factory=Parameters)
+        checkpoint_dir: str | None = None
+        node_local_dir: str | None = None
+        run_name: str | None = Field(default=None, max_length=200)
+
+    label = scan if isinstance(scan, str) else repr(scan)
+    try:
+        request = Request(
+            scan=scan,
+            output_dir=output_dir,
+            allowed_roots=allowed_roots,
+            parameters=parameters or {},
+            checkpoint_dir=checkpoint_dir,
+            node_local_dir=node_local_dir,
+            run_name=run_name,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise ValueError(f"scan {label}: invalid arguments: {problems}") from None
+
+    # -- confinement: every path inside an allowed root, after resolving symlinks ----------
+    roots: list[Path] = []
+    for raw in request.allowed_roots:
+        root = Path(raw).expanduser()
+        if not root.is_absolute():
+            raise ValueError(f"scan {label}: allowed root {raw!r} must be an absolute path")
+        if not root.is_dir():
+            raise ValueError(f"scan {label}: allowed root {raw} is not a directory")
+        roots.append(root.resolve())
+
+    def confined(raw: str, what: str, *, must_exist: bool) -> Path:
+        path = Path(raw).expanduser()
+        if not path.is_absolute():
+            raise ValueError(f"scan {label}: {what} {raw!r} must be an absolute path")
+        resolved = path.resolve(strict=False)
+        if not any(resolved == r or resolved.is_relative_to(r) for r in roots):
+            raise ValueError(
+                f"scan {label}: {what} {raw} resolves to {resolved}, outside the allowed "
+                f"roots ({', '.join(map(str, roots))}); refused"
+            )
+        if must_exist and not resolved.exists():
+            raise ValueError(f"scan {label}: {what} {raw} does not exist")
+        return resolved
+
+    scan_path = confined(request.scan, "scan", must_exist=True)
+    out_dir = confined(request.output_dir, "output_dir", must_exist=False)
+    ckpt_dir = confined(
+        request.checkpoint_dir or str(out_dir / "checkpoints"), "checkpoint_dir", must_exist=False
+    )
+    l1_dir = (
+        confined(request.node_local_dir, "node_local_dir", must_exist=False)
+        if request.node_local_dir
+        else None
+    )
+    params = request.parameters
+
+    # -- the device: honour the endpoint's pinning, never widen it --------------------------
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    no_gpu = visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles")
+    device = params.device
+    if no_gpu:
+        if device == "cuda":
+            raise ValueError(
+                f"scan {label}: device 'cuda' asked for, but this worker has no GPU "
+                f"(CUDA_VISIBLE_DEVICES={visible!r})"
+            )
+        device = "cpu"
+
+    # -- the job ----------------------------------------------------------------------------
+    try:
+        from beamflow.reconstruct import ReconstructJob, run_reconstruction
+    except ImportError as exc:
+        raise RuntimeError(
+            f"scan {label}: beamflow.reconstruct is not importable on this endpoint ({exc}); "
+            "install beamflow (same version as the registered function) in its environment"
+        ) from None
+
+    values: dict[str, Any] = {
+        "scan": scan_path,
+        "out": out_dir,
+        "checkpoint_dir": ckpt_dir,
+        "node_local_dir": l1_dir,
+        "name": request.run_name,
+        "algorithm": params.algorithm,
+        "iterations": params.iterations,
+        "probe_modes": params.probe_modes,
+        "batch": params.batch,
+        "device": device,
+        "checkpoint_every": params.checkpoint_every,
+        "preview_every": params.preview_every,
+        "resume": params.resume,
+        "max_frames": params.max_frames,
+        "aborted": params.aborted,
+    }
+    # Pass what the job accepts: a field it lacks is one it does not need (node_local_dir
+    # on a job without L1 checkpoints), but a value the user set must not vanish silently.
+    if hasattr(ReconstructJob, "model_fields"):
+        accepted = set(ReconstructJob.model_fields)
+    elif dataclasses.is_dataclass(ReconstructJob):
+        accepted = {f.name for f in dataclasses.fields(ReconstructJob)}
+    else:
+        accepted = set(inspect.signature(ReconstructJob).parameters)
+    defaults = Parameters()
+    for key in [k for k in values if k not in accepted]:
+        value = values.pop(key)
+        if key in Parameters.model_fields and value != getattr(defaults, key):
+            raise ValueError(
+                f"scan {label}: parameter {key}={value!r} is not supported by this "
+                "beamflow's reconstruction job"
+            )
+    try:
+        job = ReconstructJob(**values)
+    except (ValidationError, TypeError, ValueError) as exc:
+        raise ValueError(f"scan {label}: invalid reconstruction job: {exc}") from None
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    try:
+        summary = run_reconstruction(job)
+    except Exception as exc:
+        kind = type(exc).__name__
+        # Bad data is the user's to fix; everything else is a failed reconstruction.
+        error = ValueError if kind in ("ScanFormatError", "ValidationError") else RuntimeError
+        raise error(f"scan {label}: reconstruction failed: {kind}: {exc}") from None
+    elapsed = time.time() - started
+
+    if hasattr(summary, "model_dump"):
+        data = summary.model_dump(mode="json")
+    elif dataclasses.is_dataclass(summary):
+        data = dataclasses.asdict(summary)
+    else:
+        data = dict(summary)
+    data = json.loads(json.dumps(data, default=str))  # plain JSON, whatever the job returned
+
+    product = Path(str(data.get("product") or out_dir / "product.h5"))
+    previews = [Path(str(p)) for p in data.get("previews") or []]
+
+    def relative(p: Path) -> str:
+        return str(p.relative_to(out_dir)) if p.is_relative_to(out_dir) else p.name
+
+    return {
+        "scan": str(scan_path),
+        "run_name": request.run_name,
+        "algorithm": params.algorithm,
+        "iterations": data.get("iterations"),
+        "seconds_per_iteration": data.get("seconds_per_iteration"),
+        "seconds_total": round(elapsed, 3),
+        "final_loss": data.get("final_loss"),
+        "resumed_from_iteration": data.get("resumed_from_iteration"),
+        "device": data.get("device", device),
+        "visible_devices": visible,
+        "host": socket.gethostname(),
+        "output_dir": str(out_dir),
+        "checkpoint_dir": str(ckpt_dir),
+        "product": str(product),
+        "previews": [str(p) for p in previews],
+        "product_relative": relative(product),
+        "previews_relative": [relative(p) for p in previews],
+    }
