@@ -1,0 +1,159 @@
+"""Globus failures, said in one sentence that names the service, the action and the fix.
+
+Everything the SDKs raise (token validation, API errors, network errors, the login prompt
+reading EOF) is turned into a :class:`~beamflow.backend.BackendError` here, so the agent can
+decide on a retry (``transient``) and the CLI can print a sentence instead of a traceback.
+A fault a person must fix by logging in again is a :class:`LoginRequired`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import globus_sdk
+from globus_sdk.gare import to_gare
+from globus_sdk.login_flows import CommandLineLoginFlowEOFError
+from globus_sdk.token_storage import TokenValidationError
+from globus_sdk.token_storage.validating_token_storage import (
+    ExpiredTokenError,
+    IdentityMismatchError,
+    MissingIdentityError,
+    MissingTokenError,
+    UnmetScopeRequirementsError,
+)
+
+from beamflow.backend import BackendError
+
+LOGIN = "run `beamflow login`"
+
+
+class LoginRequired(BackendError):
+    """Tokens are missing, expired or lack a consent: a person must run `beamflow login`."""
+
+
+class ConfigIncomplete(BackendError):
+    """A Globus id the configuration needs is not filled in."""
+
+
+def _service_of(exc: globus_sdk.GlobusAPIError) -> str:
+    url = getattr(exc, "url", "") or ""
+    for key, name in (
+        ("auth.globus.org", "Auth"),
+        ("transfer.api", "Transfer"),
+        ("flows.", "Flows"),
+        ("compute.", "Compute"),
+        ("funcx", "Compute"),
+    ):
+        if key in url:
+            return name
+    return "service"
+
+
+def explain(exc: BaseException, *, action: str, step: str | None = None) -> BackendError:
+    """The BackendError that says what went wrong while doing ``action`` (e.g. "start the run")."""
+    if isinstance(exc, BackendError):
+        return exc
+    if isinstance(exc, MissingTokenError):
+        return LoginRequired(
+            f"not logged in to Globus (no token for {exc.resource_server}) "
+            f"while trying to {action}: {LOGIN}",
+            step=step,
+        )
+    if isinstance(exc, ExpiredTokenError):
+        return LoginRequired(
+            f"the Globus login expired at {exc.expiration:%Y-%m-%d %H:%M} "
+            f"while trying to {action}: {LOGIN}",
+            step=step,
+        )
+    if isinstance(exc, UnmetScopeRequirementsError):
+        return LoginRequired(
+            f"a Globus consent is missing (a newly registered flow, or data access to a "
+            f"collection) while trying to {action}: {LOGIN} to grant it",
+            step=step,
+        )
+    if isinstance(exc, IdentityMismatchError | MissingIdentityError):
+        return LoginRequired(
+            f"the stored Globus tokens belong to another identity ({exc}): "
+            "run `beamflow logout`, then `beamflow login`",
+            step=step,
+        )
+    if isinstance(exc, TokenValidationError):
+        return LoginRequired(f"the Globus tokens are not usable ({exc}): {LOGIN}", step=step)
+    if isinstance(exc, CommandLineLoginFlowEOFError):
+        return LoginRequired(
+            "Globus login needs an interactive terminal to paste the code into: run "
+            "`beamflow login` in a terminal (an unattended agent uses a client secret, "
+            "see deploy/README.md)",
+            step=step,
+        )
+    if isinstance(exc, globus_sdk.GlobusAPIError):
+        return _explain_api(exc, action=action, step=step)
+    if isinstance(exc, globus_sdk.NetworkError):
+        reason = _short_network_reason(exc)
+        return BackendError(
+            f"cannot reach Globus while trying to {action} ({reason}); check the network "
+            "and proxy settings, then retry",
+            transient=True,
+            step=step,
+        )
+    return BackendError(f"could not {action}: {type(exc).__name__}: {exc}", step=step)
+
+
+def _explain_api(
+    exc: globus_sdk.GlobusAPIError, *, action: str, step: str | None
+) -> BackendError:
+    service = _service_of(exc)
+    status = exc.http_status
+    message = exc.message or exc.text[:200] or ""
+    if isinstance(exc, globus_sdk.AuthAPIError) and exc.code in ("invalid_grant", "Invalid_Grant"):
+        # The refresh token was revoked, or unused for six months.
+        return LoginRequired(
+            f"the Globus login is no longer valid (Auth refused to refresh the token) "
+            f"while trying to {action}: {LOGIN}",
+            step=step,
+        )
+    if status == 401:
+        return LoginRequired(
+            f"Globus {service} rejected the login token (revoked or expired) while trying "
+            f"to {action}: {LOGIN}",
+            step=step,
+        )
+    if status == 403 and (exc.info.consent_required or to_gare(exc) is not None):
+        scopes = exc.info.consent_required.required_scopes if exc.info.consent_required else []
+        extra = f" (needs {', '.join(scopes)})" if scopes else ""
+        return LoginRequired(
+            f"Globus {service} needs a new consent or a fresh session{extra} "
+            f"while trying to {action}: {LOGIN}",
+            step=step,
+        )
+    transient = status in (408, 409, 429) or status >= 500
+    what = f"Globus {service} answered {status} {exc.code}"
+    return BackendError(
+        f"could not {action}: {what}: {message}".rstrip(": "), transient=transient, step=step
+    )
+
+
+def _short_network_reason(exc: BaseException) -> str:
+    text = str(exc)
+    for needle, reason in (
+        ("Name or service not known", "name resolution failed: offline?"),
+        ("Temporary failure in name resolution", "name resolution failed: offline?"),
+        ("Failed to resolve", "name resolution failed: offline?"),
+        ("timed out", "timed out"),
+        ("Connection refused", "connection refused"),
+    ):
+        if needle in text:
+            return reason
+    return type(exc).__name__
+
+
+@contextlib.contextmanager
+def globus_errors(action: str, *, step: str | None = None) -> Iterator[None]:
+    """Translate what the Globus SDKs raise inside the block (see :func:`explain`)."""
+    try:
+        yield
+    except BackendError:
+        raise
+    except (globus_sdk.GlobusError, TokenValidationError) as exc:
+        raise explain(exc, action=action, step=step) from exc
