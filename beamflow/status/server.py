@@ -1,0 +1,108 @@
+"""Run the status app under uvicorn: in the foreground (``beamflow serve``) or in a thread
+(browser tests, benchmarks) on a free loopback port."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import uvicorn
+from fastapi import FastAPI
+
+from beamflow.config import Settings
+from beamflow.status.app import RetryFn, StatusOptions, create_app
+from beamflow.status.security import is_loopback
+from beamflow.store import Store
+
+MIN_TOKEN_LENGTH = 16
+
+
+class StatusConfigError(Exception):
+    """The status server must not start with this configuration; the message says why."""
+
+
+def options_for(settings: Settings, host: str | None = None) -> StatusOptions:
+    """Server options from the configuration (``host`` from ``--host`` wins), checked for
+    safety: exposing the page needs a token worth the name."""
+    host = host or settings.status.host
+    token = settings.status.token
+    value = token.get_secret_value() if token else ""
+    if not is_loopback(host):
+        if not value:
+            raise StatusConfigError(
+                f"refusing to serve the status page on {host!r} without a token: anyone on "
+                "the network could view runs and retry them. Set status.token in beamflow.toml "
+                "or BEAMFLOW_STATUS__TOKEN (e.g. `python -c 'import secrets; "
+                "print(secrets.token_urlsafe(24))'`), or bind 127.0.0.1."
+            )
+        if len(value) < MIN_TOKEN_LENGTH:
+            raise StatusConfigError(
+                f"status.token is {len(value)} characters; use at least {MIN_TOKEN_LENGTH} "
+                f"random characters before exposing the page on {host!r}"
+            )
+    if settings.status.require_token_for_viewing and not value:
+        raise StatusConfigError(
+            "status.require_token_for_viewing is set but status.token is not: set "
+            "status.token (or BEAMFLOW_STATUS__TOKEN)"
+        )
+    return StatusOptions(
+        host=host,
+        token=token if value else None,
+        require_token_for_viewing=settings.status.require_token_for_viewing,
+        files_root=settings.beamline.preview_dir,
+    )
+
+
+def build_app(
+    settings: Settings, *, host: str | None = None, retry: RetryFn | None = None
+) -> FastAPI:
+    """The status app for a configuration: its run store, options and the retry path."""
+    options = options_for(settings, host)
+    return create_app(Store(settings.store_path), options, retry=retry)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def make_server(app: FastAPI, host: str, port: int, *, log_level: str = "info") -> uvicorn.Server:
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        # Behind no proxy: never trust X-Forwarded-* to tell us who or where the client is.
+        proxy_headers=False,
+        server_header=False,
+        access_log=log_level == "debug",
+    )
+    return uvicorn.Server(config)
+
+
+@contextmanager
+def serve_in_thread(
+    app: FastAPI, host: str = "127.0.0.1", port: int | None = None, *, timeout: float = 15.0
+) -> Iterator[str]:
+    """Serve ``app`` in a daemon thread; yields the base URL, stops the server on exit."""
+    port = port or free_port(host)
+    server = make_server(app, host, port, log_level="warning")
+    thread = threading.Thread(target=server.run, name="beamflow-status", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError(f"status server on {host}:{port} did not start")
+        if time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"status server on {host}:{port} not up after {timeout} s")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -1,0 +1,466 @@
+// beamflow status page: keeps the runs list and a run's page current by polling the JSON API.
+// No framework and no innerHTML with data: every value goes in through textContent or an
+// attribute, so scan names and error messages can never become markup.
+(() => {
+  "use strict";
+
+  const body = document.body;
+  const page = body.dataset.page;
+  const pollMs = Math.max(0.5, parseFloat(body.dataset.poll || "2")) * 1000;
+  const iconsUrl = body.dataset.icons || "/static/icons.svg";
+  const csrfMeta = document.querySelector('meta[name="csrf-token"]');
+  const csrf = csrfMeta ? csrfMeta.content : "";
+  const SVG = "http://www.w3.org/2000/svg";
+
+  const LABEL = {
+    QUEUED: "Queued", ACTIVE: "Running", INACTIVE: "Waiting",
+    SUCCEEDED: "Succeeded", FAILED: "Failed", CANCELLED: "Cancelled",
+  };
+  const ICON = {
+    QUEUED: "queued", ACTIVE: "active", INACTIVE: "inactive",
+    SUCCEEDED: "ok", FAILED: "failed", CANCELLED: "cancelled",
+  };
+
+  // -- small DOM helpers ------------------------------------------------------------------
+  function el(tag, cls, text) {
+    const node = document.createElement(tag);
+    if (cls) node.className = cls;
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  function icon(name, cls) {
+    const svg = document.createElementNS(SVG, "svg");
+    svg.setAttribute("class", cls || "icon");
+    svg.setAttribute("aria-hidden", "true");
+    svg.setAttribute("focusable", "false");
+    const use = document.createElementNS(SVG, "use");
+    use.setAttribute("href", iconsUrl + "#" + name);
+    svg.appendChild(use);
+    return svg;
+  }
+
+  function badge(status) {
+    const b = el("span", "badge s-" + status);
+    b.dataset.status = status;
+    b.appendChild(icon(ICON[status] || "queued"));
+    b.appendChild(el("span", "badge-text", LABEL[status] || status));
+    return b;
+  }
+
+  function pad(n) { return String(n).padStart(2, "0"); }
+
+  function localTime(value) {
+    if (value === null || value === undefined || value === "") return "–";
+    const d = typeof value === "number" ? new Date(value * 1000) : new Date(value);
+    if (isNaN(d.getTime())) return "–";
+    return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
+      pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+  }
+
+  function setProgress(prog, run) {
+    // A <progress> with a value is determinate; without one the browser animates it.
+    if (run.progress !== null && run.progress !== undefined) {
+      prog.max = 1;
+      prog.value = run.progress;
+      prog.hidden = false;
+    } else if (run.status === "ACTIVE") {
+      prog.removeAttribute("value");
+      prog.hidden = false;
+    } else {
+      prog.hidden = true;
+    }
+  }
+
+  function localizeTimes(root) {
+    root.querySelectorAll("time[data-t]").forEach((t) => {
+      const v = parseFloat(t.dataset.t);
+      if (!isNaN(v)) t.textContent = localTime(v);
+    });
+  }
+
+  // -- live indicator and the polling loop -----------------------------------------------------
+  const live = document.getElementById("live");
+  const liveText = document.getElementById("live-text");
+
+  function setLive(ok, detail) {
+    if (!live) return;
+    live.classList.toggle("down", !ok);
+    liveText.textContent = ok ? "Live · " + localTime(Date.now() / 1000).slice(11) : detail;
+  }
+
+  function loop(refresh, slowWhen) {
+    let timer = null;
+    let failures = 0;
+    async function tick() {
+      clearTimeout(timer);
+      try {
+        await refresh();
+        failures = 0;
+        setLive(true);
+      } catch (err) {
+        failures += 1;
+        setLive(false, "Connection lost — retrying");
+      }
+      let wait = pollMs * Math.min(8, 1 + failures);
+      if (document.hidden || (slowWhen && slowWhen())) wait = Math.max(wait, pollMs * 5);
+      timer = setTimeout(tick, wait);
+    }
+    document.addEventListener("visibilitychange", () => {
+      if (!document.hidden) tick();
+    });
+    timer = setTimeout(tick, pollMs);
+    return tick;
+  }
+
+  async function getJSON(url) {
+    const res = await fetch(url, { headers: { Accept: "application/json" }, cache: "no-store" });
+    if (res.status === 401) {
+      location.href = "/login?next=" + encodeURIComponent(location.pathname);
+      throw new Error("login needed");
+    }
+    if (!res.ok) throw new Error(url + ": HTTP " + res.status);
+    return res.json();
+  }
+
+  // -- runs page -------------------------------------------------------------------------------
+  function runsPage() {
+    const tbody = document.getElementById("runs-body");
+    const empty = document.getElementById("runs-empty");
+    const range = document.getElementById("range");
+    const pager = range.parentElement;
+    const form = document.getElementById("filters");
+    const fStatus = document.getElementById("f-status");
+    const fScan = document.getElementById("f-scan");
+    const params = new URLSearchParams(location.search);
+    const state = {
+      status: (params.get("status") || "").toUpperCase(),
+      scan: params.get("scan") || "",
+      limit: parseInt(params.get("limit") || "50", 10) || 50,
+      offset: parseInt(params.get("offset") || "0", 10) || 0,
+    };
+
+    function query(offset) {
+      const q = new URLSearchParams();
+      if (state.status) q.set("status", state.status);
+      if (state.scan) q.set("scan", state.scan);
+      if (state.limit !== 50) q.set("limit", String(state.limit));
+      if (offset) q.set("offset", String(offset));
+      return q.toString();
+    }
+
+    function fillRow(tr, r) {
+      tr.className = "run s-" + r.status;
+      tr.dataset.id = r.id;
+      tr.replaceChildren();
+
+      const cStatus = el("td", "c-status");
+      cStatus.appendChild(badge(r.status));
+
+      const cScan = el("td", "c-scan");
+      const a = el("a", "scan", r.scan);
+      a.href = r.url;
+      cScan.appendChild(a);
+      const sub = [];
+      if (r.fraction) sub.push(Math.round(r.fraction * 100) + "% of frames");
+      if (r.attempt > 1) sub.push("attempt " + r.attempt);
+      cScan.appendChild(el("div", "sub", sub.join(" · ")));
+      const err = r.error ? (r.error_step ? r.error_step + ": " : "") + r.error : "";
+      cScan.appendChild(el("div", "err", err));
+
+      const cStep = el("td", "c-step", r.current_step || "–");
+
+      const cProg = el("td", "c-progress");
+      if (r.progress !== null || r.status === "ACTIVE") {
+        const prog = el("progress");
+        setProgress(prog, r);
+        cProg.appendChild(prog);
+      }
+      cProg.appendChild(el("span", "ptext", r.progress_text));
+
+      const cBackend = el("td", "c-backend", r.backend);
+      const cStarted = el("td", "c-started");
+      cStarted.appendChild(el("time", null, localTime(r.started_at || r.created_at)));
+      const cDur = el("td", "c-duration", r.duration_text);
+
+      tr.append(cStatus, cScan, cStep, cProg, cBackend, cStarted, cDur);
+    }
+
+    function render(data) {
+      const existing = new Map();
+      tbody.querySelectorAll("tr[data-id]").forEach((tr) => existing.set(tr.dataset.id, tr));
+      const rows = data.runs.map((r) => {
+        const sig = JSON.stringify(r);
+        let tr = existing.get(r.id);
+        if (!tr) tr = el("tr");
+        if (tr.dataset.sig !== sig) {
+          fillRow(tr, r);
+          tr.dataset.sig = sig;
+        }
+        return tr;
+      });
+      // Reorder only when the order changed, so rows that did not change are left alone.
+      const current = Array.from(tbody.children);
+      if (current.length !== rows.length || rows.some((tr, i) => current[i] !== tr)) {
+        tbody.replaceChildren(...rows);
+      }
+      empty.hidden = rows.length > 0;
+
+      let all = 0;
+      for (const [status, n] of Object.entries(data.counts)) {
+        all += n;
+        const b = document.querySelector('[data-count="' + status + '"]');
+        if (b) b.textContent = String(n);
+      }
+      const allB = document.querySelector('[data-count="ALL"]');
+      if (allB) allB.textContent = String(all);
+      document.querySelectorAll(".chip[data-filter]").forEach((chip) => {
+        chip.classList.toggle("on", chip.dataset.filter === state.status);
+      });
+
+      range.textContent = data.total
+        ? (data.offset + 1) + "–" + (data.offset + data.runs.length) + " of " + data.total
+        : "0 runs";
+      pager.querySelectorAll("a").forEach((link) => link.remove());
+      if (data.offset > 0) {
+        const newer = el("a", null, "← Newer");
+        newer.href = "/?" + query(Math.max(0, data.offset - data.limit));
+        newer.rel = "prev";
+        pager.appendChild(newer);
+      }
+      if (data.offset + data.limit < data.total) {
+        const older = el("a", null, "Older →");
+        older.href = "/?" + query(data.offset + data.limit);
+        older.rel = "next";
+        pager.appendChild(older);
+      }
+    }
+
+    let inflight = 0;
+    async function refresh() {
+      const mine = ++inflight;
+      const data = await getJSON("/api/runs?" + query(state.offset));
+      if (mine === inflight) render(data); // a newer request (filter change) wins
+    }
+
+    const tick = loop(refresh);
+
+    function applyFilters() {
+      state.status = fStatus.value;
+      state.scan = fScan.value.trim();
+      state.offset = 0;
+      const q = query(0);
+      history.replaceState(null, "", q ? "/?" + q : "/");
+      tick();
+    }
+
+    let debounce = null;
+    fScan.addEventListener("input", () => {
+      clearTimeout(debounce);
+      debounce = setTimeout(applyFilters, 250);
+    });
+    fStatus.addEventListener("change", applyFilters);
+    form.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      applyFilters();
+    });
+    document.querySelectorAll(".chip[data-filter]").forEach((chip) => {
+      chip.addEventListener("click", (ev) => {
+        ev.preventDefault();
+        fStatus.value = chip.dataset.filter;
+        applyFilters();
+      });
+    });
+  }
+
+  // -- one run -----------------------------------------------------------------------------
+  function runPage() {
+    const root = document.getElementById("run");
+    const runId = root.dataset.id;
+    let finished = false;
+
+    function placeBars(scope) {
+      scope.querySelectorAll(".fill[data-left]").forEach((fill) => {
+        fill.style.left = fill.dataset.left + "%";
+        fill.style.width = fill.dataset.width + "%";
+      });
+    }
+
+    function renderSteps(steps) {
+      const list = document.getElementById("steps");
+      list.replaceChildren(...steps.map((s) => {
+        const li = el("li", "step st-" + s.icon);
+        const row = el("div", "step-row");
+        row.append(icon(s.icon), el("span", "step-name", s.name),
+          el("span", "step-status", s.status.toLowerCase()), el("span", "step-dur", s.duration_text));
+        const bar = el("div", "bar");
+        bar.setAttribute("aria-hidden", "true");
+        const fill = el("span", "fill");
+        fill.dataset.left = s.left;
+        fill.dataset.width = s.width;
+        bar.appendChild(fill);
+        li.append(row, bar);
+        return li;
+      }));
+      placeBars(list);
+      document.getElementById("steps-empty").hidden = steps.length > 0;
+    }
+
+    function previewKey(p) { return p.kind === "other" ? "i" + p.index : p.kind; }
+
+    function figure(p, scan) {
+      const fig = el("figure", "preview k-" + p.kind);
+      fig.dataset.key = previewKey(p);
+      fig.dataset.kind = p.kind;
+      fig.dataset.index = p.index;
+      fillFigure(fig, p, scan);
+      return fig;
+    }
+
+    function fillFigure(fig, p, scan) {
+      fig.dataset.index = p.index;
+      let img = fig.querySelector("img");
+      if (p.exists && p.is_image) {
+        if (!img) {
+          fig.replaceChildren();
+          const a = el("a");
+          a.target = "_blank";
+          a.rel = "noopener";
+          a.title = "Open full size";
+          img = el("img");
+          img.alt = p.label + " of " + scan;
+          img.src = p.url;
+          a.appendChild(img);
+          a.href = p.url;
+          fig.appendChild(a);
+        } else if (img.getAttribute("src") !== p.url) {
+          // Load the new version first, then swap: no blank frame while it downloads.
+          const next = new Image();
+          next.onload = () => {
+            img.src = p.url;
+            img.parentElement.href = p.url;
+          };
+          next.src = p.url;
+        }
+      } else if (!fig.querySelector(".missing")) {
+        fig.replaceChildren(el("div", "missing", p.exists ? "not an image" : "file not available yet"));
+      }
+      let cap = fig.querySelector("figcaption");
+      if (!cap) {
+        cap = el("figcaption");
+        fig.appendChild(cap);
+      } else {
+        fig.appendChild(cap); // keep the caption last
+      }
+      cap.replaceChildren(document.createTextNode(p.label + " "), el("span", "muted", p.name));
+    }
+
+    function renderPreviews(previews, scan) {
+      const box = document.getElementById("previews");
+      const have = new Map();
+      box.querySelectorAll("figure.preview").forEach((fig) => {
+        if (!fig.dataset.key) {
+          fig.dataset.key = fig.dataset.kind === "other" ? "i" + fig.dataset.index : fig.dataset.kind;
+        }
+        have.set(fig.dataset.key, fig);
+      });
+      const figs = previews.map((p) => {
+        const fig = have.get(previewKey(p));
+        if (fig) {
+          fillFigure(fig, p, scan);
+          return fig;
+        }
+        return figure(p, scan);
+      });
+      const current = Array.from(box.children);
+      if (current.length !== figs.length || figs.some((f, i) => current[i] !== f)) {
+        box.replaceChildren(...figs);
+      }
+      document.getElementById("previews-empty").hidden = previews.length > 0;
+    }
+
+    function renderEvents(events) {
+      const list = document.getElementById("events");
+      list.replaceChildren(...events.map((e) => {
+        const li = el("li", "ev lv-" + e.level);
+        li.append(el("time", null, localTime(e.time)), el("span", "lv", e.level), el("span", "msg", e.message));
+        return li;
+      }));
+      document.getElementById("events-empty").hidden = events.length > 0;
+    }
+
+    function render(d) {
+      const r = d.run;
+      finished = r.finished;
+      document.title = r.scan + " · " + r.status_label + " · beamflow";
+      const holder = document.getElementById("run-badge");
+      const old = holder.querySelector(".badge");
+      if (!old || old.dataset.status !== r.status) holder.replaceChildren(badge(r.status));
+
+      setProgress(document.getElementById("run-progress"), r);
+      root.querySelectorAll("[data-field]").forEach((node) => {
+        const key = node.dataset.field;
+        if (key === "started_text") node.textContent = localTime(r.started_at || r.created_at);
+        else node.textContent = r[key] || "–";
+      });
+      document.querySelectorAll('.kv [data-field="finished_text"]').forEach((node) => {
+        node.textContent = localTime(r.finished_at);
+      });
+
+      const errBox = document.getElementById("run-error");
+      errBox.hidden = !r.error;
+      document.getElementById("run-error-step").textContent = r.error_step ? " in step " + r.error_step : "";
+      document.getElementById("run-error-text").textContent = r.error || "";
+
+      const retryForm = document.getElementById("retry-form");
+      if (retryForm) retryForm.hidden = !d.can_retry;
+
+      const product = document.getElementById("product");
+      if (d.product_url) {
+        const link = product.querySelector("a");
+        if (!link || link.textContent !== r.product) {
+          const a = el("a", null, r.product);
+          a.href = d.product_url;
+          a.setAttribute("download", "");
+          product.replaceChildren(a);
+        }
+      }
+      renderSteps(d.steps);
+      renderPreviews(d.previews, r.scan);
+      renderEvents(d.events);
+    }
+
+    placeBars(document);
+    loop(async () => render(await getJSON("/api/runs/" + encodeURIComponent(runId))), () => finished);
+    finished = !!document.querySelector("#run-badge .s-SUCCEEDED, #run-badge .s-FAILED, #run-badge .s-CANCELLED");
+
+    const retryForm = document.getElementById("retry-form");
+    const retryBtn = document.getElementById("retry");
+    if (retryForm && retryBtn) {
+      retryForm.addEventListener("submit", async (ev) => {
+        ev.preventDefault();
+        const msg = document.getElementById("retry-msg");
+        retryBtn.disabled = true;
+        msg.hidden = true;
+        try {
+          const res = await fetch(retryForm.action, {
+            method: "POST",
+            headers: { "X-CSRF-Token": csrf, Accept: "application/json" },
+            credentials: "same-origin",
+          });
+          const data = await res.json().catch(() => ({}));
+          if (!res.ok) throw new Error(data.detail || "HTTP " + res.status);
+          location.href = data.url;
+        } catch (err) {
+          msg.textContent = "Retry failed: " + err.message;
+          msg.hidden = false;
+          retryBtn.disabled = false;
+        }
+      });
+    }
+  }
+
+  localizeTimes(document);
+  if (page === "runs") runsPage();
+  else if (page === "run") runPage();
+})();
