@@ -328,6 +328,52 @@ def agent(
         edge.backend.close()
 
 
+# -- serve -----------------------------------------------------------------------------------
+def _status_retry(settings: Settings):  # noqa: ANN202 - RetryFn | None
+    """The shared run path for the page's retry button (None while it is not installed)."""
+    try:
+        from beamflow.runs import retry_run
+    except ImportError:
+        return None
+
+    def retry(run_id: str):  # noqa: ANN202 - Run
+        return retry_run(settings, run_id)
+
+    return retry
+
+
+@app.command()
+def serve(
+    host: Annotated[
+        str | None,
+        typer.Option(help="Address to bind (default status.host: 127.0.0.1). Anything but "
+                     "loopback needs status.token (or BEAMFLOW_STATUS__TOKEN)."),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="Port (default status.port: 8765).")
+    ] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Status page and JSON API (/api/runs, /api/runs/{id}, /healthz): live runs, previews."""
+    from beamflow.status.server import StatusConfigError, build_app, make_server
+
+    settings = settings_from(config)
+    host = host or settings.status.host
+    port = port or settings.status.port
+    try:
+        status_app = build_app(settings, host=host, retry=_status_retry(settings))
+    except StatusConfigError as exc:
+        fail(str(exc))
+    shown = f"[{host}]" if ":" in host else host
+    console.print(f"[green]status page:[/] http://{shown}:{port}/  (store {settings.store_path})")
+    if settings.status.token is not None and settings.status.require_token_for_viewing:
+        console.print("  viewing needs the status token (log in on the page)")
+    try:
+        make_server(status_app, host, port).run()
+    except OSError as exc:
+        fail(f"cannot serve on {host}:{port}: {exc}")
+
+
 def main() -> None:
     app()
 
