@@ -374,6 +374,112 @@ def serve(
         fail(f"cannot serve on {host}:{port}: {exc}")
 
 
+# -- flows -----------------------------------------------------------------------------------
+FlowFile = Annotated[
+    Path, typer.Argument(help="A flow definition (Globus Flows JSON).", dir_okay=False)
+]
+
+
+@flows_app.command("validate")
+def flows_validate(file: FlowFile) -> None:
+    """Check a definition as Globus Flows would: exit 0 and 'valid', or 1 and the reasons."""
+    from beamflow.local.flowtool import FlowToolError, load_flow
+    from beamflow.local.validation import definition_warnings, validate_definition
+
+    try:
+        definition, _ = load_flow(file)
+    except FlowToolError as exc:
+        fail(str(exc))
+    problems = validate_definition(definition)
+    for warning in definition_warnings(definition) if not problems else []:
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    if problems:
+        for problem in problems:
+            print(problem)
+        raise typer.Exit(1)
+    print("valid")
+
+
+@flows_app.command("run")
+def flows_run(
+    file: FlowFile,
+    input_: Annotated[
+        str | None,
+        typer.Option("--input", "-i", help="The run input: a JSON object, or @file.json."),
+    ] = None,
+    schema: Annotated[
+        Path | None,
+        typer.Option(help="Input schema (default: NAME.schema.json next to FILE, if any)."),
+    ] = None,
+    time_scale: Annotated[
+        float, typer.Option(min=1e-6, help="Run Wait states and polls this much faster (<1).")
+    ] = 1.0,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Run any definition on the local interpreter and print its final status and output."""
+    from beamflow.local.flowtool import FlowToolError, action_urls, load_flow, parse_input
+    from beamflow.local.interpreter import FlowRunner, SystemClock
+    from beamflow.local.validation import FlowDefinitionError, FlowInputError
+
+    try:
+        definition, input_schema = load_flow(file, schema)
+        body = parse_input(input_)
+    except FlowToolError as exc:
+        fail(str(exc))
+    providers = {}
+    why_none = ""
+    if isinstance(definition, dict) and action_urls(definition):
+        from beamflow.local.flowtool import local_providers
+
+        try:
+            providers = local_providers(load_config(config))
+        except ConfigError as exc:
+            why_none = f"; the configuration did not load: {exc}"
+    try:
+        runner = FlowRunner(
+            definition,
+            providers,
+            flow_id=f"local:{file.stem}",
+            input_schema=input_schema,
+            clock=SystemClock(time_scale=time_scale),
+            poll_interval=min(1.0, 10.0 * time_scale),
+        )
+    except FlowDefinitionError as exc:
+        fail(f"{file}: " + "; ".join(exc.problems))
+    if runner.missing_providers:
+        fail(
+            "no local action provider for "
+            + ", ".join(runner.missing_providers)
+            + " (the local backend provides the Transfer and Compute action providers)"
+            + why_none
+        )
+    try:
+        handle = runner.start(body, label=f"flows run {file.name}")
+    except FlowInputError as exc:
+        fail(f"{file}: " + "; ".join(exc.problems))
+    try:
+        result = handle.wait()
+    except KeyboardInterrupt:
+        handle.cancel()
+        result = handle.wait()
+    assert result is not None
+    if as_json:
+        print(json.dumps(result.model_dump(mode="json")))
+    else:
+        style = {"SUCCEEDED": "green", "FAILED": "red"}.get(result.status, "yellow")
+        console.print(f"status  [{style}]{result.status}[/]  run {result.run_id}")
+        if result.error:
+            console.print(
+                f"error   {result.error['state_name']}: {result.error['Error']}: "
+                f"{result.error['Cause']}",
+                highlight=False,
+                soft_wrap=True,
+            )
+        print(json.dumps(result.output, indent=2))
+    raise typer.Exit(0 if result.status == "SUCCEEDED" else 1)
+
+
 def main() -> None:
     app()
 
