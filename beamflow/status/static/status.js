@@ -1,5 +1,5 @@
 // beamflow status page: keeps the runs list and a run's page current by polling the JSON API.
-// No framework and no innerHTML with data: every value goes in through textContent or an
+// No framework and no HTML parsing of data: every value goes in through textContent or an
 // attribute, so scan names and error messages can never become markup.
 (() => {
   "use strict";
