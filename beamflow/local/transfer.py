@@ -1,0 +1,818 @@
+"""The local Transfer action provider (``https://transfer.actions.globus.org/transfer``).
+
+Collections are directories: each collection id maps to a local root (the beamline and HPC
+collections of the configuration), and a collection path ``/a/b`` means ``ROOT/a/b``. A
+request speaks the Transfer action provider's language: ``source_endpoint``,
+``destination_endpoint``, ``DATA: [{source_path, destination_path, recursive}]``, ``label``,
+``sync_level`` (exists | size | mtime | checksum, or 0-3), ``verify_checksum``,
+``preserve_timestamp``.
+
+What users rely on:
+
+- **Confinement.** Every path, after ``..`` is collapsed and symlinks are followed, must lie
+  inside its collection's root; anything else is refused when the action starts
+  (``ActionUnableToRun``), and a symlink met during a recursive walk that leads outside
+  fails the task. Nothing is read or written outside the roots.
+- **No partial files.** A file is written under a hidden temporary name in the destination
+  directory (``.NAME.beamflow-partial-<task>``) and renamed into place only when complete
+  (and verified): a reader of the destination sees the old file or the whole new one.
+- **Integrity.** With ``verify_checksum`` the source is hashed while it is copied, the
+  written file is hashed again from the destination, and the two digests must agree before
+  the rename; a mismatch is retried (as Globus does) and then fails the task naming the file.
+- **Sync levels** as Globus defines them: ``exists`` copies only missing files; ``size``
+  also files whose size differs; ``mtime`` also files whose source is newer than the
+  destination; ``checksum`` also files whose content differs.
+
+Speed: without checksums files are copied in the kernel (``copy_file_range``, falling back
+to ``sendfile`` and then to a large-buffer loop); with checksums the data pass is one
+read and one write in 4 MiB blocks, while two helper threads hash the source blocks and
+re-read the destination behind the writer (``hashlib`` releases the GIL), so hashing
+overlaps the copy. ``benchmarks/bench_transfer.py`` compares it with ``cp``.
+
+Action details follow the Transfer task document: ``task_id``, ``status``, ``label``,
+``files``, ``directories``, ``files_transferred``, ``files_skipped``,
+``bytes_transferred``, ``bytes_checksummed``, ``faults``, ``fatal_error``, ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import queue
+import stat
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from beamflow.local.interpreter import ActionStatus, ActionUnableToRunError, RunContext
+
+log = logging.getLogger(__name__)
+
+TRANSFER_URL = "https://transfer.actions.globus.org/transfer"
+BLOCK_SIZE = 4 << 20
+PARTIAL_MARK = ".beamflow-partial-"
+SYNC_LEVELS = {"exists": 0, "size": 1, "mtime": 2, "checksum": 3}
+LABEL_MAX = 128
+
+# An after-write hook sees each block as it lands in the temporary file, before the
+# verification re-reads it: (temporary path, offset, length). Tests use it to corrupt data.
+WriteHook = Callable[[Path, int, int], None]
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+# -- the request -----------------------------------------------------------------------------
+class TransferItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source_path: str = Field(min_length=1)
+    destination_path: str = Field(min_length=1)
+    recursive: bool = False
+    DATA_TYPE: Literal["transfer_item"] | None = None
+
+
+class TransferRequest(BaseModel):
+    """The body the Transfer action provider accepts (the fields that mean something here)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source_endpoint: str = Field(min_length=1)
+    destination_endpoint: str = Field(min_length=1)
+    DATA: list[TransferItem] = Field(min_length=1)
+    label: str | None = Field(default=None, max_length=LABEL_MAX)
+    sync_level: int | None = Field(default=None, ge=0, le=3)
+    verify_checksum: bool = False
+    preserve_timestamp: bool = False
+    encrypt_data: bool = False  # nothing crosses a network here
+    skip_source_errors: bool = False
+    fail_on_quota_errors: bool = False
+    deadline: str | None = None
+    notify_on_succeeded: bool = True
+    notify_on_failed: bool = True
+    notify_on_inactive: bool = True
+    DATA_TYPE: Literal["transfer"] | None = None
+
+    @field_validator("sync_level", mode="before")
+    @classmethod
+    def _sync_level(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value not in SYNC_LEVELS:
+                raise ValueError(f"must be one of {', '.join(SYNC_LEVELS)} (or 0-3), not {value!r}")
+            return SYNC_LEVELS[value]
+        return value
+
+
+class TransferRefused(ValueError):
+    """The request cannot start (bad body, unknown collection, a path outside a root)."""
+
+
+# -- collections -----------------------------------------------------------------------------
+class Collections:
+    """Collection id → local root directory."""
+
+    def __init__(self, roots: Mapping[str, Path | str]) -> None:
+        self.roots: dict[str, Path] = {}
+        for cid, root in roots.items():
+            if not cid:
+                continue
+            self.roots[cid.lower()] = Path(root).expanduser().resolve()
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Collections:
+        return cls(
+            {
+                settings.beamline.collection_id: settings.beamline.collection_root,
+                settings.hpc.collection_id: settings.hpc.collection_root,
+            }
+        )
+
+    def root(self, collection_id: str) -> Path:
+        root = self.roots.get(collection_id.lower())
+        if root is None:
+            known = ", ".join(self.roots) or "none configured"
+            raise TransferRefused(
+                f"unknown collection {collection_id!r}: this machine maps only {known} "
+                "(beamline.collection_id and hpc.collection_id in beamflow.toml)"
+            )
+        return root
+
+    def local_path(self, collection_id: str, path: str, what: str) -> Path:
+        """The local path of collection path ``path``; refuses anything outside the root."""
+        root = self.root(collection_id)
+        if "\0" in path:
+            raise TransferRefused(f"{what} {path!r} contains a NUL byte")
+        # Globus paths are absolute; "~/" and "/~/" name the collection's home, here its root.
+        rel = path
+        for prefix in ("/~/", "~/"):
+            if rel.startswith(prefix):
+                rel = "/" + rel[len(prefix) :]
+        if rel in ("~", "/~"):
+            rel = "/"
+        if not rel.startswith("/"):
+            raise TransferRefused(f"{what} {path!r} must be an absolute collection path ('/...')")
+        resolved = (root / rel.lstrip("/")).resolve(strict=False)
+        if not _inside(resolved, root):
+            raise TransferRefused(
+                f"{what} {path!r} resolves to {resolved}, outside collection {collection_id}'s "
+                f"root {root}; refused"
+            )
+        return resolved
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or path.is_relative_to(root)
+
+
+# -- the task --------------------------------------------------------------------------------
+class TransferFault(Exception):
+    """A file could not be transferred; ``code`` is the Transfer fault code."""
+
+    def __init__(self, code: str, description: str, path: Path | None = None) -> None:
+        super().__init__(description)
+        self.code = code
+        self.description = description
+        self.path = path
+
+
+class _Canceled(Exception):
+    pass
+
+
+@dataclass
+class _File:
+    src: Path
+    dst: Path
+    size: int
+    mtime_ns: int
+    atime_ns: int
+
+
+@dataclass
+class TransferStats:
+    files: int = 0
+    directories: int = 0
+    files_skipped: int = 0
+    files_transferred: int = 0
+    bytes_transferred: int = 0
+    bytes_checksummed: int = 0
+    faults: int = 0
+    fault_details: list[dict[str, Any]] = field(default_factory=list)
+
+
+class TransferTask:
+    """One transfer request, run with :meth:`run` (synchronously) or by the provider."""
+
+    def __init__(
+        self,
+        request: TransferRequest,
+        collections: Collections,
+        *,
+        task_id: str | None = None,
+        block_size: int = BLOCK_SIZE,
+        checksum_algorithm: str = "sha256",
+        max_checksum_retries: int = 2,
+        after_write: WriteHook | None = None,
+    ) -> None:
+        self.request = request
+        self.collections = collections
+        self.task_id = task_id or str(uuid.uuid4())
+        self.block_size = max(64 << 10, int(block_size))
+        self.algorithm = checksum_algorithm
+        hashlib.new(checksum_algorithm)  # fail now on an unknown algorithm
+        self.max_checksum_retries = max_checksum_retries
+        self.after_write = after_write
+        self.sync_level = request.sync_level
+        self.verify = request.verify_checksum
+        self.stats = TransferStats()
+        self.status: Literal["ACTIVE", "SUCCEEDED", "FAILED"] = "ACTIVE"
+        self.fatal_error: dict[str, str] | None = None
+        self.request_time = time.time()
+        self.completion_time: float | None = None
+        self._cancel = threading.Event()
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._src_root = collections.root(request.source_endpoint)
+        self._dst_root = collections.root(request.destination_endpoint)
+        # Resolve (and confine) every item now, so a bad path refuses the whole request.
+        self.items = [
+            (
+                collections.local_path(request.source_endpoint, item.source_path, "source_path"),
+                collections.local_path(
+                    request.destination_endpoint, item.destination_path, "destination_path"
+                ),
+                item,
+            )
+            for item in request.DATA
+        ]
+        for _src, _dst, item in self.items:
+            if not item.recursive and item.destination_path.endswith("/"):
+                raise TransferRefused(
+                    f"destination_path {item.destination_path!r} ends with '/': a file item "
+                    "needs the destination file's path (or set recursive for a directory)"
+                )
+
+    # -- public ------------------------------------------------------------------------------
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def run(self) -> None:
+        """Transfer everything; sets ``status`` SUCCEEDED or FAILED (never raises)."""
+        try:
+            files = list(self._plan())
+            for f in files:
+                self._check_cancel()
+                self._transfer(f)
+            status: Literal["SUCCEEDED", "FAILED"] = "SUCCEEDED"
+        except _Canceled:
+            status = "FAILED"
+            self.fatal_error = {"code": "CANCELED", "description": "canceled"}
+        except TransferFault as fault:
+            self._fault(fault)
+            status = "FAILED"
+            self.fatal_error = {"code": fault.code, "description": fault.description}
+        except Exception as exc:  # a bug must still end the task, with the reason
+            log.exception("transfer %s failed", self.task_id)
+            status = "FAILED"
+            self.fatal_error = {"code": "INTERNAL", "description": f"{type(exc).__name__}: {exc}"}
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+        with self._lock:
+            self.completion_time = time.time()
+            self.status = status
+
+    def document(self) -> dict[str, Any]:
+        """The task document (as Globus Transfer's ``get_task``)."""
+        with self._lock:
+            s = self.stats
+            end = self.completion_time or time.time()
+            elapsed = max(end - self.request_time, 1e-9)
+            nice = {"ACTIVE": "Queued" if s.files == 0 else "OK", "SUCCEEDED": None}.get(
+                self.status, (self.fatal_error or {}).get("code")
+            )
+            return {
+                "DATA_TYPE": "task",
+                "task_id": self.task_id,
+                "type": "TRANSFER",
+                "status": self.status,
+                "label": self.request.label,
+                "source_endpoint_id": self.request.source_endpoint,
+                "destination_endpoint_id": self.request.destination_endpoint,
+                "sync_level": self.sync_level,
+                "verify_checksum": self.verify,
+                "preserve_timestamp": self.request.preserve_timestamp,
+                "checksum_algorithm": self.algorithm.upper() if self._uses_checksums else None,
+                "request_time": _iso(self.request_time),
+                "completion_time": _iso(self.completion_time),
+                "files": s.files,
+                "directories": s.directories,
+                "files_skipped": s.files_skipped,
+                "files_transferred": s.files_transferred,
+                "bytes_transferred": s.bytes_transferred,
+                "bytes_checksummed": s.bytes_checksummed,
+                "subtasks_total": s.files,
+                "subtasks_succeeded": s.files_transferred + s.files_skipped,
+                "subtasks_failed": 1 if self.status == "FAILED" and self.fatal_error else 0,
+                "faults": s.faults,
+                "fault_details": list(s.fault_details[-20:]),
+                "effective_bytes_per_second": int(s.bytes_transferred / elapsed),
+                "nice_status": nice,
+                "nice_status_short_description": (self.fatal_error or {}).get("description"),
+                "fatal_error": dict(self.fatal_error) if self.fatal_error else None,
+            }
+
+    # -- planning ----------------------------------------------------------------------------
+    @property
+    def _uses_checksums(self) -> bool:
+        return self.verify or self.sync_level == 3
+
+    def _check_cancel(self) -> None:
+        if self._cancel.is_set():
+            raise _Canceled
+
+    def _fault(self, fault: TransferFault) -> None:
+        with self._lock:
+            self.stats.faults += 1
+            self.stats.fault_details.append(
+                {
+                    "time": _iso(time.time()),
+                    "code": fault.code,
+                    "description": fault.description,
+                    "path": str(fault.path) if fault.path else None,
+                }
+            )
+
+    def _plan(self) -> Iterator[_File]:
+        for src, dst, item in self.items:
+            try:
+                st = src.stat()
+            except FileNotFoundError:
+                raise TransferFault(
+                    "FILE_NOT_FOUND", f"source {item.source_path} does not exist", src
+                ) from None
+            except PermissionError:
+                raise TransferFault(
+                    "PERMISSION_DENIED", f"source {item.source_path}: permission denied", src
+                ) from None
+            if item.recursive:
+                if not stat.S_ISDIR(st.st_mode):
+                    raise TransferFault(
+                        "NOT_A_DIRECTORY",
+                        f"source {item.source_path} is not a directory (recursive is set)",
+                        src,
+                    )
+                yield from self._walk(src, dst, item.source_path)
+            else:
+                if stat.S_ISDIR(st.st_mode):
+                    raise TransferFault(
+                        "IS_A_DIRECTORY",
+                        f"source {item.source_path} is a directory: set recursive to copy it",
+                        src,
+                    )
+                with self._lock:
+                    self.stats.files += 1
+                yield _File(src, dst, st.st_size, st.st_mtime_ns, st.st_atime_ns)
+
+    def _walk(self, src_dir: Path, dst_dir: Path, shown: str) -> Iterator[_File]:
+        seen: set[tuple[int, int]] = set()
+        stack = [(src_dir, dst_dir)]
+        self._mkdir(dst_dir)
+        with self._lock:
+            self.stats.directories += 1
+        while stack:
+            here, there = stack.pop()
+            key = (here.stat().st_dev, here.stat().st_ino)
+            if key in seen:
+                continue  # a symlink loop: each directory once
+            seen.add(key)
+            try:
+                entries = sorted(os.scandir(here), key=lambda e: e.name)
+            except PermissionError:
+                raise TransferFault(
+                    "PERMISSION_DENIED", f"{here}: permission denied", here
+                ) from None
+            for entry in entries:
+                self._check_cancel()
+                if PARTIAL_MARK in entry.name:
+                    continue  # another transfer's unfinished file
+                path = Path(entry.path)
+                if entry.is_symlink():
+                    real = path.resolve(strict=False)
+                    if not _inside(real, self._src_root):
+                        raise TransferFault(
+                            "PERMISSION_DENIED",
+                            f"{path} is a symlink to {real}, outside the source collection's "
+                            "root; refused",
+                            path,
+                        )
+                try:
+                    st = entry.stat()  # follows symlinks (checked above)
+                except FileNotFoundError:
+                    if entry.is_symlink():
+                        continue  # dangling link: nothing to copy
+                    raise
+                target = there / entry.name
+                if stat.S_ISDIR(st.st_mode):
+                    self._mkdir(target)
+                    with self._lock:
+                        self.stats.directories += 1
+                    stack.append((path, target))
+                elif stat.S_ISREG(st.st_mode):
+                    with self._lock:
+                        self.stats.files += 1
+                    yield _File(path, target, st.st_size, st.st_mtime_ns, st.st_atime_ns)
+                # sockets, fifos, devices: not data, not copied (as Globus)
+
+    def _mkdir(self, path: Path) -> None:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise TransferFault(
+                "NOT_A_DIRECTORY", f"destination {path} exists and is not a directory", path
+            ) from None
+        real = path.resolve()
+        if not _inside(real, self._dst_root):
+            raise TransferFault(
+                "PERMISSION_DENIED", f"destination {path} leads outside its root", path
+            )
+
+    # -- one file ----------------------------------------------------------------------------
+    def _skip(self, f: _File) -> bool:
+        """Whether the destination is already in sync with the source at this sync level."""
+        if self.sync_level is None:
+            return False
+        try:
+            dst = f.dst.stat()
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISREG(dst.st_mode):
+            return False
+        if self.sync_level == 0:
+            return True
+        if dst.st_size != f.size:
+            return False
+        if self.sync_level == 1:
+            return True
+        if self.sync_level == 2:
+            return dst.st_mtime_ns >= f.mtime_ns
+        return self._digest_of(f.src) == self._digest_of(f.dst)
+
+    def _digest_of(self, path: Path) -> str:
+        h = hashlib.new(self.algorithm)
+        buf = bytearray(self.block_size)
+        view = memoryview(buf)
+        with open(path, "rb", buffering=0) as fh:
+            while n := fh.readinto(buf):
+                self._check_cancel()
+                h.update(view[:n])
+                with self._lock:
+                    self.stats.bytes_checksummed += n
+        return h.hexdigest()
+
+    def _transfer(self, f: _File) -> None:
+        if not _inside(f.dst.parent.resolve(), self._dst_root):
+            raise TransferFault("PERMISSION_DENIED", f"destination {f.dst} leads outside", f.dst)
+        if self._skip(f):
+            with self._lock:
+                self.stats.files_skipped += 1
+            return
+        self._mkdir(f.dst.parent)
+        if f.dst.is_dir():
+            raise TransferFault(
+                "IS_A_DIRECTORY", f"destination {f.dst} is a directory, source is a file", f.dst
+            )
+        attempts = 1 + (self.max_checksum_retries if self.verify else 0)
+        for attempt in range(1, attempts + 1):
+            tmp = f.dst.with_name(f".{f.dst.name}{PARTIAL_MARK}{self.task_id[:8]}")
+            try:
+                self._copy_to(f, tmp)
+                if self.request.preserve_timestamp:
+                    os.utime(tmp, ns=(f.atime_ns, f.mtime_ns))
+                os.replace(tmp, f.dst)
+            except TransferFault as fault:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+                if fault.code == "CHECKSUM_MISMATCH" and attempt < attempts:
+                    self._fault(fault)  # retried, as Globus retries checksum faults
+                    continue
+                raise
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+                raise
+            with self._lock:
+                self.stats.files_transferred += 1
+            return
+
+    def _copy_to(self, f: _File, tmp: Path) -> None:
+        try:
+            src_fd = os.open(f.src, os.O_RDONLY)
+        except FileNotFoundError:
+            raise TransferFault("FILE_NOT_FOUND", f"source {f.src} vanished", f.src) from None
+        except PermissionError:
+            raise TransferFault("PERMISSION_DENIED", f"{f.src}: permission denied", f.src) from None
+        try:
+            dst_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        except OSError as exc:
+            os.close(src_fd)
+            raise self._os_fault(exc, tmp) from None
+        try:
+            if self.verify:
+                src_digest, dst_digest = self._copy_verified(src_fd, dst_fd, tmp, f.size)
+                if src_digest != dst_digest:
+                    raise TransferFault(
+                        "CHECKSUM_MISMATCH",
+                        f"checksum verification failed for {f.dst}: source {self.algorithm} "
+                        f"{src_digest}, destination {dst_digest}",
+                        f.dst,
+                    )
+            else:
+                self._copy_fast(src_fd, dst_fd, tmp, f.size)
+        except OSError as exc:
+            raise self._os_fault(exc, tmp) from None
+        finally:
+            os.close(src_fd)
+            os.close(dst_fd)
+
+    @staticmethod
+    def _os_fault(exc: OSError, path: Path) -> TransferFault:
+        code = {
+            errno.ENOSPC: "NO_SPACE_LEFT",
+            errno.EDQUOT: "QUOTA_EXCEEDED",
+            errno.EACCES: "PERMISSION_DENIED",
+            errno.EPERM: "PERMISSION_DENIED",
+            errno.ENOENT: "FILE_NOT_FOUND",
+        }.get(exc.errno or 0, "IO_ERROR")
+        return TransferFault(code, f"{path}: {exc.strerror or exc}", path)
+
+    def _published(self, tmp: Path, offset: int, length: int) -> None:
+        if self.after_write is not None:
+            self.after_write(tmp, offset, length)
+
+    # Without checksums: let the kernel copy. Files stop where the source stopped (a file
+    # growing under us is copied up to the size it had when planned, like cp's snapshot).
+    def _copy_fast(self, src_fd: int, dst_fd: int, tmp: Path, size: int) -> None:
+        offset = 0
+        chunk = 1 << 30 if self.after_write is None else self.block_size
+        use_cfr = hasattr(os, "copy_file_range")
+        use_sendfile = True
+        while offset < size:
+            self._check_cancel()
+            want = min(chunk, size - offset)
+            n = 0
+            if use_cfr:
+                try:
+                    n = os.copy_file_range(src_fd, dst_fd, want)
+                except OSError as exc:
+                    if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                        raise
+                    use_cfr = False
+                    continue
+            elif use_sendfile:
+                try:
+                    n = os.sendfile(dst_fd, src_fd, offset, want)
+                except OSError as exc:
+                    if exc.errno not in (errno.EINVAL, errno.ENOSYS):
+                        raise
+                    use_sendfile = False
+                    continue
+                os.lseek(src_fd, offset + n, os.SEEK_SET)
+            else:
+                data = os.read(src_fd, min(want, self.block_size))
+                n = len(data)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(dst_fd, view) :]
+            if n == 0:
+                break  # the source shrank
+            self._published(tmp, offset, n)
+            offset += n
+            with self._lock:
+                self.stats.bytes_transferred += n
+
+    # With checksums: one data pass; the source hash and the destination re-read run in
+    # two helper threads behind the writer.
+    def _copy_verified(self, src_fd: int, dst_fd: int, tmp: Path, size: int) -> tuple[str, str]:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="transfer-hash")
+        nbuf = 4
+        free: queue.Queue[bytearray] = queue.Queue()
+        for _ in range(nbuf):
+            free.put(bytearray(self.block_size))
+        to_hash: queue.Queue[tuple[bytearray, int] | None] = queue.Queue()
+        written = _Progress()
+        src_hash = hashlib.new(self.algorithm)
+        dst_hash = hashlib.new(self.algorithm)
+
+        def hash_source() -> None:
+            while (item := to_hash.get()) is not None:
+                buf, n = item
+                src_hash.update(memoryview(buf)[:n])
+                free.put(buf)
+
+        def hash_destination() -> int:
+            # Re-read what was written (from the destination file, not our buffers), never
+            # past what the writer has published.
+            rbuf = bytearray(self.block_size)
+            view = memoryview(rbuf)
+            done = 0
+            with open(tmp, "rb", buffering=0) as fh:
+                while True:
+                    limit = written.wait_beyond(done)
+                    if limit is None:
+                        return done
+                    while done < limit:
+                        n = fh.readinto(view[: min(self.block_size, limit - done)])
+                        if not n:
+                            return done
+                        dst_hash.update(view[:n])
+                        done += n
+
+        fut_src: Future[None] = self._pool.submit(hash_source)
+        fut_dst: Future[int] = self._pool.submit(hash_destination)
+        offset = 0
+        try:
+            while offset < size:
+                self._check_cancel()
+                buf = free.get()
+                n = os.readv(src_fd, [memoryview(buf)[: min(self.block_size, size - offset)]])
+                if n == 0:
+                    free.put(buf)
+                    break
+                view = memoryview(buf)[:n]
+                while view:
+                    view = view[os.write(dst_fd, view) :]
+                to_hash.put((buf, n))
+                self._published(tmp, offset, n)
+                offset += n
+                written.publish(offset)
+                with self._lock:
+                    self.stats.bytes_transferred += n
+        finally:
+            to_hash.put(None)
+            written.close()
+            fut_src.result()
+            checked = fut_dst.result()
+        with self._lock:
+            self.stats.bytes_checksummed += offset + checked
+        return src_hash.hexdigest(), dst_hash.hexdigest()
+
+
+class _Progress:
+    """How far the writer got; the verifier waits on it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._value = 0
+        self._closed = False
+
+    def publish(self, value: int) -> None:
+        with self._cond:
+            self._value = value
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def wait_beyond(self, done: int) -> int | None:
+        """The published offset once it passes ``done``; None when closed with no more."""
+        with self._cond:
+            while self._value <= done and not self._closed:
+                self._cond.wait()
+            return self._value if self._value > done else None
+
+
+# -- the provider ----------------------------------------------------------------------------
+class LocalTransferProvider:
+    """The Transfer action provider of the local backend: each action is a task in a thread."""
+
+    url = TRANSFER_URL
+
+    def __init__(
+        self,
+        collections: Collections | Mapping[str, Path | str],
+        *,
+        block_size: int = BLOCK_SIZE,
+        checksum_algorithm: str = "sha256",
+        max_checksum_retries: int = 2,
+        after_write: WriteHook | None = None,
+        keep_finished: int = 500,
+    ) -> None:
+        self.collections = (
+            collections if isinstance(collections, Collections) else Collections(collections)
+        )
+        self.block_size = block_size
+        self.checksum_algorithm = checksum_algorithm
+        self.max_checksum_retries = max_checksum_retries
+        self.after_write = after_write
+        self.keep_finished = keep_finished
+        self._tasks: dict[str, tuple[TransferTask, threading.Thread, float]] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Any, **kwargs: Any) -> LocalTransferProvider:
+        return cls(Collections.from_settings(settings), **kwargs)
+
+    def start(self, body: dict[str, Any], context: RunContext | None = None) -> ActionStatus:
+        try:
+            request = TransferRequest.model_validate(body)
+            task = TransferTask(
+                request,
+                self.collections,
+                block_size=self.block_size,
+                checksum_algorithm=self.checksum_algorithm,
+                max_checksum_retries=self.max_checksum_retries,
+                after_write=self.after_write,
+            )
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
+            )
+            raise ActionUnableToRunError(
+                f"invalid transfer request: {problems}",
+                {"code": "BadRequest", "description": f"invalid transfer request: {problems}"},
+            ) from None
+        except TransferRefused as exc:
+            raise ActionUnableToRunError(
+                str(exc), {"code": "BadRequest", "description": str(exc)}
+            ) from None
+        if request.label is None and context is not None and context.label:
+            request.label = context.label[:LABEL_MAX]
+        thread = threading.Thread(target=task.run, name=f"transfer-{task.task_id[:8]}", daemon=True)
+        with self._lock:
+            self._prune()
+            self._tasks[task.task_id] = (task, thread, time.time())
+        thread.start()
+        return self._status(task)
+
+    def status(self, action_id: str) -> ActionStatus:
+        return self._status(self._task(action_id))
+
+    def cancel(self, action_id: str) -> ActionStatus:
+        task = self._task(action_id)
+        task.cancel()
+        with self._lock:
+            thread = self._tasks[action_id][1]
+        thread.join(timeout=10)
+        return self._status(task)
+
+    def wait(self, action_id: str, timeout: float | None = None) -> ActionStatus:
+        """Block until the action ends (tests, benchmarks)."""
+        with self._lock:
+            thread = self._tasks[action_id][1]
+        thread.join(timeout)
+        return self.status(action_id)
+
+    def close(self) -> None:
+        with self._lock:
+            tasks = list(self._tasks.values())
+        for task, _thread, _ in tasks:
+            task.cancel()
+        for _task, thread, _ in tasks:
+            thread.join(timeout=10)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _task(self, action_id: str) -> TransferTask:
+        with self._lock:
+            entry = self._tasks.get(action_id)
+        if entry is None:
+            raise KeyError(f"no transfer action {action_id!r} on this provider")
+        return entry[0]
+
+    def _prune(self) -> None:
+        done = [
+            (started, tid)
+            for tid, (task, _t, started) in self._tasks.items()
+            if task.status != "ACTIVE"
+        ]
+        for _, tid in sorted(done)[: max(0, len(done) - self.keep_finished)]:
+            del self._tasks[tid]
+
+    @staticmethod
+    def _status(task: TransferTask) -> ActionStatus:
+        doc = task.document()
+        return ActionStatus(
+            action_id=task.task_id,
+            status=doc["status"],
+            start_time=doc["request_time"],
+            completion_time=doc["completion_time"],
+            details=doc,
+            display_status=doc["nice_status"] or doc["status"],
+            label=doc["label"],
+        )

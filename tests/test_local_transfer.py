@@ -1,0 +1,310 @@
+"""The local Transfer action provider: copies, sync levels, verification, no partial files,
+confinement to the collection roots."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from beamflow.local.interpreter import ActionUnableToRunError
+from beamflow.local.transfer import PARTIAL_MARK, LocalTransferProvider
+
+SRC = "11111111-1111-4111-8111-111111111111"
+DST = "22222222-2222-4222-8222-222222222222"
+
+
+@pytest.fixture
+def roots(tmp_path: Path) -> tuple[Path, Path]:
+    src, dst = tmp_path / "beamline", tmp_path / "hpc"
+    src.mkdir()
+    dst.mkdir()
+    return src, dst
+
+
+def provider(roots: tuple[Path, Path], **kwargs: Any) -> LocalTransferProvider:
+    # A small block size so that multi-block paths run on small test files.
+    kwargs.setdefault("block_size", 64 << 10)
+    return LocalTransferProvider({SRC: roots[0], DST: roots[1]}, **kwargs)
+
+
+def body(*items: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"source_endpoint": SRC, "destination_endpoint": DST, "DATA": list(items), **extra}
+
+
+def item(src: str, dst: str, recursive: bool = False) -> dict[str, Any]:
+    return {"source_path": src, "destination_path": dst, "recursive": recursive}
+
+
+def run(p: LocalTransferProvider, b: dict[str, Any]) -> dict[str, Any]:
+    started = p.start(b, None)
+    assert started.status in ("ACTIVE", "SUCCEEDED", "FAILED")
+    final = p.wait(started.action_id, timeout=30)
+    assert final.status != "ACTIVE"
+    return {"status": final.status, **final.details}
+
+
+def write(path: Path, data: bytes, mtime: float | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+
+
+def test_file_and_recursive_directory_copy(roots: tuple[Path, Path]) -> None:
+    src, dst = roots
+    payload = os.urandom(300_000)  # several blocks
+    write(src / "scan1" / "scan1_master.h5", b"master")
+    write(src / "scan1" / "scan1_data_000001.h5", payload)
+    write(src / "scan1" / "sub" / "deep.bin", b"deep")
+    write(src / "one.cxi", b"cxi-bytes")
+    p = provider(roots)
+    details = run(
+        p,
+        body(
+            item("/scan1", "/raw/scan1", recursive=True),
+            item("/one.cxi", "/raw/one.cxi"),
+            verify_checksum=True,
+        ),
+    )
+    assert details["status"] == "SUCCEEDED", details
+    assert (dst / "raw/scan1/scan1_data_000001.h5").read_bytes() == payload
+    assert (dst / "raw/scan1/sub/deep.bin").read_bytes() == b"deep"
+    assert (dst / "raw/one.cxi").read_bytes() == b"cxi-bytes"
+    assert details["files"] == 4
+    assert details["files_transferred"] == 4
+    assert details["bytes_transferred"] == len(payload) + len(b"master") + 4 + 9
+    assert details["bytes_checksummed"] >= 2 * details["bytes_transferred"]
+    assert details["task_id"] and details["fatal_error"] is None
+    assert not list(dst.rglob(f"*{PARTIAL_MARK}*"))
+
+
+def test_fast_copy_without_checksum(roots: tuple[Path, Path]) -> None:
+    src, dst = roots
+    payload = os.urandom(1 << 20)
+    write(src / "big.bin", payload)
+    details = run(provider(roots), body(item("/big.bin", "/big.bin")))
+    assert details["status"] == "SUCCEEDED"
+    assert (dst / "big.bin").read_bytes() == payload
+    assert details["bytes_checksummed"] == 0
+
+
+@pytest.mark.parametrize(
+    ("level", "copied"),
+    [
+        # Each case: which of (missing, resized, newer, same-size-same-time-changed, same)
+        # the level copies.
+        ("exists", {"missing"}),
+        ("size", {"missing", "resized"}),
+        ("mtime", {"missing", "resized", "newer"}),
+        ("checksum", {"missing", "resized", "newer", "changed"}),
+    ],
+)
+def test_sync_levels(roots: tuple[Path, Path], level: str, copied: set[str]) -> None:
+    src, dst = roots
+    old, new = time.time() - 1000, time.time() - 10
+    write(src / "d/missing", b"AAAA", new)
+    write(src / "d/resized", b"AAAAAA", new)
+    write(dst / "d/resized", b"BBBB", old)
+    write(src / "d/newer", b"AAAA", new)
+    write(dst / "d/newer", b"BBBB", old)
+    write(src / "d/changed", b"AAAA", old)  # same size, destination not older, other bytes
+    write(dst / "d/changed", b"BBBB", new)
+    write(src / "d/same", b"SAME", old)
+    write(dst / "d/same", b"SAME", new)
+    details = run(provider(roots), body(item("/d", "/d", recursive=True), sync_level=level))
+    assert details["status"] == "SUCCEEDED"
+    names = ("missing", "resized", "newer", "changed", "same")
+    now_copied = {n for n in names if (dst / "d" / n).read_bytes() == (src / "d" / n).read_bytes()}
+    assert now_copied - {"same"} == copied
+    assert details["files_transferred"] == len(copied)
+    assert details["files_skipped"] == 5 - len(copied)
+
+
+def test_sync_level_numbers_and_rerun_skips_everything(roots: tuple[Path, Path]) -> None:
+    src, _ = roots
+    for i in range(3):
+        write(src / "s" / f"f{i}", os.urandom(1000))
+    p = provider(roots)
+    first = run(p, body(item("/s", "/s", recursive=True), sync_level=2))
+    again = run(p, body(item("/s", "/s", recursive=True), sync_level=2))
+    assert (first["files_transferred"], again["files_transferred"]) == (3, 0)
+    assert again["files_skipped"] == 3
+
+
+def test_checksum_mismatch_is_retried_then_succeeds(roots: tuple[Path, Path]) -> None:
+    src, dst = roots
+    payload = os.urandom(400_000)
+    write(src / "f.bin", payload)
+    corrupted: list[int] = []
+
+    def corrupt_once(tmp: Path, offset: int, length: int) -> None:
+        if not corrupted and offset > 0:  # mid-way, after the first block
+            corrupted.append(offset)
+            with open(tmp, "r+b") as fh:
+                fh.seek(offset)
+                fh.write(b"\xff" * 16)
+
+    details = run(
+        provider(roots, after_write=corrupt_once),
+        body(item("/f.bin", "/f.bin"), verify_checksum=True),
+    )
+    assert corrupted, "the hook never ran mid-way"
+    assert details["status"] == "SUCCEEDED"
+    assert details["faults"] == 1
+    assert details["fault_details"][0]["code"] == "CHECKSUM_MISMATCH"
+    assert (dst / "f.bin").read_bytes() == payload
+
+
+def test_persistent_checksum_mismatch_fails_naming_the_file(roots: tuple[Path, Path]) -> None:
+    src, dst = roots
+    write(src / "f.bin", os.urandom(200_000))
+
+    def corrupt(tmp: Path, offset: int, length: int) -> None:
+        with open(tmp, "r+b") as fh:
+            fh.seek(offset)
+            fh.write(b"\x00" if fh.read(1) != b"\x00" else b"\x01")
+
+    details = run(
+        provider(roots, after_write=corrupt),
+        body(item("/f.bin", "/out/f.bin"), verify_checksum=True),
+    )
+    assert details["status"] == "FAILED"
+    assert details["fatal_error"]["code"] == "CHECKSUM_MISMATCH"
+    assert "f.bin" in details["fatal_error"]["description"]
+    assert not (dst / "out/f.bin").exists()
+    assert not list(dst.rglob(f"*{PARTIAL_MARK}*")), "a partial file was left behind"
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_partial_destination_never_visible(roots: tuple[Path, Path], verify: bool) -> None:
+    src, dst = roots
+    old = b"old complete content"
+    new = os.urandom(500_000)
+    write(dst / "out/replaced.bin", old)
+    write(src / "replaced.bin", new)
+    write(src / "fresh.bin", new)
+    seen: list[tuple[str, bytes | None, list[str]]] = []
+
+    def look(tmp: Path, offset: int, length: int) -> None:
+        final = tmp.parent / tmp.name.split(PARTIAL_MARK)[0][1:]
+        visible = sorted(p.name for p in tmp.parent.iterdir() if not p.name.startswith("."))
+        seen.append((final.name, final.read_bytes() if final.exists() else None, visible))
+
+    details = run(
+        provider(roots, after_write=look),
+        body(
+            item("/replaced.bin", "/out/replaced.bin"),
+            item("/fresh.bin", "/out/fresh.bin"),
+            verify_checksum=verify,
+        ),
+    )
+    assert details["status"] == "SUCCEEDED"
+    assert seen
+    for name, content, visible in seen:
+        assert all(PARTIAL_MARK not in v for v in visible)
+        # While a file is being written, its final name shows the old content or nothing.
+        assert content == (old if name == "replaced.bin" else None) or content == new
+        if name == "fresh.bin":
+            assert content is None
+    assert (dst / "out/replaced.bin").read_bytes() == new
+    assert (dst / "out/fresh.bin").read_bytes() == new
+
+
+@pytest.mark.parametrize(
+    ("source", "destination"),
+    [
+        ("/../outside.txt", "/x"),
+        ("/a/../../outside.txt", "/x"),
+        ("/ok.txt", "/../escaped.txt"),
+        ("relative.txt", "/x"),
+        ("/link_out/secret.txt", "/x"),  # a symlink inside the root to a directory outside
+    ],
+)
+def test_paths_outside_a_root_are_refused(
+    roots: tuple[Path, Path], tmp_path: Path, source: str, destination: str
+) -> None:
+    src, dst = roots
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    write(outside / "secret.txt", b"secret")
+    write(tmp_path / "outside.txt", b"secret")
+    write(src / "ok.txt", b"ok")
+    (src / "link_out").symlink_to(outside)
+    with pytest.raises(ActionUnableToRunError, match="outside|absolute"):
+        provider(roots).start(body(item(source, destination)), None)
+    assert not (tmp_path / "escaped.txt").exists()
+    assert list(dst.iterdir()) == []
+
+
+def test_symlink_escape_inside_a_recursive_walk_fails_the_task(
+    roots: tuple[Path, Path], tmp_path: Path
+) -> None:
+    src, dst = roots
+    write(tmp_path / "secret.txt", b"secret")
+    write(src / "scan/a.h5", b"a")
+    (src / "scan/leak.h5").symlink_to(tmp_path / "secret.txt")
+    details = run(provider(roots), body(item("/scan", "/scan", recursive=True)))
+    assert details["status"] == "FAILED"
+    assert details["fatal_error"]["code"] == "PERMISSION_DENIED"
+    assert "leak.h5" in details["fatal_error"]["description"]
+    assert not (dst / "scan/leak.h5").exists()
+
+
+def test_bad_requests_are_refused(roots: tuple[Path, Path]) -> None:
+    write(roots[0] / "a", b"a")
+    p = provider(roots)
+    with pytest.raises(ActionUnableToRunError, match="unknown collection"):
+        p.start(
+            {**body(item("/a", "/a")), "source_endpoint": "33333333-3333-4333-8333-333333333333"},
+            None,
+        )
+    with pytest.raises(ActionUnableToRunError, match="sync_level"):
+        p.start(body(item("/a", "/a"), sync_level="sometimes"), None)
+    with pytest.raises(ActionUnableToRunError, match="Extra inputs|extra"):
+        p.start(body(item("/a", "/a"), colour="blue"), None)
+    with pytest.raises(ActionUnableToRunError, match="DATA"):
+        p.start(body(), None)
+
+
+def test_missing_source_and_wrong_recursive_fail_with_codes(roots: tuple[Path, Path]) -> None:
+    write(roots[0] / "dir/f", b"f")
+    write(roots[0] / "file", b"f")
+    p = provider(roots)
+    assert run(p, body(item("/nope", "/nope")))["fatal_error"]["code"] == "FILE_NOT_FOUND"
+    assert run(p, body(item("/dir", "/dir")))["fatal_error"]["code"] == "IS_A_DIRECTORY"
+    assert run(p, body(item("/file", "/f", recursive=True)))["fatal_error"]["code"] == (
+        "NOT_A_DIRECTORY"
+    )
+
+
+def test_cancel_stops_the_task_and_leaves_no_partial_file(roots: tuple[Path, Path]) -> None:
+    src, dst = roots
+    write(src / "big.bin", os.urandom(2 << 20))
+    gate = threading.Event()
+    release = threading.Event()
+
+    def hold(tmp: Path, offset: int, length: int) -> None:
+        gate.set()
+        release.wait(10)
+
+    p = provider(roots, after_write=hold)
+    started = p.start(body(item("/big.bin", "/big.bin"), verify_checksum=True), None)
+    assert gate.wait(10)
+    threading.Timer(0.2, release.set).start()
+    final = p.cancel(started.action_id)
+    assert final.status == "FAILED"
+    assert final.details["fatal_error"]["code"] == "CANCELED"
+    assert not (dst / "big.bin").exists()
+    assert not list(dst.rglob(f"*{PARTIAL_MARK}*"))
+
+
+def test_preserve_timestamp(roots: tuple[Path, Path]) -> None:
+    src, dst = roots
+    write(src / "t.bin", b"t", mtime=1_600_000_000)
+    run(provider(roots), body(item("/t.bin", "/t.bin"), preserve_timestamp=True))
+    assert int((dst / "t.bin").stat().st_mtime) == 1_600_000_000
