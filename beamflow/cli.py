@@ -480,6 +480,120 @@ def flows_run(
     raise typer.Exit(0 if result.status == "SUCCEEDED" else 1)
 
 
+# -- Globus: login, logout, whoami, doctor ----------------------------------------------------
+# beamflow.globus is imported inside the commands: the local backend never needs it.
+def _globus_auth(settings: Settings):  # noqa: ANN202 - beamflow.globus.auth.GlobusAuth
+    from beamflow.backend import BackendError
+    from beamflow.globus.auth import INTERACTIVE, GlobusAuth, registered_flow_ids
+
+    try:
+        return GlobusAuth(settings, flow_ids=registered_flow_ids(settings), network=INTERACTIVE)
+    except BackendError as exc:
+        fail(str(exc))
+
+
+@app.command()
+def login(
+    force: Annotated[
+        bool, typer.Option("--force", help="Log in again even if the stored tokens suffice.")
+    ] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Log in to Globus: prints a URL, reads the code back. Grants Transfer, Flows, Compute
+    and every registered flow (run it again after `register flows`)."""
+    from beamflow.backend import BackendError
+
+    settings = settings_from(config)
+    with _globus_auth(settings) as auth:
+        try:
+            ran = auth.login(force=force)
+        except BackendError as exc:
+            fail(str(exc))
+        if auth.is_service:
+            console.print(f"[green]tokens obtained[/] for client {settings.globus.client_id}")
+        elif not ran:
+            console.print("already logged in with every consent needed (--force to redo)")
+        else:
+            console.print(f"[green]logged in[/]; tokens stored in {auth.token_path}")
+
+
+@app.command()
+def logout(config: ConfigOption = None) -> None:
+    """Revoke the stored Globus tokens and delete them from the token file."""
+    settings = settings_from(config)
+    with _globus_auth(settings) as auth:
+        removed, problems = auth.logout()
+    if not removed:
+        console.print("not logged in: no tokens to remove")
+        return
+    console.print(f"logged out: tokens for {removed} services removed from {auth.token_path}")
+    if problems:
+        err_console.print(
+            f"[yellow]warning:[/] could not revoke them with Globus Auth ({problems[0]}); "
+            "they are deleted here, and can be revoked at https://app.globus.org/account/consents",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+@app.command()
+def whoami(as_json: JsonOption = False, config: ConfigOption = None) -> None:
+    """Who is logged in to Globus, and until when the tokens are good."""
+    from beamflow.backend import BackendError
+    from beamflow.globus.auth import expiry_warnings
+
+    settings = settings_from(config)
+    with _globus_auth(settings) as auth:
+        try:
+            info = auth.userinfo()
+        except BackendError as exc:
+            fail(str(exc))
+        tokens = auth.tokens()
+    if as_json:
+        print(json.dumps({**info, "tokens": [t.__dict__ for t in tokens]}))
+        return
+    console.print(f"[bold]{info.get('name') or info.get('preferred_username')}[/]")
+    console.print(f"  username  {info.get('preferred_username', '-')}")
+    console.print(f"  email     {info.get('email') or '-'}")
+    console.print(f"  identity  {info.get('sub')}")
+    linked = [i.get("username") for i in info.get("identity_set", []) if i.get("username")]
+    if len(linked) > 1:
+        console.print(f"  linked    {', '.join(linked)}")
+    for t in tokens:
+        until = time.strftime("%Y-%m-%d %H:%M", time.localtime(t.expires_at))
+        renew = "renews itself" if t.refreshable else f"expires {until}"
+        console.print(f"  token     {t.resource_server}: {renew}")
+    for warning in expiry_warnings(tokens):
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def doctor(as_json: JsonOption = False, config: ConfigOption = None) -> None:
+    """Check the Globus setup (ids, login, collections, endpoint, flows) and say what to fix."""
+    from beamflow.globus.doctor import run_checks
+
+    settings = settings_from(config)
+    checks = run_checks(settings)
+    failed = [c for c in checks if c.outcome == "fail"]
+    if as_json:
+        print(json.dumps([c.model_dump() for c in checks]))
+    else:
+        mark = {
+            "ok": "[green]  ok[/]",
+            "warn": "[yellow]warn[/]",
+            "fail": "[red]FAIL[/]",
+            "skip": "[dim]skip[/]",
+        }
+        for c in checks:
+            console.print(f"{mark[c.outcome]}  {c.name}: {c.detail}", highlight=False)
+            if c.fix and c.outcome in ("fail", "warn"):
+                console.print(f"      fix: {c.fix}", highlight=False)
+        summary = f"{len(failed)} problem(s)" if failed else "everything needed is in place"
+        console.print(("[red]" if failed else "[green]") + summary + "[/]")
+    if failed:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()
 

@@ -51,6 +51,7 @@ from globus_sdk.token_storage import (
 )
 from globus_sdk.transport import RequestsTransport, RetryConfig
 
+from beamflow.backend import BackendError
 from beamflow.config import Settings
 from beamflow.globus.errors import ConfigIncomplete, LoginRequired, globus_errors
 
@@ -143,10 +144,14 @@ def data_access_collections(settings: Settings) -> list[str]:
     case at a facility), unless ``globus.data_access_collections`` exists and says otherwise.
     """
     explicit = getattr(settings.globus, "data_access_collections", None)
-    ids = explicit if explicit is not None else [
-        settings.beamline.collection_id,
-        settings.hpc.collection_id,
-    ]
+    ids = (
+        explicit
+        if explicit is not None
+        else [
+            settings.beamline.collection_id,
+            settings.hpc.collection_id,
+        ]
+    )
     return sorted({c for c in ids if c and _is_uuid(c)})
 
 
@@ -180,6 +185,18 @@ def scope_requirements(settings: Settings, flow_ids: Iterable[str] = ()) -> dict
             scopes = SpecificFlowScopes(flow_id)
             required[scopes.resource_server] = [scopes.user, flow_run_scope(flow_id, collections)]
     return required
+
+
+def registered_flow_ids(settings: Settings) -> list[str]:
+    """Ids of the flows registered for the Globus backend (their run scopes are required)."""
+    from beamflow import registry as reg
+
+    try:
+        return [
+            e.id for e in reg.Registry(settings.registry_path, "globus").entries("flow").values()
+        ]
+    except reg.RegistryError as exc:
+        raise BackendError(str(exc)) from None
 
 
 # -- the login prompt -------------------------------------------------------------------------
@@ -411,7 +428,7 @@ class GlobusAuth:
             if self.is_service:
                 self.app.login(force=True)
                 return True
-            if not force and not self.app.login_required():
+            if not force and self.logged_in() and not self.app.login_required():
                 return False
             self.app.login(force=True)
             return True

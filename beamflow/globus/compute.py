@@ -30,10 +30,21 @@ def source_checksum(function: Callable[..., Any]) -> str:
 
 
 def compute_client(auth: GlobusAuth) -> Any:
-    """A globus_compute_sdk Client on beamflow's app (no version check call)."""
-    from globus_compute_sdk import Client  # slow import: only when registering or submitting
+    """A globus_compute_sdk Client on beamflow's app (no version-check call).
 
-    return Client(app=auth.app, do_version_check=False)
+    Functions travel as their source text (``PureSourceTextInspect``), not as a dill pickle:
+    a pickle of a module-level function is only a reference to ``functions.NAME``, which
+    would run whatever copy the endpoint has installed instead of the registered code. The
+    endpoint ``exec``s the source in an empty namespace, so the function must be
+    self-contained (imports inside the body)."""
+    from globus_compute_sdk import Client  # slow import: only when registering or submitting
+    from globus_compute_sdk.serialize import PureSourceTextInspect
+
+    return Client(
+        app=auth.app,
+        do_version_check=False,
+        code_serialization_strategy=PureSourceTextInspect(),
+    )
 
 
 def register_function(

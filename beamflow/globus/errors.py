@@ -100,9 +100,7 @@ def explain(exc: BaseException, *, action: str, step: str | None = None) -> Back
     return BackendError(f"could not {action}: {type(exc).__name__}: {exc}", step=step)
 
 
-def _explain_api(
-    exc: globus_sdk.GlobusAPIError, *, action: str, step: str | None
-) -> BackendError:
+def _explain_api(exc: globus_sdk.GlobusAPIError, *, action: str, step: str | None) -> BackendError:
     service = _service_of(exc)
     status = exc.http_status
     message = exc.message or exc.text[:200] or ""

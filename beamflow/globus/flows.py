@@ -20,6 +20,7 @@ import globus_sdk
 
 from beamflow.backend import FlowRunInfo, StepInfo
 from beamflow.globus.errors import globus_errors
+from beamflow.registry import GoneOnService
 from beamflow.store import RunStatus
 
 log = logging.getLogger(__name__)
@@ -261,8 +262,9 @@ def update_flow(
     definition: dict[str, Any],
     input_schema: dict[str, Any],
 ) -> str:
-    """Replace a deployed flow's definition and schema; returns its id (a new one when the
-    flow was deleted on the service, so it is created again)."""
+    """Replace a deployed flow's definition and schema; returns its id. Raises
+    :class:`beamflow.registry.GoneOnService` when the flow was deleted on the service (the
+    registry then creates it again)."""
     with globus_errors(f"update the flow {name!r} ({flow_id}) on Globus Flows", step="register"):
         try:
             response = client.update_flow(
@@ -277,8 +279,20 @@ def update_flow(
             if exc.http_status != 404:
                 raise
             log.warning("flow %s (%s) is gone from Globus Flows; creating it again", name, flow_id)
-            return create_flow(client, name, definition, input_schema)
+            raise GoneOnService(flow_id) from exc
     return str(response["id"])
+
+
+def flow_exists(client: globus_sdk.FlowsClient, flow_id: str) -> bool:
+    """Whether the service still has the flow (False on 404 or 403: gone, or not ours)."""
+    with globus_errors(f"look up flow {flow_id} on Globus Flows"):
+        try:
+            client.get_flow(flow_id)
+        except globus_sdk.FlowsAPIError as exc:
+            if exc.http_status in (403, 404):
+                return False
+            raise
+    return True
 
 
 def _subtitle(definition: Mapping[str, Any]) -> str:

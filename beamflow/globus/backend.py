@@ -1,0 +1,226 @@
+"""The Globus backend: the same flows and functions as the local backend, on Globus.
+
+Registration goes through the shared :mod:`beamflow.registry` (it decides created / updated /
+unchanged from content checksums; this module only supplies the service calls). Runs are
+Globus Flows runs; their status and steps come from the run document and log, with the
+state of the flow's Transfer tasks attached to the transfer steps.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import globus_sdk
+
+import flows as flow_files
+from beamflow import registry as reg
+from beamflow.backend import BackendError, FlowRunInfo, RegistrationResult
+from beamflow.config import Settings
+from beamflow.globus import compute, transfer
+from beamflow.globus import flows as gflows
+from beamflow.globus.auth import (
+    AGENT,
+    GlobusAuth,
+    NetworkPolicy,
+    data_access_collections,
+    registered_flow_ids,
+)
+from beamflow.globus.errors import globus_errors
+
+log = logging.getLogger(__name__)
+
+BACKEND_NAME = "globus"
+
+
+class GlobusBackend:
+    """:class:`beamflow.backend.Backend` on Globus Flows, Transfer, Compute and Auth."""
+
+    name = BACKEND_NAME
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        network: NetworkPolicy = AGENT,
+        auth: GlobusAuth | None = None,
+    ) -> None:
+        self.settings = settings
+        self.registry = reg.Registry(settings.registry_path, BACKEND_NAME)
+        # The run scope of every registered flow is required up front, so one login
+        # consents to all of them.
+        self.auth = auth or GlobusAuth(
+            settings, flow_ids=registered_flow_ids(settings), network=network
+        )
+        self._flows: globus_sdk.FlowsClient | None = None
+        self._transfer: globus_sdk.TransferClient | None = None
+        self._task_cache: dict[str, dict[str, Any]] = {}
+        self._transfer_states: dict[str, set[str]] = {}
+        self._checked_login = False
+
+    # -- clients -------------------------------------------------------------------------
+    @property
+    def flows_client(self) -> globus_sdk.FlowsClient:
+        if self._flows is None:
+            self._flows = self.auth.client(globus_sdk.FlowsClient)
+        return self._flows
+
+    @property
+    def transfer_client(self) -> globus_sdk.TransferClient:
+        if self._transfer is None:
+            self._transfer = self.auth.client(globus_sdk.TransferClient)
+        return self._transfer
+
+    def _flow_client(self, flow_id: str) -> globus_sdk.SpecificFlowClient:
+        client = self.auth.client(globus_sdk.SpecificFlowClient, flow_id)
+        collections = data_access_collections(self.settings)
+        if collections:
+            # GCS v5 mapped collections: the run needs data_access consent for each.
+            client.add_app_transfer_data_access_scope(collections)
+        return client
+
+    def _require_login(self) -> None:
+        self.auth.require_login()  # logs expiry warnings; raises LoginRequired
+        self._checked_login = True
+
+    # -- registration --------------------------------------------------------------------
+    def register_functions(self, *, dry_run: bool = False) -> list[RegistrationResult]:
+        """Register each ``functions/NAME.py`` whose source (or beamflow version) changed.
+
+        Globus Compute gives every registration a new id, so an update is a new
+        registration. A dry run compares checksums only (no network)."""
+        if not dry_run:
+            self._require_login()
+
+        def create(name: str) -> str:
+            function = reg.load_function(name)
+            return compute.register_function(
+                self.auth,
+                function,
+                description=f"beamflow {name} ({reg.function_checksum(name)[:12]})",
+            )
+
+        def update(name: str, _old_id: str) -> str:
+            return create(name)
+
+        def exists(function_id: str) -> bool:
+            return compute.function_exists(self.auth, function_id)
+
+        try:
+            return reg.register_functions(
+                self.registry,
+                create=create,
+                update=update,
+                exists=None if dry_run else exists,
+                dry_run=dry_run,
+            )
+        except reg.RegistryError as exc:
+            raise BackendError(str(exc), step="register") from None
+
+    def register_flows(self, *, dry_run: bool = False) -> list[RegistrationResult]:
+        """Deploy each ``flows/NAME.json`` (with its schema) whose content changed, or that
+        was deleted on the service. A dry run compares checksums only (no network).
+
+        A newly created flow has a run scope nobody has consented to yet: run
+        `beamflow login` once more before starting runs of it."""
+        if not dry_run:
+            self._require_login()
+        client = self.flows_client if not dry_run else None
+
+        def create(name: str) -> str:
+            assert client is not None
+            flow_id = gflows.create_flow(
+                client, name, flow_files.load_definition(name), flow_files.load_schema(name)
+            )
+            self.auth.add_flow(flow_id)
+            return flow_id
+
+        def update(name: str, flow_id: str) -> str:
+            assert client is not None
+            return gflows.update_flow(
+                client,
+                flow_id,
+                name,
+                flow_files.load_definition(name),
+                flow_files.load_schema(name),
+            )
+
+        def exists(flow_id: str) -> bool:
+            assert client is not None
+            return gflows.flow_exists(client, flow_id)
+
+        try:
+            return reg.register_flows(
+                self.registry,
+                create=create,
+                update=update,
+                exists=None if dry_run else exists,
+                dry_run=dry_run,
+            )
+        except reg.RegistryError as exc:
+            raise BackendError(str(exc), step="register") from None
+
+    # -- runs ----------------------------------------------------------------------------
+    def flow_id(self, flow: str) -> str:
+        try:
+            return self.registry.require_id("flow", flow)
+        except reg.RegistryError as exc:
+            raise BackendError(str(exc), step="start") from None
+
+    def start_run(self, flow: str, body: dict[str, Any], *, label: str, tags: list[str]) -> str:
+        flow_id = self.flow_id(flow)
+        self._require_login()
+        return gflows.start_run(self._flow_client(flow_id), body, label=label, tags=tags)
+
+    def get_run(self, backend_run_id: str) -> FlowRunInfo:
+        if not self._checked_login:
+            self._require_login()
+        client = self.flows_client
+        with globus_errors(f"read the status of run {backend_run_id}"):
+            run = client.get_run(backend_run_id).data
+        entries = gflows.get_logs(client, backend_run_id)
+        info = gflows.run_info(run, entries)
+        names = self._transfer_state_names(str(run.get("flow_id", "")))
+        if names and any(s.name in names and s.details.get("task_id") for s in info.steps):
+            transfer.attach_task_status(self.transfer_client, info.steps, names, self._task_cache)
+        return info
+
+    def _transfer_state_names(self, flow_id: str) -> set[str]:
+        if flow_id not in self._transfer_states:
+            name = self.registry.name_of("flow", flow_id) if flow_id else None
+            states: set[str] = set()
+            if name is not None:
+                try:
+                    states = transfer.transfer_states(flow_files.load_definition(name))
+                except (flow_files.FlowNotFound, ValueError):
+                    states = set()
+            self._transfer_states[flow_id] = states
+        return self._transfer_states[flow_id]
+
+    def cancel_run(self, backend_run_id: str) -> None:
+        self._require_login()
+        gflows.cancel_run(self.flows_client, backend_run_id)
+
+    def resume_run(self, backend_run_id: str) -> None:
+        """Resume an INACTIVE run (e.g. after `beamflow login` granted a missing consent)."""
+        self._require_login()
+        with globus_errors(f"read run {backend_run_id}"):
+            flow_id = str(self.flows_client.get_run(backend_run_id)["flow_id"])
+        gflows.resume_run(self._flow_client(flow_id), backend_run_id)
+
+    def run_direct(
+        self, function: str, kwargs: dict[str, Any], *, timeout: float | None = None
+    ) -> Any:
+        """Run a registered function on the configured endpoint without a flow."""
+        self._require_login()
+        try:
+            function_id = self.registry.require_id("function", function)
+        except reg.RegistryError as exc:
+            raise BackendError(str(exc), step="compute") from None
+        endpoint = self.settings.compute.endpoint_id
+        if not endpoint:
+            raise BackendError("compute.endpoint_id is not set in beamflow.toml", step="compute")
+        return compute.run_direct(self.auth, endpoint, function_id, kwargs, timeout=timeout)
+
+    def close(self) -> None:
+        self.auth.close()

@@ -1,0 +1,296 @@
+"""`beamflow doctor`: is this installation ready to run flows on Globus, and if not, what to fix.
+
+Checks, in order: configuration (every id filled in), the token file, login and consents,
+who is logged in, each collection (looked up and its root listed), the Compute endpoint
+(online?), the functions and flows (registered and still on the service). Each check says
+what it found and, when it fails, what to do. Interactive network settings (one retry, 10 s
+timeout) keep it quick; after the first "cannot reach Globus", the remaining network checks
+are skipped rather than each waiting for the same timeout.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Literal
+
+import globus_sdk
+from pydantic import BaseModel
+
+from beamflow import registry as reg
+from beamflow.backend import BackendError
+from beamflow.config import Settings, environ_overrides
+from beamflow.globus import compute, transfer
+from beamflow.globus import flows as gflows
+from beamflow.globus.auth import INTERACTIVE, GlobusAuth, NetworkPolicy, expiry_warnings
+from beamflow.globus.errors import LoginRequired
+
+Outcome = Literal["ok", "warn", "fail", "skip"]
+
+
+class Check(BaseModel):
+    name: str
+    outcome: Outcome
+    detail: str
+    fix: str | None = None
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return True
+
+
+def config_checks(settings: Settings) -> list[Check]:
+    where = str(settings.source or "beamflow.toml")
+    checks: list[Check] = []
+    if settings.backend != "globus":
+        checks.append(
+            Check(
+                name="backend",
+                outcome="warn",
+                detail=f"backend = {settings.backend!r} in {where}; Globus is not in use",
+                fix='set backend = "globus" (or BEAMFLOW_BACKEND=globus) to run flows on Globus',
+            )
+        )
+    ids = {
+        "globus.client_id": settings.globus.client_id,
+        "beamline.collection_id": settings.beamline.collection_id,
+        "hpc.collection_id": settings.hpc.collection_id,
+        "compute.endpoint_id": settings.compute.endpoint_id,
+    }
+    for key, value in ids.items():
+        if _is_uuid(value):
+            checks.append(Check(name=key, outcome="ok", detail=value))
+        else:
+            env = "BEAMFLOW_" + key.replace(".", "__").upper()
+            checks.append(
+                Check(
+                    name=key,
+                    outcome="fail",
+                    detail=f"not a UUID: {value!r}" if value else "not set",
+                    fix=f"fill in {key} in {where} (or set {env}); see deploy/README.md",
+                )
+            )
+    mode = "service (client secret)" if settings.globus.client_secret else "person (native app)"
+    overridden = ", ".join(sorted(environ_overrides())) or "none"
+    checks.append(
+        Check(name="identity kind", outcome="ok", detail=f"{mode}; env overrides: {overridden}")
+    )
+    return checks
+
+
+def run_checks(settings: Settings, *, network: NetworkPolicy = INTERACTIVE) -> list[Check]:
+    """Every check; never raises for a failed check."""
+    checks = config_checks(settings)
+    if not _is_uuid(settings.globus.client_id):
+        checks.append(
+            Check(
+                name="login",
+                outcome="skip",
+                detail="needs globus.client_id",
+                fix="fill in globus.client_id first",
+            )
+        )
+        return checks
+    registry = reg.Registry(settings.registry_path, "globus")
+    try:
+        flow_entries = registry.entries("flow")
+        function_entries = registry.entries("function")
+    except reg.RegistryError as exc:
+        checks.append(Check(name="registry", outcome="fail", detail=str(exc)))
+        flow_entries, function_entries = {}, {}
+    try:
+        auth = GlobusAuth(settings, flow_ids=[e.id for e in flow_entries.values()], network=network)
+    except BackendError as exc:
+        checks.append(Check(name="token file", outcome="fail", detail=str(exc)))
+        return checks
+    with auth:
+        checks.append(
+            Check(name="token file", outcome="ok", detail=f"{auth.token_path} (mode 600)")
+        )
+        if not _login_checks(auth, checks):
+            return checks
+        offline = False
+
+        def network_check(name: str, call: Callable[[], Check]) -> None:
+            nonlocal offline
+            if offline:
+                checks.append(
+                    Check(name=name, outcome="skip", detail="skipped: Globus is not reachable")
+                )
+                return
+            try:
+                checks.append(call())
+            except LoginRequired as exc:
+                checks.append(
+                    Check(name=name, outcome="fail", detail=str(exc), fix="run `beamflow login`")
+                )
+            except BackendError as exc:
+                if "cannot reach Globus" in str(exc):
+                    offline = True
+                checks.append(
+                    Check(name=name, outcome="fail", detail=str(exc), fix=_network_fix(exc))
+                )
+
+        network_check("identity", lambda: _identity(auth))
+        for side in ("beamline", "hpc"):
+            coll = getattr(settings, side).collection_id
+            if _is_uuid(coll):
+                network_check(f"{side} collection", lambda c=coll, s=side: _collection(auth, s, c))
+        if _is_uuid(settings.compute.endpoint_id):
+            network_check("compute endpoint", lambda: _endpoint(auth, settings.compute.endpoint_id))
+        _registered_checks(auth, checks, network_check, flow_entries, function_entries)
+    return checks
+
+
+def _network_fix(exc: BackendError) -> str:
+    if "cannot reach Globus" in str(exc):
+        return "check the network (DNS, proxy, firewall: HTTPS to *.globus.org)"
+    return "see the message; `beamflow doctor` again once fixed"
+
+
+def _login_checks(auth: GlobusAuth, checks: list[Check]) -> bool:
+    if auth.is_service:
+        checks.append(
+            Check(
+                name="login",
+                outcome="ok",
+                detail="confidential client: tokens come from the client secret",
+            )
+        )
+        return True
+    tokens = auth.tokens()
+    if not tokens:
+        checks.append(
+            Check(
+                name="login",
+                outcome="fail",
+                detail=f"not logged in (no tokens in {auth.token_path})",
+                fix="run `beamflow login`",
+            )
+        )
+        return False
+    warnings = expiry_warnings(tokens)
+    stored = {t.resource_server: set(t.scopes) for t in tokens}
+    missing = [
+        rs
+        for rs, scopes in auth.app.scope_requirements.items()
+        if not {s.scope_string for s in scopes} <= stored.get(rs, set())
+    ]
+    if missing:
+        checks.append(
+            Check(
+                name="login",
+                outcome="fail",
+                detail=f"logged in, but without consent for {', '.join(sorted(missing))}",
+                fix="run `beamflow login` (new flows need a consent of their own)",
+            )
+        )
+        return True
+    refreshable = all(t.refreshable for t in tokens)
+    soonest = min(t.expires_at for t in tokens)
+    detail = (
+        "logged in; tokens renew themselves (refresh tokens)"
+        if refreshable
+        else f"logged in; tokens expire {time.strftime('%Y-%m-%d %H:%M', time.localtime(soonest))}"
+    )
+    checks.append(
+        Check(
+            name="login",
+            outcome="warn" if warnings else "ok",
+            detail="; ".join([detail, *warnings]),
+            fix="run `beamflow login`" if warnings else None,
+        )
+    )
+    return True
+
+
+def _identity(auth: GlobusAuth) -> Check:
+    info = auth.userinfo()
+    who = info.get("preferred_username") or info.get("sub")
+    return Check(name="identity", outcome="ok", detail=f"{who} ({info.get('sub')})")
+
+
+def _collection(auth: GlobusAuth, side: str, collection_id: str) -> Check:
+    client = auth.client(globus_sdk.TransferClient)
+    detail = transfer.check_collection(client, collection_id)
+    return Check(name=f"{side} collection", outcome="ok", detail=detail)
+
+
+def _endpoint(auth: GlobusAuth, endpoint_id: str) -> Check:
+    status = compute.endpoint_status(auth, endpoint_id)
+    state = str(status.get("status", "unknown"))
+    details = status.get("details") or {}
+    workers = details.get("total_workers")
+    extra = f", {workers} workers" if workers is not None else ""
+    if state.lower() == "online":
+        return Check(name="compute endpoint", outcome="ok", detail=f"online{extra}")
+    return Check(
+        name="compute endpoint",
+        outcome="fail",
+        detail=f"endpoint {endpoint_id} is {state}",
+        fix="start it on the cluster's login node: `globus-compute-endpoint start <name>` "
+        "(see deploy/README.md)",
+    )
+
+
+def _registered_checks(
+    auth: GlobusAuth,
+    checks: list[Check],
+    network_check: Callable[[str, Callable[[], Check]], None],
+    flow_entries: dict[str, reg.Entry],
+    function_entries: dict[str, reg.Entry],
+) -> None:
+    for name in reg.function_names():
+        entry = function_entries.get(name)
+        if entry is None:
+            checks.append(
+                Check(
+                    name=f"function {name}",
+                    outcome="fail",
+                    detail="not registered with Globus Compute",
+                    fix="run `beamflow register functions --backend globus`",
+                )
+            )
+            continue
+
+        def function_check(name: str = name, fid: str = entry.id) -> Check:
+            if compute.function_exists(auth, fid):
+                return Check(name=f"function {name}", outcome="ok", detail=fid)
+            return Check(
+                name=f"function {name}",
+                outcome="fail",
+                detail=f"{fid} is not known to Globus Compute",
+                fix="run `beamflow register functions --backend globus`",
+            )
+
+        network_check(f"function {name}", function_check)
+    flows_client = auth.client(globus_sdk.FlowsClient)
+    for name in reg.flow_names():
+        entry = flow_entries.get(name)
+        if entry is None:
+            checks.append(
+                Check(
+                    name=f"flow {name}",
+                    outcome="fail",
+                    detail="not deployed to Globus Flows",
+                    fix="run `beamflow register flows --backend globus`, then `beamflow login`",
+                )
+            )
+            continue
+
+        def flow_check(name: str = name, fid: str = entry.id) -> Check:
+            if gflows.flow_exists(flows_client, fid):
+                return Check(name=f"flow {name}", outcome="ok", detail=f"deployed: {fid}")
+            return Check(
+                name=f"flow {name}",
+                outcome="fail",
+                detail=f"{fid} is gone from Globus Flows (or not shared with you)",
+                fix="run `beamflow register flows --backend globus`, then `beamflow login`",
+            )
+
+        network_check(f"flow {name}", flow_check)
