@@ -2,10 +2,21 @@
 
 Phase 1 (`save`, on the caller's thread): copy each array to host memory with `to_host`
 (a device->host copy for GPU arrays; a plain copy for numpy, since the caller mutates its
-arrays in place) and serialize the metadata. Phase 2 (a single writer thread): build the HDF5
-image and commit it to each due level. At most one write is in flight; a snapshot that
-arrives while another is still waiting REPLACES it (the levels it was due for are carried
-over), so memory stays bounded at two snapshots and the caller never waits on disk.
+arrays in place) and serialize the metadata. Phase 2: one writer thread per level builds the
+HDF5 image (once per snapshot, shared by the levels) and commits it. Per level, at most one
+write is in flight and at most one snapshot waits; a newer snapshot REPLACES the waiting one,
+so memory stays bounded and the caller never waits on disk. Levels are independent: a slow
+shared filesystem (L2) never holds up the node-local level (L1).
+
+`maybe_save` snapshots a level only when its writer is idle; otherwise the level stays due
+and the next iteration tries again, so a write always carries the freshest state and the
+caller pays no copy for snapshots that would be dropped.
+
+The writer threads run at idle CPU priority (Linux SCHED_IDLE) so that they use the cycles
+the reconstruction leaves free rather than competing with it. So that a saturated machine
+cannot starve them, a writer whose write has taken longer than `starvation_s` while its level
+is due again is lifted to normal priority (until that write ends), as are all writers while
+`flush()` waits.
 
 Write failures (a full or read-only shared filesystem) never reach the caller's thread: they
 are recorded in `errors`, logged, and passed to `on_error`.
@@ -14,15 +25,17 @@ are recorded in `errors`, logged, and passed to `on_error`.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import logging
+import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -40,12 +53,22 @@ from beamflow.checkpoint.store import (
 log = logging.getLogger(__name__)
 
 ToHost = Callable[[Any], np.ndarray]
-#: hook(level, step, path): called by the writer thread at each commit step (tests, tracing)
+#: hook(level, step, path): called by a writer thread at each commit step (tests, tracing)
 WriterHook = Callable[[str, str, Path], None]
+Priority = Literal["idle", "normal"]
 
 
 def _copy_to_host(a: Any) -> np.ndarray:
     return np.array(a, copy=True, order="C")
+
+
+def _set_thread_priority(tid: int, priority: Priority) -> None:
+    # Linux applies scheduling policy per thread (tid); elsewhere this is a no-op.
+    if not hasattr(os, "sched_setscheduler"):
+        return
+    policy = os.SCHED_IDLE if priority == "idle" else os.SCHED_OTHER
+    with contextlib.suppress(OSError):
+        os.sched_setscheduler(tid, policy, os.sched_param(0))
 
 
 @dataclass(frozen=True)
@@ -63,22 +86,33 @@ class CheckpointError:
 @dataclass
 class CheckpointStats:
     snapshots: int = 0
-    replaced: int = 0  # snapshots dropped because a newer one arrived before they were written
+    replaced: int = 0  # waiting snapshots dropped (per level) because a newer one arrived
+    deferred: int = 0  # due levels not snapshotted by maybe_save because their writer was busy
     commits: int = 0
     failures: int = 0
     snapshot_seconds: float = 0.0  # time spent on the caller's thread
-    write_seconds: float = 0.0  # time spent by the writer thread
+    write_seconds: float = 0.0  # time spent by the writer threads (serialize + commit)
     bytes_written: int = 0
 
 
-@dataclass
+@dataclass(eq=False)
 class _Snapshot:
     iteration: int
     arrays: dict[str, np.ndarray]
     meta_json: str
     fingerprint: dict[str, Any] | None
-    levels: set[str]
     created: float = field(default_factory=time.time)
+    _image: tuple[bytes, str] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def image(self) -> tuple[bytes, str]:
+        """The serialized file and its sha256, built by the first level that needs it."""
+        with self._lock:
+            if self._image is None:
+                data = serialize(self.iteration, self.arrays, self.meta_json,
+                                 dumps(self.fingerprint), created=self.created)
+                self._image = (data, hashlib.sha256(data).hexdigest())
+            return self._image
 
 
 class Checkpointer:
@@ -96,6 +130,8 @@ class Checkpointer:
         hook: WriterHook | None = None,
         start_iteration: int = 0,
         protect: Mapping[str, Path] | None = None,
+        priority: Priority = "idle",
+        starvation_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = policy
@@ -104,6 +140,7 @@ class Checkpointer:
         self.fingerprint = dict(fingerprint) if fingerprint is not None else None
         self.on_error = on_error
         self.hook = hook
+        self.priority: Priority = priority
         self._clock = clock
         self.errors: list[CheckpointError] = []
         self.n_errors = 0
@@ -117,8 +154,12 @@ class Checkpointer:
         self._last_time = dict.fromkeys(self.levels, now)
 
         self._cv = threading.Condition()
-        self._pending: _Snapshot | None = None
-        self._busy = False
+        self._pending: dict[str, _Snapshot | None] = dict.fromkeys(self.levels)
+        self._busy = dict.fromkeys(self.levels, False)
+        self._tids: dict[str, int] = {}
+        self._boosted: set[str] = set()
+        self._busy_since: dict[str, float] = {}
+        self.starvation_s = starvation_s
         self._closed = False
         for name, cfg in self.levels.items():
             try:
@@ -126,10 +167,15 @@ class Checkpointer:
                 clean_stale_temps(cfg.dir)
             except OSError as e:
                 self._record(name, cfg, start_iteration, e)
-        self._thread = threading.Thread(target=self._run, name="checkpoint-writer", daemon=True)
-        self._thread.start()
-        # The writer is a daemon thread (a hung filesystem must not block exit); flush at
-        # interpreter exit so a normal exit never loses the last snapshot.
+        self._threads = [
+            threading.Thread(target=self._run, args=(name,), name=f"checkpoint-{name}",
+                             daemon=True)
+            for name in self.levels
+        ]
+        for t in self._threads:
+            t.start()
+        # Writers are daemon threads (a hung filesystem must not block exit); flush at
+        # interpreter exit so that a normal exit never loses the last snapshot.
         ref = weakref.ref(self)
         self._atexit = lambda: (c := ref()) is not None and c.close()
         atexit.register(self._atexit)
@@ -154,12 +200,26 @@ class Checkpointer:
         get_arrays: Callable[[], Mapping[str, Any]],
         meta: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
     ) -> set[str]:
-        """Snapshot and queue a write if any level is due; `get_arrays` is called only then."""
+        """Snapshot and queue a write for each due level whose writer is idle.
+
+        `get_arrays` (and `meta`, if callable) are called only when something is saved.
+        Returns the levels saved; a due level with a busy writer stays due.
+        """
         due = self.due_levels(iteration)
-        if due:
+        if not due:
+            return due
+        with self._cv:
+            ready = {n for n in due if not self._busy[n] and self._pending[n] is None}
+        self.stats.deferred += len(due) - len(ready)
+        for name in due - ready:
+            if self._overdue(name) and name not in self._boosted:
+                self._boosted.add(name)  # starving at idle priority: compete from now on
+                if name in self._tids:
+                    _set_thread_priority(self._tids[name], "normal")
+        if ready:
             m = meta() if callable(meta) else meta
-            self.save(iteration, get_arrays(), m, levels=due)
-        return due
+            self.save(iteration, get_arrays(), m, levels=ready)
+        return ready
 
     def save(
         self,
@@ -170,7 +230,7 @@ class Checkpointer:
         levels: set[str] | None = None,
         fingerprint: Mapping[str, Any] | None = None,
     ) -> None:
-        """Snapshot `arrays` now (device->host copy) and hand them to the writer thread."""
+        """Snapshot `arrays` now (device->host copy) and hand them to the writers."""
         if self._closed:
             raise RuntimeError("Checkpointer is closed")
         t0 = time.perf_counter()
@@ -179,18 +239,16 @@ class Checkpointer:
             self.fingerprint = dict(fingerprint)
         host = {k: self._to_host(v) for k, v in arrays.items()}
         check_arrays(host)  # a programming error: raise here, on the caller's thread
-        snap = _Snapshot(int(iteration), host, dumps(dict(meta or {})),
-                         self.fingerprint, levels)
+        snap = _Snapshot(int(iteration), host, dumps(dict(meta or {})), self.fingerprint)
         now = self._clock()
         for name in levels:
             self._last_iter[name] = int(iteration)
             self._last_time[name] = now
         with self._cv:
-            if self._pending is not None:
-                # newest wins; it must still reach every level the dropped one was due for
-                snap.levels |= self._pending.levels
-                self.stats.replaced += 1
-            self._pending = snap
+            for name in levels:
+                if self._pending[name] is not None:
+                    self.stats.replaced += 1  # newest wins
+                self._pending[name] = snap
             self.stats.snapshots += 1
             self._cv.notify_all()
         self.stats.snapshot_seconds += time.perf_counter() - t0
@@ -214,18 +272,37 @@ class Checkpointer:
             self.save(iteration, get_arrays(), m, levels=todo)
         return self.flush(timeout)
 
+    def _overdue(self, name: str) -> bool:
+        since = self._busy_since.get(name)
+        return since is not None and time.monotonic() - since > self.starvation_s
+
+    def _idle(self) -> bool:
+        return all(p is None for p in self._pending.values()) and not any(self._busy.values())
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until nothing is pending or being written; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
-            while self._pending is not None or self._busy:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                if not self._thread.is_alive():
-                    return False
-                self._cv.wait(remaining if remaining is not None else 1.0)
-        return True
+            if self._idle():
+                return True
+        self._boost("normal")  # someone is waiting now: do not yield the CPU to others
+        try:
+            with self._cv:
+                while not self._idle():
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    if not any(t.is_alive() for t in self._threads):
+                        return False
+                    self._cv.wait(1.0 if remaining is None else min(remaining, 1.0))
+            return True
+        finally:
+            self._boost(self.priority)
+
+    def _boost(self, priority: Priority) -> None:
+        if self.priority == "idle":
+            for tid in list(self._tids.values()):
+                _set_thread_priority(tid, priority)
 
     def close(self, timeout: float | None = None) -> None:
         if self._closed:
@@ -234,7 +311,8 @@ class Checkpointer:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
-        self._thread.join(timeout)
+        for t in self._threads:
+            t.join(timeout)
         atexit.unregister(self._atexit)
 
     def __enter__(self) -> Checkpointer:
@@ -246,72 +324,75 @@ class Checkpointer:
     @property
     def pending(self) -> bool:
         with self._cv:
-            return self._pending is not None or self._busy
+            return not self._idle()
 
-    # ------------------------------------------------------------------ writer thread
+    # ------------------------------------------------------------------ writer threads
 
-    def _run(self) -> None:
+    def _run(self, name: str) -> None:
+        self._tids[name] = threading.get_native_id()
+        if self.priority == "idle":
+            _set_thread_priority(self._tids[name], "idle")
         while True:
             with self._cv:
-                while self._pending is None and not self._closed:
+                while self._pending[name] is None and not self._closed:
                     self._cv.wait()
-                if self._pending is None:
+                snap = self._pending[name]
+                if snap is None:
                     return
-                snap, self._pending = self._pending, None
-                self._busy = True
+                self._pending[name] = None
+                self._busy[name] = True
+                self._busy_since[name] = time.monotonic()
             try:
-                self._write(snap)
-            except BaseException as e:  # never let the thread die silently
-                log.exception("checkpoint writer failed")
-                for name in snap.levels:
-                    self._record(name, self.levels[name], snap.iteration, e)
+                self._write(name, snap)
+            except BaseException as e:  # never let a writer die silently
+                self._record(name, self.levels[name], snap.iteration, e)
             finally:
+                if name in self._boosted:
+                    self._boosted.discard(name)
+                    _set_thread_priority(self._tids[name], self.priority)
                 with self._cv:
-                    self._busy = False
+                    self._busy[name] = False
+                    self._busy_since.pop(name, None)
                     self._cv.notify_all()
 
-    def _write(self, snap: _Snapshot) -> None:
+    def _write(self, name: str, snap: _Snapshot) -> None:
         t0 = time.perf_counter()
+        cfg = self.levels[name]
+        hook: CommitHook | None = None
+        if self.hook is not None:
+            user_hook = self.hook
+
+            def hook(step: str, path: Path) -> None:
+                user_hook(name, step, path)
+
         try:
-            image = serialize(snap.iteration, snap.arrays, snap.meta_json,
-                              dumps(snap.fingerprint), created=snap.created)
+            image, sha = snap.image()
+            protect = [self._protect[name]] if name in self._protect else []
+            rec = commit(cfg.dir, snap.iteration, image, fingerprint=snap.fingerprint,
+                         keep=cfg.keep, protect=protect, hook=hook, sha256=sha)
         except Exception as e:
-            for name in snap.levels:
-                self._record(name, self.levels[name], snap.iteration, e)
+            self._record(name, cfg, snap.iteration, e)
             return
-        sha = hashlib.sha256(image).hexdigest()
-        for name in [n for n in self.levels if n in snap.levels]:  # L1 (fast) first
-            cfg = self.levels[name]
-            hook: CommitHook | None = None
-            if self.hook is not None:
-                user_hook = self.hook
-
-                def hook(step: str, path: Path, _n: str = name, _h: WriterHook = user_hook) -> None:
-                    _h(_n, step, path)
-
-            try:
-                protect = [self._protect[name]] if name in self._protect else []
-                rec = commit(cfg.dir, snap.iteration, image, fingerprint=snap.fingerprint,
-                             keep=cfg.keep, protect=protect, hook=hook, sha256=sha)
-            except Exception as e:
-                self._record(name, cfg, snap.iteration, e)
-                continue
+        finally:
+            with self._cv:
+                self.stats.write_seconds += time.perf_counter() - t0
+        with self._cv:
             self.committed[name] = rec
             self._protect.pop(name, None)
             self.stats.commits += 1
             self.stats.bytes_written += len(image)
-        self.stats.write_seconds += time.perf_counter() - t0
 
     def _record(self, level: str, cfg: LevelConfig, iteration: int, e: BaseException) -> None:
         msg = f"{type(e).__name__}: {e}"
         err = CheckpointError(level, Path(cfg.dir), iteration, msg, time.time())
-        self.n_errors += 1
-        self.stats.failures += 1
-        if len(self.errors) >= self.MAX_ERRORS:
-            del self.errors[0]
-        # log the first failure of a kind loudly, repeats quietly (every iteration may fail)
-        first = not any(x.level == level and x.message == msg for x in self.errors)
-        self.errors.append(err)
+        with self._cv:
+            self.n_errors += 1
+            self.stats.failures += 1
+            if len(self.errors) >= self.MAX_ERRORS:
+                del self.errors[0]
+            # log the first failure of a kind loudly, repeats quietly (every iteration may fail)
+            first = not any(x.level == level and x.message == msg for x in self.errors)
+            self.errors.append(err)
         (log.error if first else log.debug)("%s", err)
         if self.on_error is not None:
             try:
