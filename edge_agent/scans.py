@@ -9,7 +9,10 @@ A scan is ready to read when all of these hold:
 
 A scan short of its frames that stays unchanged for ``stall_timeout`` was stopped by the
 operator: it is processed with the frames it has, marked aborted. A scan that is not a
-readable scan once it has gone quiet is reported as broken, with the reader's message.
+readable scan once it has gone quiet is reported as broken, with the reader's message: a
+master that cannot be read or contradicts itself (positions, mask, geometry), and, once
+stalled, a data file that is there under its final name but cannot be read (truncated or
+corrupt; a scan with a hole is not silently reconstructed from the frames before it).
 
 Everything here is decided from the files alone (names, sizes, modification times and the
 HDF5 contents), so an agent restarted after a crash decides exactly as the one before.
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from beamflow.formats import ScanFormatError, scan_progress
+from beamflow.formats import ScanFormatError, load_scan, scan_progress
 
 MASTER_SUFFIX = "_master.h5"
 CXI_SUFFIX = ".cxi"
@@ -102,9 +105,18 @@ def scan_files(path: Path) -> list[os.DirEntry]:
 
 
 def assess(
-    path: Path, *, quiet_seconds: float, stall_timeout: float, now: float | None = None
+    path: Path,
+    *,
+    quiet_seconds: float,
+    stall_timeout: float,
+    now: float | None = None,
+    progress: bool = True,
 ) -> ScanState:
-    """Where one scan stands now (see the module docstring for the rules)."""
+    """Where one scan stands now (see the module docstring for the rules).
+
+    ``progress=False`` skips reading HDF5 while the scan is still changing (the frame count
+    of a scan being written only matters for progressive runs).
+    """
     now = time.time() if now is None else now
     name = scan_name(path)
     files = scan_files(path)
@@ -126,7 +138,7 @@ def assess(
 
     if not quiet:
         # Still cheap to report progress while writing: it drives progressive runs.
-        frames, expected = _progress_or_none(path)
+        frames, expected = _progress_or_none(path) if progress else (0, None)
         return state(Readiness.WRITING, frames, expected)
     try:
         frames, expected = _progress(path)
@@ -137,6 +149,11 @@ def assess(
     if expected is None or frames >= expected:
         if frames == 0:
             return state(Readiness.BROKEN, frames, expected, f"{path}: the scan holds no frames")
+        # Every frame is there: the master's own consistency (positions, mask, geometry)
+        # is checked now, so a scan that cannot be reconstructed fails at once, naming why.
+        problem = _validate(path, frames)
+        if problem is not None:
+            return state(Readiness.BROKEN, frames, expected, problem)
         return state(Readiness.COMPLETE, frames, expected)
     if now - last_change >= stall_timeout:
         if frames == 0:
@@ -146,14 +163,47 @@ def assess(
                 expected,
                 f"{path}: aborted before any frame was written ({expected} promised)",
             )
+        # Short and stalled: an aborted scan if the rest simply never came, a broken one if
+        # a data file is there but cannot be read (truncated or corrupt).
+        problem = _validate(path, frames)
+        if problem is not None:
+            return state(Readiness.BROKEN, frames, expected, problem)
         return state(Readiness.ABORTED, frames, expected)
     return state(Readiness.WRITING, frames, expected)
 
 
+def _validate(path: Path, frames: int) -> str | None:
+    """The reader's complaint about a quiet scan that has ``frames`` readable frames, or None.
+
+    A data file that never came is what an aborted scan looks like and is no complaint; a
+    data file that is there but cannot be read (truncated or corrupt), or a master that
+    contradicts itself (positions, mask, geometry), is.
+    """
+    if path.name.endswith(CXI_SUFFIX):
+        return None  # _progress read the whole file already
+    try:
+        load_scan(path)
+    except ScanFormatError as exc:
+        if Path(exc.file) != path:
+            return str(exc)  # a data file the master links to is unreadable
+        if "incomplete" not in exc.problem:
+            return str(exc)
+    except OSError as exc:
+        return f"{path}: cannot be read: {exc}"
+    else:
+        return None
+    # Frames are missing at the end: the part there is must still be a consistent scan.
+    try:
+        load_scan(path, max_frames=frames)
+    except ScanFormatError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{path}: cannot be read: {exc}"
+    return None
+
+
 def _progress(path: Path) -> tuple[int, int | None]:
     if path.name.endswith(CXI_SUFFIX):
-        from beamflow.formats import load_scan
-
         scan = load_scan(path)
         return scan.n_frames, scan.n_frames
     return scan_progress(path)

@@ -115,3 +115,44 @@ def test_find_scans_skips_hidden_and_finds_nested(tmp_path: Path) -> None:
     (tmp_path / ".c_master.h5").write_bytes(b"")
     names = sorted(p.name for p in find_scans(tmp_path))
     assert names == ["a_master.h5", "b_master.h5"]
+
+
+def test_stalled_scan_with_a_corrupt_data_file_is_broken_naming_the_file(tmp_path: Path) -> None:
+    master = start_scan(tmp_path, "s1", n=12)
+    add_file(master, 1)
+    second = add_file(master, 2)
+    second.write_bytes(second.read_bytes()[:500])  # truncated, but under its final name
+    add_file(master, 3)
+    age(master, 10)
+    # Before the stall timeout it may still be in flight (a network FS catching up)...
+    assert assess(master, quiet_seconds=1.0, stall_timeout=60.0).readiness == Readiness.WRITING
+    # ...after it, the hole is a fault, not an abort: never reconstructed from file 1 alone.
+    age(master, 100)
+    state = assess(master, quiet_seconds=1.0, stall_timeout=60.0)
+    assert state.readiness == Readiness.BROKEN
+    assert second.name in state.error
+
+
+def test_complete_scan_whose_master_contradicts_itself_is_broken(tmp_path: Path) -> None:
+    import h5py
+
+    master = start_scan(tmp_path, "s1")
+    with h5py.File(master, "a") as f:  # fewer positions than promised frames
+        for axis in ("x", "y"):
+            key = f"/entry/sample/positions/{axis}"
+            values = f[key][:5]
+            del f[key]
+            f[key] = values
+    add_file(master, 1)
+    add_file(master, 2)
+    age(master, 10)
+    state = assess(master, quiet_seconds=1.0, stall_timeout=60.0)
+    assert state.readiness == Readiness.BROKEN
+    assert "position" in state.error and master.name in state.error
+
+
+def test_progress_can_be_skipped_while_writing(tmp_path: Path) -> None:
+    master = start_scan(tmp_path, "s1")
+    add_file(master, 1)
+    state = assess(master, quiet_seconds=30.0, stall_timeout=60.0, progress=False)
+    assert state.readiness == Readiness.WRITING and state.frames == 0
