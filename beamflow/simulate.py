@@ -33,6 +33,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import scipy.fft as sfft
 
 from beamflow.formats import Geometry
 from beamflow.formats._h5 import atomic_h5
@@ -107,13 +108,16 @@ class GroundTruth:
 
 
 def shift_probe(probe: np.ndarray, frac: np.ndarray) -> np.ndarray:
-    """Probe shifted by sub-pixel (dy, dx) ``frac`` (N, 2): F⁻¹[F[P] exp(−2πi k·δ)] → (N, M, M)."""
+    """Probe shifted by sub-pixel (dy, dx) ``frac`` (N, 2): F⁻¹[F[P] exp(−2πi k·δ)] → (N, M, M).
+
+    The ramp is separable, exp(−2πi k_y δ_y)·exp(−2πi k_x δ_x), so it costs two 1-D exps.
+    """
     m = probe.shape[-1]
     k = np.fft.fftfreq(m)
-    ramp = np.exp(
-        -2j * np.pi * (frac[:, 0, None, None] * k[None, :, None] + frac[:, 1, None, None] * k)
-    )
-    return np.fft.ifft2(np.fft.fft2(probe)[None] * ramp)
+    ry = np.exp(-2j * np.pi * frac[:, 0, None] * k).astype(np.complex64)
+    rx = np.exp(-2j * np.pi * frac[:, 1, None] * k).astype(np.complex64)
+    spectrum = sfft.fft2(probe.astype(np.complex64))
+    return sfft.ifft2(spectrum[None] * ry[:, :, None] * rx[:, None, :], workers=-1)
 
 
 def exit_waves(obj: np.ndarray, probe: np.ndarray, positions_px: np.ndarray) -> np.ndarray:
@@ -129,11 +133,13 @@ def exit_waves(obj: np.ndarray, probe: np.ndarray, positions_px: np.ndarray) -> 
 
 
 def diffraction(obj: np.ndarray, probe: np.ndarray, positions_px: np.ndarray) -> np.ndarray:
-    """Far-field intensities |F[ψ_j]|², unnormalised FFT, zero frequency in the centre."""
+    """Far-field intensities |F[ψ_j]|² (N, M, M) float64: unnormalised FFT, zero frequency
+    in the centre (detector view). Computed in complex64, as the engine does."""
     out = np.empty((len(positions_px), probe.shape[-1], probe.shape[-1]))
     for s in range(0, len(positions_px), 64):  # bounded memory for long scans
         psi = exit_waves(obj, probe, positions_px[s : s + 64])
-        out[s : s + 64] = np.abs(np.fft.fftshift(np.fft.fft2(psi), axes=(-2, -1))) ** 2
+        far = sfft.fftshift(sfft.fft2(psi, workers=-1), axes=(-2, -1))
+        out[s : s + 64] = far.real.astype(np.float64) ** 2 + far.imag.astype(np.float64) ** 2
     return out
 
 
@@ -192,13 +198,24 @@ def make_probe(m: int, geometry: Geometry) -> tuple[np.ndarray, float]:
     return probe.astype(np.complex64), defocus
 
 
-def _coverage(fn: Callable[[np.ndarray, np.ndarray], np.ndarray], shape: tuple[int, int]):
-    """Area coverage of a shape predicate fn(y, x) on the pixel grid (supersampled)."""
+def _paint(
+    t: np.ndarray,
+    fn: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    centre: tuple[float, float],
+    half: float,
+    weight: float = 1.0,
+) -> None:
+    """Add ``weight`` × the area coverage of the shape predicate fn(y, x) (object pixel
+    coordinates, supersampled) to ``t``, within ``half`` pixels of ``centre`` only."""
     s = _SUPERSAMPLE
-    y = (np.arange(shape[0] * s) + 0.5) / s - 0.5
-    x = (np.arange(shape[1] * s) + 0.5) / s - 0.5
-    inside = fn(y[:, None], x[None, :]).astype(np.float32)
-    return inside.reshape(shape[0], s, shape[1], s).mean(axis=(1, 3))
+    y0, y1 = (max(0, int(centre[0] - half) - 1), min(t.shape[0], int(centre[0] + half) + 2))
+    x0, x1 = (max(0, int(centre[1] - half) - 1), min(t.shape[1], int(centre[1] + half) + 2))
+    if y0 >= y1 or x0 >= x1:
+        return
+    y = y0 + (np.arange((y1 - y0) * s) + 0.5) / s - 0.5
+    x = x0 + (np.arange((x1 - x0) * s) + 0.5) / s - 0.5
+    inside = np.broadcast_to(fn(y[:, None], x[None, :]), (y.size, x.size)).astype(np.float32)
+    t[y0:y1, x0:x1] += weight * inside.reshape(y1 - y0, s, x1 - x0, s).mean(axis=(1, 3))
 
 
 def make_object(
@@ -220,7 +237,7 @@ def make_object(
         spokes = np.mod(th * 36 / (2 * np.pi), 1.0) < 0.5
         return ((r < rs) & (spokes | (r < 0.06 * rs))) | ((r >= rs * 1.04) & (r < rs * 1.12))
 
-    ta += _coverage(star, shape)
+    _paint(ta, star, (cy, cx), rs * 1.12)
 
     def free_spot(size: float) -> tuple[float, float]:
         for _ in range(200):
@@ -245,15 +262,15 @@ def make_object(
                 & (np.mod(u / bw + 2.5, 2.0) < 1.0)
             )
 
-        ta += 0.8 * _coverage(bars, shape)
+        _paint(ta, bars, (gy, gx), max(length / 2, 2.5 * bw), 0.8)
 
     # Discs of the weak material, some overlapping the rest.
     for _ in range(14):
         r0 = rng.uniform(1.5, 0.12 * radius + 2)
         dy, dx = free_spot(r0)
         thick = rng.uniform(0.3, 1.0)
-        tb += thick * _coverage(
-            lambda y, x, dy=dy, dx=dx, r0=r0: np.hypot(y - dy, x - dx) < r0, shape
+        _paint(
+            tb, lambda y, x, dy=dy, dx=dx, r0=r0: np.hypot(y - dy, x - dx) < r0, (dy, dx), r0, thick
         )
 
     # Text-like blocks: lines of 5×7 glyphs of random bits.
@@ -275,7 +292,7 @@ def make_object(
             out[ok] = bits[gg[ok], rr[ok], cc[ok]]
             return out
 
-        ta += 0.6 * _coverage(text, shape)
+        _paint(ta, text, (ty, tx), n_glyphs * 3 * cell + 4 * cell, 0.6)
 
     # Smooth background phase: low-pass filtered noise (a thin, uneven support film).
     noise = rng.standard_normal(shape)
@@ -344,7 +361,15 @@ def make_ground_truth(
     pixel_mask, hot_rate = _bad_pixels(m, rng_det)
     # Scale the probe so the mean total counts per frame equal `photons` (Parseval: the
     # unnormalised FFT gives Σ|F ψ|² = M² Σ|ψ|²).
-    power = np.mean(np.sum(np.abs(exit_waves(obj, probe, corners)) ** 2, axis=(-2, -1))) * m * m
+    power = (
+        sum(
+            float(np.sum(np.abs(exit_waves(obj, probe, corners[s : s + 64])) ** 2))
+            for s in range(0, len(corners), 64)  # bounded memory for long scans
+        )
+        * m
+        * m
+        / len(corners)
+    )
     probe = (probe * np.sqrt(photons / power)).astype(np.complex64)
     return GroundTruth(
         object=obj,
