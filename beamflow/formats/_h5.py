@@ -53,7 +53,9 @@ def open_h5(path: Path) -> Iterator[h5py.File]:
     if not is_hdf5:
         raise ScanFormatError(path, "/", "not an HDF5 file (no HDF5 signature)")
     try:
-        f = h5py.File(path, "r")
+        # No HDF5 file locking for reads: detector file systems (NFS, GPFS) often refuse
+        # locks, and our writers never modify a file after renaming it into place.
+        f = h5py.File(path, "r", locking=False)
     except OSError as exc:
         raise ScanFormatError(path, "/", f"truncated or corrupt HDF5 file ({exc})") from exc
     try:
