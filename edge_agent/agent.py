@@ -3,9 +3,9 @@
 The run store is the source of truth. Every decision the agent takes is written there
 before it acts on it, keyed so that it cannot be taken twice:
 
-- a run is *created* (QUEUED) under a dedupe key ``<scan path>#<part>`` — the store refuses
-  a second run with the same key, so a scan part is processed once however often the agent
-  restarts or sees the same files;
+- a run is *created* (QUEUED) under a dedupe key ``agent:<scan path>#<part>`` — the store
+  refuses a second run with the same key, so a scan part is processed once however often
+  the agent restarts or sees the same files;
 - a run is *launched* (ACTIVE, with the backend's run id) when there is capacity and no
   earlier run of the same scan is unfinished (runs of one scan are serialised, so each
   continues from the checkpoint of the one before);
@@ -13,15 +13,21 @@ before it acts on it, keyed so that it cannot be taken twice:
 
 Killed at any moment and restarted, the agent finds QUEUED runs and starts them, finds
 ACTIVE runs and re-attaches to them by run id; a run whose process died with the agent
-(local backend) is reported lost by the backend and retried, within the retry budget.
+(local backend) is reported lost by the backend and retried, within the retry budget. A
+retry reuses the same run record (``attempt`` goes up), so a scan never gets two runs.
+
+The agent only touches runs it created (their dedupe key starts with ``agent:``): runs that
+people start by hand (``beamflow runs start``) belong to whoever started them.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from beamflow import runs as run_path
@@ -34,9 +40,13 @@ from .watch import ChangedScans, scans_in, start_observer
 
 log = logging.getLogger("beamflow.agent")
 
+KEY_PREFIX = "agent:"
 FINAL = "final"
-_UNFINISHED = (RunStatus.QUEUED, RunStatus.ACTIVE, RunStatus.INACTIVE)
+_RUNNING = (RunStatus.ACTIVE, RunStatus.INACTIVE)
 _MAX_POLL_SECONDS = 30.0
+_RECHECK_SECONDS = 2.0  # a scan still short of frames is looked at this often without events
+_QUEUE_PAGE = 64  # queued runs read per scheduling pass (the queue can hold thousands)
+_MAX_WAIT = 1.0  # the main loop sleeps at most this long between passes
 
 
 @dataclass
@@ -48,42 +58,72 @@ class _Poll:
 
 @dataclass
 class _Tracked:
+    """A scan the agent is watching until its final run is created."""
+
     first_seen_complete: bool | None = None
     next_check: float = 0.0
 
 
 @dataclass
 class AgentStats:
+    """Counters for logs and benchmarks (numbers only: the agent runs for weeks)."""
+
+    scans_seen: int = 0
+    queued: int = 0
     started: int = 0
     succeeded: int = 0
     failed: int = 0
+    cancelled: int = 0
     retried: int = 0
-    scans_seen: set[str] = field(default_factory=set)
+    superseded: int = 0
 
 
 def dedupe_key(scan_path: Path, part: str) -> str:
-    return f"{scan_path}#{part}"
+    return f"{KEY_PREFIX}{scan_path}#{part}"
+
+
+def part_of(fraction: float | None) -> str:
+    """The dedupe-key part of a run at ``fraction`` of the frames (1.0 or None: final)."""
+    if fraction is None or fraction >= 1.0:
+        return FINAL
+    return f"{fraction:.3f}"
+
+
+_BAD_INPUT = (
+    "scanformaterror",
+    "valueerror",
+    "validationerror",
+    "invalid",
+    "bad input",
+    "not a readable",
+    "refused",
+    "does not exist",
+)
+_TRANSIENT = (
+    "lost",
+    "transfer",
+    "timeout",
+    "timed out",
+    "connection",
+    "unavailable",
+    "token",
+    "temporar",
+    "network",
+    "endpoint",
+    "actionunabletorun",
+    "busy",
+    "throttl",
+)
 
 
 def is_transient(run: Run) -> bool:
-    """Faults worth a retry: a lost worker, transfers, timeouts, connectivity. Bad input
-    (the reader's or the function's validation errors) is never retried."""
+    """Faults worth a retry: a lost worker, transfers, timeouts, connectivity, an expired
+    token. Bad input (the reader's or the function's validation errors) is never retried,
+    even when it surfaced in a step whose name sounds transient."""
     text = f"{run.error_step or ''} {run.error or ''}".lower()
-    if any(word in text for word in ("scanformaterror", "invalid", "bad input", "not a readable")):
+    if any(word in text for word in _BAD_INPUT):
         return False
-    return any(
-        word in text
-        for word in (
-            "lost",
-            "transfer",
-            "timeout",
-            "timed out",
-            "connection",
-            "unavailable",
-            "token",
-            "temporar",
-        )
-    )
+    return any(word in text for word in _TRANSIENT)
 
 
 class EdgeAgent:
@@ -95,7 +135,7 @@ class EdgeAgent:
         *,
         store: Store | None = None,
         backend: Backend | None = None,
-        clock=time.time,  # noqa: ANN001 - injectable for tests
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.policy = settings.agent
@@ -107,14 +147,26 @@ class EdgeAgent:
         self.stats = AgentStats()
         self._stop = threading.Event()
         self._tracked: dict[Path, _Tracked] = {}
+        self._done: set[Path] = set()  # scans whose final run exists (pruned at each rescan)
         self._polls: dict[str, _Poll] = {}
         self._retry_at: dict[str, float] = {}
+        self._launched_here: set[str] = set()
         self._last_rescan = float("-inf")
+        self._next_attach = float("-inf")
+        self._schedule_needed = True
+        self._max_poll = max(
+            self.policy.poll_seconds, min(_MAX_POLL_SECONDS, 10 * self.policy.poll_seconds)
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
     def stop(self) -> None:
+        """Ask the loop to end (signal-safe: sets two events, nothing else)."""
         self._stop.set()
         self.changes.wakeup.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
 
     def run_forever(self) -> None:
         """Watch and process until :meth:`stop` (SIGTERM) is called."""
@@ -124,14 +176,23 @@ class EdgeAgent:
         )
         log.info(
             "agent started",
-            extra={"fields": {"watch": str(self.root), "backend": self.backend.name}},
+            extra={
+                "fields": {
+                    "watch": str(self.root),
+                    "backend": self.backend.name,
+                    "observer": type(observer).__name__,
+                    "max_concurrent_runs": self.policy.max_concurrent_runs,
+                    "progressive": self.policy.progressive,
+                }
+            },
         )
         try:
             while not self._stop.is_set():
                 self.tick()
-                self.changes.wakeup.wait(timeout=min(0.25, self.policy.quiet_seconds / 4 or 0.25))
+                self.changes.wakeup.wait(timeout=self._sleep_for())
         finally:
             observer.stop()
+            self._shutdown()
             observer.join(timeout=5)
             log.info("agent stopped", extra={"fields": self._stats_fields()})
 
@@ -149,18 +210,57 @@ class EdgeAgent:
                 run = self._ensure_final(state)
                 if run is not None:
                     mine.add(run.id)
-        mine.update(r.id for r in self._unfinished())
-        while not self._stop.is_set():
-            self._schedule()
-            self._follow()
-            runs = [self.store.require_run(i) for i in mine]
-            if all(r.status.finished for r in runs):
-                return all(r.status == RunStatus.SUCCEEDED for r in runs)
-            if deadline is not None and self.clock() > deadline:
-                log.error("--once: timed out waiting for runs")
-                return False
-            time.sleep(min(0.2, self.policy.poll_seconds))
-        return False
+        mine.update(r.id for r in self._unfinished_runs())
+        try:
+            while not self._stop.is_set():
+                self._schedule()
+                self._follow()
+                runs = [self.store.require_run(i) for i in mine]
+                if all(r.status.finished for r in runs):
+                    return all(r.status == RunStatus.SUCCEEDED for r in runs)
+                if deadline is not None and self.clock() > deadline:
+                    log.error("--once: timed out waiting for runs")
+                    return False
+                self._stop.wait(self._sleep_for(cap=0.2))
+            return False
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        """On a clean stop, runs that cannot outlive this process (the local backend runs
+        flows inside it) go back to the queue without using up a retry; runs on a remote
+        service go on and are re-attached at the next start."""
+        if not self._stop.is_set() or getattr(self.backend, "runs_outlive_agent", True):
+            return
+        for run in self._active_runs():
+            if run.id not in self._launched_here:
+                continue
+            try:
+                if run.backend_run_id:
+                    self.backend.cancel_run(run.backend_run_id)
+            except BackendError as exc:
+                log.warning("cancel on shutdown failed", extra={"fields": {"run": run.id,
+                                                                           "error": str(exc)}})
+            self.store.update_run(
+                run.id, status=RunStatus.QUEUED, backend_run_id=None, started_at=None,
+                finished_at=None, current_step=None,
+            )  # fmt: skip
+            self.store.add_event(
+                run.id, "Interrupted", "the agent stopped; the run starts again at its next start",
+                level="warning",
+            )  # fmt: skip
+            log.info("run requeued on shutdown", extra={"fields": {"run": run.id}})
+
+    def _sleep_for(self, cap: float = _MAX_WAIT) -> float:
+        """Seconds until something is due: a scan to look at, a poll, a retry, a rescan."""
+        now = self.clock()
+        due = [self._last_rescan + self.policy.rescan_seconds]
+        due += [t.next_check for t in self._tracked.values()]
+        due += [p.due for p in self._polls.values()]
+        due += [t for t in self._retry_at.values() if t > now]  # due ones wait for capacity
+        if self._schedule_needed:
+            due.append(now)
+        return max(0.01, min(cap, min(due) - now))
 
     # -- one pass --------------------------------------------------------------------------
     def tick(self) -> None:
@@ -176,41 +276,59 @@ class EdgeAgent:
             candidates.update(scans_in(directory))
         if now - self._last_rescan >= self.policy.rescan_seconds:
             self._last_rescan = now
-            candidates.update(find_scans(self.root))
+            found = set(find_scans(self.root))
+            self._done &= found  # forget scans that are gone: memory stays bounded
+            candidates.update(found)
         for path in candidates:
-            if path not in self._tracked and not self._finalised(path):
-                self._tracked[path] = _Tracked()
-                self.stats.scans_seen.add(str(path))
-                log.info("scan seen", extra={"fields": {"scan": str(path)}})
-            elif path in self._tracked:
+            if path in self._tracked:
                 self._tracked[path].next_check = 0.0  # something changed: look now
+            elif path not in self._done:
+                if self._finalised(path):
+                    self._done.add(path)
+                    continue
+                self._tracked[path] = _Tracked()
+                self.stats.scans_seen += 1
+                log.info("scan seen", extra={"fields": {"scan": str(path)}})
 
     def _check_scans(self) -> None:
         now = self.clock()
         for path, tracked in list(self._tracked.items()):
             if now < tracked.next_check:
                 continue
-            tracked.next_check = now + min(1.0, max(0.1, self.policy.quiet_seconds / 2))
             if not path.exists():
                 self._tracked.pop(path)
                 continue
-            state = self._assess(path)
+            state = self._assess(path, progress=bool(self.policy.progressive))
             if tracked.first_seen_complete is None:
+                # A scan already whole when first seen (the agent was down while it was
+                # written) gets its final run only: partial runs would be wasted work.
                 tracked.first_seen_complete = state.readiness != Readiness.WRITING
             if state.readiness == Readiness.WRITING:
+                tracked.next_check = self._next_look(state, now)
                 if not tracked.first_seen_complete:
-                    for fraction, frames in state.due_fractions(self.policy.progressive):
-                        self._ensure_partial(state, fraction, frames)
+                    self._ensure_partial(state)
                 continue
             self._ensure_final(state)
             self._tracked.pop(path)
+            self._done.add(path)
 
-    def _assess(self, path: Path) -> ScanState:
+    def _next_look(self, state: ScanState, now: float) -> float:
+        """When a scan still being written is worth looking at again without an event: the
+        moment it has been quiet long enough, or (short of frames) when it would count as
+        stalled, and at least every few seconds in case an event was missed."""
+        quiet_at = state.last_change + self.policy.quiet_seconds + 0.01
+        if quiet_at > now:
+            return min(quiet_at, now + _RECHECK_SECONDS)
+        stall_at = state.last_change + self.policy.stall_timeout + 0.01
+        return max(now + 0.05, min(stall_at, now + _RECHECK_SECONDS))
+
+    def _assess(self, path: Path, progress: bool = True) -> ScanState:
         return assess(
             path,
             quiet_seconds=self.policy.quiet_seconds,
             stall_timeout=self.policy.stall_timeout,
             now=self.clock(),
+            progress=progress,
         )
 
     def _finalised(self, path: Path) -> bool:
@@ -218,8 +336,9 @@ class EdgeAgent:
 
     # -- creating runs (idempotent) ----------------------------------------------------------
     def _create(
-        self, state: ScanState, part: str, *, fraction: float | None, extra: dict
+        self, state: ScanState, *, fraction: float, extra: dict
     ) -> Run | None:
+        part = part_of(fraction)
         params = {**self.settings.reconstruction.model_dump(), **extra}
         try:
             run = run_path.create_scan_run(
@@ -233,54 +352,139 @@ class EdgeAgent:
             )
         except DuplicateRun:
             return None
+        self.stats.queued += 1
+        self._schedule_needed = True
         log.info(
             "run queued",
             extra={
-                "fields": {"run": run.id, "scan": state.name, "part": part, "frames": state.frames}
+                "fields": {
+                    "run": run.id,
+                    "scan": state.name,
+                    "part": part,
+                    "frames": state.frames,
+                    "expected": state.expected,
+                }
             },
         )
         return run
 
-    def _ensure_partial(self, state: ScanState, fraction: float, frames: int) -> None:
-        self._create(state, f"{fraction:.3f}", fraction=fraction, extra={"max_frames": frames})
+    def _ensure_partial(self, state: ScanState) -> None:
+        """Queue the run for the largest fraction of frames reached (a smaller one not yet
+        queued is skipped: the larger one gives the scientist more, sooner)."""
+        due = state.due_fractions(self.policy.progressive)
+        if not due:
+            return
+        fraction, frames = due[-1]
+        if self.store.get_run_by_key(dedupe_key(state.path, part_of(fraction))) is not None:
+            return
+        run = self._create(state, fraction=fraction, extra={"max_frames": frames})
+        if run is not None:
+            self._supersede_partials(run)
 
     def _ensure_final(self, state: ScanState) -> Run | None:
         extra: dict = {}
         if state.readiness == Readiness.ABORTED:
             extra = {"max_frames": state.frames, "aborted": True}
-        run = self._create(state, FINAL, fraction=1.0, extra=extra)
-        if run is not None and state.readiness == Readiness.BROKEN:
+        run = self._create(state, fraction=1.0, extra=extra)
+        if run is None:
+            return None
+        if self.policy.progressive:
+            self._supersede_partials(run)
+        if state.readiness == Readiness.ABORTED:
+            message = (
+                f"scan stopped at {state.frames} of {state.expected} frames and nothing new "
+                f"came for {self.policy.stall_timeout:g} s: reconstructing the frames there are"
+            )
+            self.store.add_event(
+                run.id, "ScanAborted", message, level="warning",
+                details={"frames": state.frames, "expected": state.expected},
+            )  # fmt: skip
+            log.warning("scan aborted", extra={"fields": {"run": run.id, "scan": state.name,
+                                                          "frames": state.frames,
+                                                          "expected": state.expected}})
+        elif state.readiness == Readiness.BROKEN:
             run = self.store.update_run(
                 run.id, status=RunStatus.FAILED, error=state.error, error_step="Readiness"
             )
+            self.store.add_event(run.id, "ScanUnreadable", state.error or "", level="error")
             self.stats.failed += 1
-            log.error("scan unreadable", extra={"fields": {"run": run.id, "error": state.error}})
+            log.error(
+                "scan unreadable",
+                extra={"fields": {"run": run.id, "scan": state.name, "error": state.error}},
+            )
         return run
 
-    # -- starting runs -------------------------------------------------------------------------
-    def _unfinished(self) -> list[Run]:
+    # -- the queue -----------------------------------------------------------------------------
+    def _mine(self, run: Run) -> bool:
+        return run.backend == self.backend.name and (run.dedupe_key or "").startswith(KEY_PREFIX)
+
+    def _active_runs(self) -> list[Run]:
         return [
             r
-            for r in self.store.list_runs(status=_UNFINISHED, limit=None, oldest_first=True)
-            if r.backend == self.backend.name
+            for r in self.store.list_runs(status=_RUNNING, limit=None, oldest_first=True)
+            if self._mine(r)
         ]
 
+    def _queued_runs(self):  # noqa: ANN202 - Iterator[Run]
+        """QUEUED runs of this agent, oldest first, read a page at a time."""
+        offset = 0
+        while True:
+            page = self.store.list_runs(
+                status=RunStatus.QUEUED, limit=_QUEUE_PAGE, offset=offset, oldest_first=True
+            )
+            yield from (r for r in page if self._mine(r))
+            if len(page) < _QUEUE_PAGE:
+                return
+            offset += _QUEUE_PAGE
+
+    def _unfinished_runs(self) -> list[Run]:
+        return self._active_runs() + list(self._queued_runs())
+
     def _schedule(self) -> None:
+        """Start queued runs, oldest first, within the concurrency limit, one at a time per
+        scan (in creation order, so each continues from the checkpoint of the one before)."""
         now = self.clock()
-        unfinished = self._unfinished()
-        running = [r for r in unfinished if r.status != RunStatus.QUEUED]
-        busy_scans = {r.scan_path for r in running}
+        if not self._schedule_needed and now < min(self._retry_at.values(), default=math.inf):
+            return
+        self._schedule_needed = False
+        running = self._active_runs()
         capacity = self.policy.max_concurrent_runs - len(running)
-        for run in unfinished:
-            if run.status != RunStatus.QUEUED:
-                continue
+        if capacity <= 0:
+            return
+        busy_scans = {r.scan_path for r in running}
+        for run in self._queued_runs():
             if run.scan_path in busy_scans:
-                continue  # serialised per scan, in creation order
-            busy_scans.add(run.scan_path)
-            if capacity <= 0 or self._retry_at.get(run.id, 0.0) > now:
                 continue
-            capacity -= 1
+            busy_scans.add(run.scan_path)  # later runs of this scan wait for this one
+            if self._retry_at.get(run.id, 0.0) > now:
+                continue
             self._launch(run)
+            capacity -= 1
+            if capacity <= 0:
+                break
+
+    def _supersede_partials(self, final: Run) -> None:
+        """Cancel queued partial runs of the scan of ``final`` that have not started: the
+        newer run reconstructs more frames, and the scientist wants that sooner."""
+        for run in self.store.list_runs(status=RunStatus.QUEUED, scan=final.scan, limit=None):
+            if (
+                run.id == final.id
+                or run.scan_path != final.scan_path
+                or not self._mine(run)
+                or (run.fraction or 1.0) >= (final.fraction or 1.0)
+            ):
+                continue
+            self.store.update_run(
+                run.id,
+                status=RunStatus.CANCELLED,
+                error=f"superseded by run {final.id} ({part_of(final.fraction)} of the frames), "
+                "queued before this one could start",
+                error_step="Queue",
+            )
+            self.store.add_event(run.id, "Superseded", f"superseded by run {final.id}")
+            self._retry_at.pop(run.id, None)
+            self.stats.superseded += 1
+            log.info("run superseded", extra={"fields": {"run": run.id, "by": final.id}})
 
     def _launch(self, run: Run) -> None:
         try:
@@ -288,6 +492,8 @@ class EdgeAgent:
         except BackendError as exc:
             self._failed_to_start(run, exc)
             return
+        self._retry_at.pop(run.id, None)
+        self._launched_here.add(run.id)
         self.stats.started += 1
         self._polls[run.id] = _Poll(
             due=self.clock() + self.policy.poll_seconds,
@@ -296,21 +502,34 @@ class EdgeAgent:
         )
         log.info(
             "run started",
-            extra={"fields": {"run": run.id, "scan": run.scan, "backend_run": run.backend_run_id}},
+            extra={
+                "fields": {
+                    "run": run.id,
+                    "scan": run.scan,
+                    "part": part_of(run.fraction),
+                    "attempt": run.attempt,
+                    "backend_run": run.backend_run_id,
+                }
+            },
         )
 
     def _failed_to_start(self, run: Run, exc: BackendError) -> None:
         if exc.transient and run.attempt <= self.policy.max_retries:
             self._requeue(run, f"could not start: {exc}")
             return
+        self._retry_at.pop(run.id, None)
         self.store.update_run(
             run.id, status=RunStatus.FAILED, error=str(exc), error_step=exc.step or "Start"
         )
         self.stats.failed += 1
         log.error("run failed to start", extra={"fields": {"run": run.id, "error": str(exc)}})
 
+    def retry_delay(self, attempt: int) -> float:
+        """Back-off before attempt ``attempt + 1``: doubling from retry_backoff_seconds."""
+        return self.policy.retry_backoff_seconds * 2 ** (attempt - 1)
+
     def _requeue(self, run: Run, reason: str) -> None:
-        delay = self.policy.retry_backoff_seconds * 2 ** (run.attempt - 1)
+        delay = self.retry_delay(run.attempt)
         self._retry_at[run.id] = self.clock() + delay
         self.store.update_run(
             run.id,
@@ -319,46 +538,68 @@ class EdgeAgent:
             backend_run_id=None,
             started_at=None,
             finished_at=None,
+            error=None,
+            error_step=None,
         )
         self.store.add_event(
             run.id,
             "RetryScheduled",
-            f"attempt {run.attempt + 1} in {delay:.0f} s: {reason}",
+            f"attempt {run.attempt + 1} of {self.policy.max_retries + 1} in {delay:g} s: "
+            f"{reason}",
             level="warning",
         )
         self.stats.retried += 1
+        self._schedule_needed = True
         log.warning(
             "run retry",
-            extra={"fields": {"run": run.id, "attempt": run.attempt + 1, "reason": reason}},
-        )
+            extra={"fields": {"run": run.id, "attempt": run.attempt + 1, "delay_s": delay,
+                              "reason": reason}},
+        )  # fmt: skip
 
     # -- following runs ------------------------------------------------------------------------
     def _follow(self) -> None:
         now = self.clock()
-        for run in self._unfinished():
-            if run.status == RunStatus.QUEUED or not run.backend_run_id:
-                continue
-            poll = self._polls.setdefault(
-                run.id, _Poll(due=now, interval=self.policy.poll_seconds, status=run.status)
-            )
+        if now >= self._next_attach:
+            # At start (and now and then after): follow every run of ours the store says
+            # is running, including those a previous agent process started.
+            self._next_attach = now + self.policy.rescan_seconds
+            for run in self._active_runs():
+                if run.backend_run_id and run.id not in self._polls:
+                    self._polls[run.id] = _Poll(
+                        due=now, interval=self.policy.poll_seconds, status=run.status
+                    )
+                    log.info("run re-attached", extra={"fields": {
+                        "run": run.id, "backend_run": run.backend_run_id}})  # fmt: skip
+        for run_id, poll in list(self._polls.items()):
             if now < poll.due:
                 continue
-            try:
-                run = run_path.sync_run(self.store, self.backend, run)
-            except BackendError as exc:
-                poll.interval = min(poll.interval * 2, _MAX_POLL_SECONDS)
-                poll.due = now + poll.interval
-                log.warning("poll failed", extra={"fields": {"run": run.id, "error": str(exc)}})
+            run = self.store.get_run(run_id)
+            if run is None or run.status not in _RUNNING or not run.backend_run_id:
+                self._polls.pop(run_id, None)  # ended elsewhere (e.g. `beamflow runs cancel`)
+                self._schedule_needed = True
                 continue
-            if run.status != poll.status:
-                poll.interval = self.policy.poll_seconds
-                poll.status = run.status
-            else:
-                poll.interval = min(poll.interval * 1.5, _MAX_POLL_SECONDS)
+            self._poll(run, poll, now)
+
+    def _poll(self, run: Run, poll: _Poll, now: float) -> None:
+        try:
+            run = run_path.sync_run(self.store, self.backend, run)
+        except BackendError as exc:
+            poll.interval = min(poll.interval * 2, self._max_poll)
             poll.due = now + poll.interval
-            if run.status.finished:
-                self._polls.pop(run.id, None)
-                self._finished(run)
+            log.warning("poll failed", extra={"fields": {"run": run.id, "error": str(exc),
+                                                         "next_poll_s": poll.interval}})
+            return
+        if run.status != poll.status:
+            poll.interval = self.policy.poll_seconds
+            poll.status = run.status
+        else:
+            poll.interval = min(poll.interval * 1.5, self._max_poll)
+        poll.due = now + poll.interval
+        if run.status.finished:
+            self._polls.pop(run.id, None)
+            self._launched_here.discard(run.id)
+            self._schedule_needed = True
+            self._finished(run)
 
     def _finished(self, run: Run) -> None:
         if (
@@ -372,22 +613,25 @@ class EdgeAgent:
             self.stats.succeeded += 1
         elif run.status == RunStatus.FAILED:
             self.stats.failed += 1
-        log.info(
+        else:
+            self.stats.cancelled += 1
+        level = logging.INFO if run.status == RunStatus.SUCCEEDED else logging.WARNING
+        log.log(
+            level,
             "run finished",
             extra={
                 "fields": {
                     "run": run.id,
                     "scan": run.scan,
+                    "part": part_of(run.fraction),
                     "status": str(run.status),
+                    "attempt": run.attempt,
+                    "seconds": None if run.duration is None else round(run.duration, 3),
+                    "error_step": run.error_step,
                     "error": run.error,
                 }
             },
         )
 
     def _stats_fields(self) -> dict:
-        return {
-            "started": self.stats.started,
-            "succeeded": self.stats.succeeded,
-            "failed": self.stats.failed,
-            "retried": self.stats.retried,
-        }
+        return {k: v for k, v in vars(self.stats).items()}
