@@ -439,13 +439,17 @@ class GlobusAuth:
         login_client = self._login_client
         problems: list[str] = []
         removed = 0
+        reachable = True
         for rs, td in sorted(self.storage.get_token_data_by_resource_server().items()):
             for token in filter(None, (td.access_token, td.refresh_token)):
+                if not reachable:
+                    break
                 try:
                     with globus_errors(f"revoke the token for {rs}"):
                         login_client.oauth2_revoke_token(token)
-                except Exception as exc:  # noqa: BLE001 - report, remove locally anyway
+                except BackendError as exc:  # report; the tokens are removed here anyway
                     problems.append(str(exc))
+                    reachable = not exc.transient  # offline: do not wait once per token
                     break
             self.storage.remove_token_data(rs)
             removed += 1

@@ -23,7 +23,13 @@ from beamflow.backend import BackendError
 from beamflow.config import Settings, environ_overrides
 from beamflow.globus import compute, transfer
 from beamflow.globus import flows as gflows
-from beamflow.globus.auth import INTERACTIVE, GlobusAuth, NetworkPolicy, expiry_warnings
+from beamflow.globus.auth import (
+    INTERACTIVE,
+    GlobusAuth,
+    NetworkPolicy,
+    data_access_collections,
+    expiry_warnings,
+)
 from beamflow.globus.errors import LoginRequired
 
 Outcome = Literal["ok", "warn", "fail", "skip"]
@@ -217,7 +223,16 @@ def _identity(auth: GlobusAuth) -> Check:
 
 def _collection(auth: GlobusAuth, side: str, collection_id: str) -> Check:
     client = auth.client(globus_sdk.TransferClient)
-    detail = transfer.check_collection(client, collection_id)
+    detail, kind = transfer.check_collection(client, collection_id)
+    asked = collection_id in data_access_collections(auth.settings)
+    if "guest" in kind.lower() and asked:
+        return Check(
+            name=f"{side} collection",
+            outcome="warn",
+            detail=f"{detail}; beamflow asks a data_access consent for it, which guest "
+            "collections do not have (login may fail with 'unknown scope')",
+            fix="list only mapped collections in globus.data_access_collections",
+        )
     return Check(name=f"{side} collection", outcome="ok", detail=detail)
 
 

@@ -37,15 +37,13 @@ class ConfigIncomplete(BackendError):
 
 
 def _service_of(exc: globus_sdk.GlobusAPIError) -> str:
-    url = getattr(exc, "url", "") or ""
-    for key, name in (
-        ("auth.globus.org", "Auth"),
-        ("transfer.api", "Transfer"),
-        ("flows.", "Flows"),
-        ("compute.", "Compute"),
-        ("funcx", "Compute"),
+    for cls, name in (
+        (globus_sdk.AuthAPIError, "Auth"),
+        (globus_sdk.TransferAPIError, "Transfer"),
+        (globus_sdk.FlowsAPIError, "Flows"),
+        (globus_sdk.ComputeAPIError, "Compute"),
     ):
-        if key in url:
+        if isinstance(exc, cls):
             return name
     return "service"
 
@@ -104,7 +102,9 @@ def _explain_api(exc: globus_sdk.GlobusAPIError, *, action: str, step: str | Non
     service = _service_of(exc)
     status = exc.http_status
     message = exc.message or exc.text[:200] or ""
-    if isinstance(exc, globus_sdk.AuthAPIError) and exc.code in ("invalid_grant", "Invalid_Grant"):
+    raw = exc.raw_json or {}
+    oauth_error = raw.get("error") if isinstance(raw.get("error"), str) else None
+    if isinstance(exc, globus_sdk.AuthAPIError) and "invalid_grant" in (exc.code, oauth_error):
         # The refresh token was revoked, or unused for six months.
         return LoginRequired(
             f"the Globus login is no longer valid (Auth refused to refresh the token) "

@@ -81,13 +81,14 @@ def attach_task_status(
         step.details["transfer"] = summary
 
 
-def check_collection(client: globus_sdk.TransferClient, collection_id: str) -> str:
-    """List the collection's root; returns a short description, raises BackendError."""
+def check_collection(client: globus_sdk.TransferClient, collection_id: str) -> tuple[str, str]:
+    """Look the collection up and list its root; returns (description, entity type, e.g.
+    ``GCSv5_mapped_collection``); raises BackendError."""
     with globus_errors(f"look up collection {collection_id}"):
         info = client.get_endpoint(collection_id).data
     name = info.get("display_name") or info.get("canonical_name") or collection_id
     with globus_errors(f"list '/' on collection {name} ({collection_id})"):
         listing = client.operation_ls(collection_id, path="/")
     entries = len(listing["DATA"]) if "DATA" in listing else 0
-    kind = info.get("entity_type") or "collection"
-    return f"{name} ({kind}): '/' lists {entries} entries"
+    kind = str(info.get("entity_type") or "collection")
+    return f"{name} ({kind}): '/' lists {entries} entries", kind

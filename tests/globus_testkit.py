@@ -1,0 +1,127 @@
+"""Helpers for the Globus tests (tests/test_globus*.py): configuration, stored tokens, and
+recorded responses the SDK does not ship. Every request a test makes must be registered
+with ``responses``: an unmatched one raises ConnectionError inside the SDK."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from globus_sdk.testing import RegisteredResponse
+from globus_sdk.token_storage import SQLiteTokenStorage, TokenStorageData
+
+from beamflow.config import Settings, load_config
+from beamflow.globus.auth import NetworkPolicy, scope_requirements
+
+CLIENT_ID = "6a3e1e4c-3b55-4a5e-9d0f-8f1f4b8c2a11"
+BEAMLINE = "1c6f33a0-8f0e-4a7d-9a55-3b1e0d8c4b21"
+HPC = "2d7a44b1-9e1f-4b8e-8b66-4c2f1e9d5c32"
+ENDPOINT = "3e8b55c2-af20-4c9f-9c77-5d3a2fae6d43"
+IDENTITY = "8ca28797-3541-4a5d-a264-05b00f91e608"
+
+# No retries and no back-off: a test that forgot to register a call fails at once.
+NO_RETRY = NetworkPolicy(max_retries=0, max_sleep=0, http_timeout=5)
+
+
+def write_config(directory: Path) -> Path:
+    """A complete Globus beamflow.toml in ``directory``; returns its path."""
+    path = directory / "beamflow.toml"
+    path.write_text(
+        f"""\
+backend = "globus"
+state_dir = "state"
+[globus]
+client_id = "{CLIENT_ID}"
+[beamline]
+collection_id = "{BEAMLINE}"
+collection_root = "beamline"
+[hpc]
+collection_id = "{HPC}"
+collection_root = "hpc"
+[compute]
+endpoint_id = "{ENDPOINT}"
+"""
+    )
+    return path
+
+
+def make_settings(directory: Path) -> Settings:
+    return load_config(write_config(directory))
+
+
+def store_tokens(
+    settings: Settings,
+    *,
+    flow_ids: tuple[str, ...] = (),
+    refresh: bool = True,
+    expires_in: float = 3600,
+    identity_id: str | None = None,
+    skip: tuple[str, ...] = (),
+) -> None:
+    """Put tokens for every required resource server into the token file, as a login
+    would have (resource servers in ``skip`` are left out)."""
+    storage = SQLiteTokenStorage(settings.token_path)
+    try:
+        data = {}
+        for rs, scopes in scope_requirements(settings, flow_ids).items():
+            if rs in skip:
+                continue
+            scope = " ".join(sorted({s.scope_string for s in scopes}))
+            data[rs] = TokenStorageData(
+                resource_server=rs,
+                identity_id=identity_id,
+                scope=scope,
+                access_token=f"access-{rs}",
+                refresh_token=f"refresh-{rs}" if refresh else None,
+                expires_at_seconds=int(time.time() + expires_in),
+                token_type="Bearer",
+            )
+        storage.store_token_data_by_resource_server(data)
+    finally:
+        storage.close()
+
+
+def register(
+    service: str, path: str, json: Any, *, method: str = "GET", status: int = 200, **kw: Any
+) -> RegisteredResponse:
+    """Register one response with ``responses`` (for calls the SDK ships no fixture for)."""
+    return RegisteredResponse(
+        service=service, path=path, method=method, json=json, status=status, **kw
+    ).add()
+
+
+def userinfo(username: str = "ada@anl.gov") -> RegisteredResponse:
+    return register(
+        "auth",
+        "/v2/oauth2/userinfo",
+        {
+            "sub": IDENTITY,
+            "preferred_username": username,
+            "name": "Ada Lovelace",
+            "email": "ada@example.org",
+            "identity_set": [{"sub": IDENTITY, "username": username}],
+        },
+    )
+
+
+def transfer_task(task_id: str, status: str = "ACTIVE", **fields: Any) -> RegisteredResponse:
+    """Transfer's GET /task/{id}: globus-sdk ships no recorded response for it."""
+    doc = {
+        "DATA_TYPE": "task",
+        "task_id": task_id,
+        "type": "TRANSFER",
+        "status": status,
+        "nice_status": "OK" if status != "FAILED" else "PERMISSION_DENIED",
+        "label": "beamflow scan to HPC",
+        "files": 12,
+        "files_transferred": 5,
+        "files_skipped": 0,
+        "bytes_transferred": 5 * 2**30,
+        "faults": 0,
+        "subtasks_failed": 0,
+        "request_time": "2026-01-05T10:00:00+00:00",
+        "completion_time": None,
+        **fields,
+    }
+    return register("transfer", f"/v0.10/task/{task_id}", doc)
