@@ -11,12 +11,21 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    EVENT_TYPE_CLOSED_NO_WRITE,
+    EVENT_TYPE_OPENED,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
 from .scans import CXI_SUFFIX, MASTER_SUFFIX
+
+# inotify reports opens and read-only closes too; the agent opening a scan to count its
+# frames must not wake the agent to look at it again.
+_IGNORED = frozenset({EVENT_TYPE_OPENED, EVENT_TYPE_CLOSED_NO_WRITE})
 
 
 class ChangedScans(FileSystemEventHandler):
@@ -28,7 +37,9 @@ class ChangedScans(FileSystemEventHandler):
         self.wakeup = threading.Event()
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.is_directory and event.event_type != "created":
+        if event.event_type in _IGNORED:
+            return  # reads (the agent's own among them) say nothing new about a scan
+        if event.is_directory and event.event_type not in ("created", "moved"):
             return
         for raw in (event.src_path, getattr(event, "dest_path", "")):
             if raw:
@@ -61,10 +72,20 @@ def scans_in(directory: Path) -> list[Path]:
 def start_observer(
     root: Path, handler: ChangedScans, kind: str = "auto", poll_seconds: float = 1.0
 ) -> BaseObserver:
-    """Watch ``root`` recursively; ``kind`` is auto (inotify where available), inotify or
-    polling."""
+    """Watch ``root`` recursively; ``kind`` is auto (inotify where available, else the
+    platform's best), inotify (required: fails where the OS has none) or polling (network
+    file systems, whose remote writes inotify never sees)."""
     if kind == "polling":
         observer: BaseObserver = PollingObserver(timeout=poll_seconds)
+    elif kind == "inotify":
+        try:
+            from watchdog.observers.inotify import InotifyObserver
+        except ImportError as exc:  # not Linux
+            raise RuntimeError(
+                f"agent.observer = 'inotify' but this system has no inotify ({exc}); "
+                "use 'auto' or 'polling'"
+            ) from None
+        observer = InotifyObserver()
     else:
         observer = Observer()
     observer.schedule(handler, str(root), recursive=True)
