@@ -10,6 +10,10 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	# Ptychodus is the judge of our product files (tests only); its api modules import
+	# scikit-image, and its own pins are not ours, hence --no-deps.
+	$(BIN)/python -m pip install -q --no-deps ptychodus==1.7.0
+	$(BIN)/python -m pip install -q scikit-image
 	touch $@
 
 # Debian's Chromium for the real-browser tests of the status page (never a browser download).
