@@ -35,7 +35,7 @@ import h5py
 import numpy as np
 import scipy.fft as sfft
 
-from beamflow.formats import Geometry
+from beamflow.formats import Geometry, Product
 from beamflow.formats._h5 import atomic_h5
 from beamflow.formats.eiger import (
     MASK_DEAD,
@@ -46,6 +46,7 @@ from beamflow.formats.eiger import (
     write_data_file,
     write_master,
 )
+from beamflow.ptycho.metrics import Comparison, compare, illumination_mask
 
 GROUND_TRUTH = "ground_truth.h5"
 DEFAULT_GEOMETRY = Geometry(energy_eV=8800.0, distance_m=2.0, detector_pixel_size_m=75e-6)
@@ -521,3 +522,37 @@ def simulate_scan(
         if progress is not None:
             progress(stop, positions)
     return master
+
+
+def score_product(product: Product, gt: GroundTruth) -> Comparison:
+    """Score a reconstruction against the simulator's ground truth (complex NRMSE etc.).
+
+    The product follows the Ptychodus convention: a probe position ``p`` (metres) is the
+    probe centre, at object pixel ``(p − centre)/Δx + shape/2``. The simulator's truth puts the
+    top-left corner of position j at ``positions_px[j]``. The mean offset between the two
+    frames maps the truth onto the reconstruction's grid (whole pixels; the sub-pixel rest and
+    the ambiguities of ptychography are removed by :func:`beamflow.ptycho.metrics.compare`),
+    and only the well-illuminated region counts.
+    """
+    obj = np.asarray(product.object)
+    dx = product.object_pixel_width_m
+    if not math.isclose(dx, gt.object_pixel_size_m, rel_tol=1e-3):
+        raise ValueError(
+            f"object pixel {dx:.4g} m differs from the truth's {gt.object_pixel_size_m:.4g} m"
+        )
+    n = min(len(product.probe_position_x_m), gt.n_positions)
+    m = gt.probe_size
+    centre = np.array([product.object_center_y_m, product.object_center_x_m])
+    positions = np.stack([product.probe_position_y_m[:n], product.probe_position_x_m[:n]], 1)
+    corners = (positions - centre) / dx + np.array(obj.shape) / 2 - m / 2
+    offset = np.rint(np.mean(gt.positions_px[:n] - corners, axis=0)).astype(int)
+    # The truth, cut to the reconstruction's grid (ones outside the simulated object).
+    truth = np.ones(obj.shape, np.complex64)
+    h, w = obj.shape
+    ys = slice(max(0, -offset[0]), min(h, gt.object.shape[0] - offset[0]))
+    xs = slice(max(0, -offset[1]), min(w, gt.object.shape[1] - offset[1]))
+    truth[ys, xs] = gt.object[ys.start + offset[0] : ys.stop + offset[0],
+                              xs.start + offset[1] : xs.stop + offset[1]]  # fmt: skip
+    inside = (corners >= 0).all(axis=1) & (corners + m <= np.array(obj.shape)).all(axis=1)
+    region = illumination_mask(obj.shape, gt.probe, corners[inside], fraction=0.3)
+    return compare(obj, truth, region)
