@@ -231,8 +231,15 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
     return settings
 
 
-def local_workspace_toml() -> str:
-    """A complete, working local-backend configuration for `beamflow init`."""
+def local_workspace_toml(
+    *,
+    iterations: int = 100,
+    quiet_seconds: float = 2.0,
+    progressive: tuple[float, ...] = (),
+    max_concurrent_runs: int = 2,
+) -> str:
+    """A complete, working local-backend configuration for `beamflow init` (and the demo,
+    which tunes a few values)."""
     beamline_id, hpc_id, endpoint_id = (str(uuid.uuid4()) for _ in range(3))
     return f"""\
 # beamflow workspace: the embedded local backend (one machine, no network).
@@ -259,20 +266,20 @@ workers = 1                            # reconstructions at once (one per GPU on
 
 [reconstruction]
 algorithm = "rpie"                     # rpie | epie | dm | lsqml
-iterations = 100
+iterations = {iterations}
 probe_modes = 1
 device = "auto"                        # auto | cpu | cuda
 checkpoint_every = 10
 preview_every = 10
 
 [agent]
-quiet_seconds = 2.0                    # files unchanged this long before a scan is read
+quiet_seconds = {quiet_seconds}                    # files unchanged this long before reading
 stall_timeout = 120.0                  # short of frames this long: processed as aborted
 rescan_seconds = 30.0
 observer = "auto"                      # auto | inotify | polling (network filesystems)
-max_concurrent_runs = 2
+max_concurrent_runs = {max_concurrent_runs}
 max_retries = 3
-progressive = []                       # e.g. [0.25, 0.5]: also reconstruct at these fractions
+progressive = {list(progressive)}                       # e.g. [0.25, 0.5]: also at these fractions
 
 [status]
 host = "127.0.0.1"                     # loopback only; set a token before exposing it
