@@ -31,12 +31,15 @@ class Difference:
 class IncompatibleCheckpoint(Exception):
     """The checkpoint cannot be resumed by this run; `mismatches` names each hard difference."""
 
-    def __init__(self, mismatches: list[Difference], source: str | None = None) -> None:
+    def __init__(self, mismatches: list[Difference], source: str | None = None,
+                 hint: str | None = None) -> None:
         self.mismatches = mismatches
         self.source = source
-        where = f" ({source})" if source else ""
+        self.hint = hint
+        where = f" {source}" if source else ""
         detail = "; ".join(str(m) for m in mismatches)
-        super().__init__(f"checkpoint{where} is incompatible with this run: {detail}")
+        tail = f" ({hint})" if hint else ""
+        super().__init__(f"checkpoint{where} is incompatible with this run: {detail}{tail}")
 
 
 @dataclass

@@ -1,0 +1,505 @@
+"""The reconstruction job: scan file in -> engine with checkpoints -> product + previews out.
+
+This is what ``beamflow reconstruct`` and the compute functions call::
+
+    job = ReconstructJob(scan=Path("scan_master.h5"), out=Path("out"))
+    summary = run_reconstruction(job)        # ReconstructSummary
+
+Output directory::
+
+    DIR/product.h5              Ptychodus product (written at the end)
+    DIR/previews/*.png          object phase/amplitude, probe, convergence (refreshed every
+                                few iterations and at the end)
+    DIR/checkpoints/            L2 checkpoints + LATEST.json (beamflow.checkpoint)
+
+Resuming: when ``DIR/checkpoints`` (or the node-local L1 level) holds a checkpoint, the job
+continues from it if it is compatible: the same geometry, frame shape, probe modes and
+algorithm (hard; a mismatch is refused with the differences named), the same frames or MORE
+frames of the same scan (the stored frames are a prefix of the current ones: the
+reconstruction goes on with the new positions appended). Other settings (step sizes,
+iteration budget, batch size) may change; the differences are logged.
+
+``iterations`` counts iterations over the current data: a fresh run or a resume of the same
+data stops at ``iterations`` in total; a continuation with more frames runs ``iterations``
+more from the iteration where the frames were added. Resuming is exact: N iterations straight
+and k + kill + resume + N-k give bit-identical results (numpy backend, same thread count).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from beamflow.checkpoint import (
+    Checkpoint,
+    Checkpointer,
+    CheckpointPolicy,
+    IncompatibleCheckpoint,
+    LevelConfig,
+    TerminationGuard,
+    check_compatible,
+    clear_checkpoints,
+    load_latest,
+)
+from beamflow.formats import Product, Scan, load_scan, write_product
+from beamflow.ptycho.backend import get_backend
+from beamflow.ptycho.engine import Reconstructor, initial_state
+from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
+
+log = logging.getLogger(__name__)
+
+#: environment variable naming a node-local directory for the L1 checkpoint level
+L1_ENV = "BEAMFLOW_CHECKPOINT_L1_DIR"
+JOB_FORMAT = "beamflow.reconstruct/1"
+_READ_CHUNK = 256  # frames read (and hashed) at a time
+
+
+class ReconstructError(Exception):
+    """The job cannot run (bad scan data, bad probe file, ...); the message says why."""
+
+
+#: flat keys accepted as shorthands for `params` fields (CLI, compute function kwargs)
+_PARAM_SHORTHANDS = {"algorithm": "algorithm", "iterations": "iterations",
+                     "probe_modes": "probe_modes", "batch": "batch_size", "seed": "seed"}
+
+
+class ReconstructJob(BaseModel):
+    """One reconstruction: which scan, where to, how, and how to checkpoint.
+
+    `algorithm`, `iterations`, `probe_modes`, `batch` and `seed` may be given flat (they go
+    into `params`); `node_local_dir` is `l1_dir`; `aborted` (the scan stopped early) implies
+    `allow_partial`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    scan: Path
+    out: Path
+    name: str | None = Field(default=None, description="product name (default: the scan's)")
+    params: ReconParams = Field(default_factory=ReconParams)
+    device: str = "auto"
+    probe: Path | None = Field(default=None, description="initial probe (.npy or product .h5)")
+    max_frames: int | None = Field(default=None, ge=1, description="use at most this many frames")
+    allow_partial: bool = Field(default=False, description="use the frames written so far")
+    resume: bool = True
+    # checkpoint policy: L2 = DIR/checkpoints; L1 = node-local (off unless a dir is given)
+    checkpoint_dir: Path | None = Field(default=None, description="L2 (default DIR/checkpoints)")
+    checkpoint_every: int | None = Field(default=10, ge=0, description="0/None: only at the end")
+    checkpoint_seconds: float | None = Field(default=None, gt=0)
+    checkpoint_keep: int = Field(default=3, ge=1)
+    l1_dir: Path | None = Field(default=None, description=f"node-local base dir (or ${L1_ENV})")
+    l1_every: int | None = Field(default=1, ge=1)
+    l1_seconds: float | None = Field(default=None, gt=0)
+    preview_every: int = Field(default=10, ge=0, description="0: previews only at the end")
+    preview_min_seconds: float = Field(
+        default=2.0, ge=0, description="at most one preview refresh per this many seconds")
+    object_margin_px: int = Field(default=8, ge=0)
+    threads: int | None = Field(default=None, ge=1, description="CPU threads (default: all)")
+    handle_sigterm: bool = Field(
+        default=True, description="on SIGTERM: save at the iteration boundary, then exit 143")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthands(cls, values: Any) -> Any:
+        if not isinstance(values, dict):
+            return values
+        values = dict(values)
+        params = values.get("params", {})
+        params = params.model_dump() if isinstance(params, ReconParams) else dict(params)
+        for key, field in _PARAM_SHORTHANDS.items():
+            if key in values:
+                value = values.pop(key)
+                if value is not None or field == "batch_size":
+                    params[field] = value
+        values["params"] = params
+        if "node_local_dir" in values:
+            values.setdefault("l1_dir", values.pop("node_local_dir"))
+        if values.pop("aborted", False):
+            values["allow_partial"] = True
+        return values
+
+    @property
+    def l2_dir(self) -> Path:
+        return self.checkpoint_dir or self.out / "checkpoints"
+
+    def l1_path(self) -> Path | None:
+        base = self.l1_dir or (Path(os.environ[L1_ENV]) if os.environ.get(L1_ENV) else None)
+        if base is None:
+            return None
+        # one node-local directory per output directory, so runs never share checkpoints
+        key = hashlib.sha256(str(self.out.resolve()).encode()).hexdigest()[:12]
+        return Path(base) / f"beamflow-{self.out.name}-{key}"
+
+    def policy(self) -> CheckpointPolicy:
+        l1 = self.l1_path()
+        return CheckpointPolicy(
+            l1=None if l1 is None else LevelConfig(
+                dir=l1, every_iterations=self.l1_every, every_seconds=self.l1_seconds, keep=2),
+            l2=LevelConfig(dir=self.l2_dir, every_iterations=self.checkpoint_every or None,
+                           every_seconds=self.checkpoint_seconds, keep=self.checkpoint_keep),
+        )
+
+
+class ReconstructSummary(BaseModel):
+    """What `beamflow reconstruct --json` prints (one line)."""
+
+    iterations: int = Field(description="iterations completed in total")
+    iterations_this_run: int
+    seconds_per_iteration: float | None = Field(description="median, excluding the first")
+    final_loss: float | None
+    device: str
+    product: str
+    previews: list[str]
+    resumed_from_iteration: int | None
+    continuation: bool = Field(description="resumed with more frames than the checkpoint")
+    checkpoint: str | None = Field(description="the last checkpoint written (L2)")
+    checkpoint_errors: list[str]
+    n_frames: int
+    algorithm: str
+    seconds: float
+
+
+#: progress(iterations_done, target, loss)
+Progress = Callable[[int, int, float | None], None]
+
+
+# --------------------------------------------------------------------------- data
+
+
+class _LoadedData:
+    """Frames, positions and what identifies them (for compatibility checks)."""
+
+    def __init__(self, scan: Scan, frames: np.ndarray, digests: dict[int, str]):
+        self.scan = scan
+        self.frames = frames
+        self._digests = digests
+
+    def digest(self, n: int) -> str:
+        """sha256 over the first n frames and their positions (as measured)."""
+        if n not in self._digests:
+            self._digests[n] = _data_digest(self.scan, self.frames, n)
+        return self._digests[n]
+
+
+def _data_digest(scan: Scan, frames: np.ndarray, n: int) -> str:
+    h = hashlib.sha256(f"{n}:{frames.shape[1:]}".encode())
+    pos = np.ascontiguousarray(scan.positions_m[:n], dtype=np.float64)
+    h.update(pos.tobytes())
+    for s in range(0, n, _READ_CHUNK):
+        h.update(memoryview(np.ascontiguousarray(frames[s:min(n, s + _READ_CHUNK)])).cast("B"))
+    return h.hexdigest()
+
+
+def _read_frames(scan: Scan) -> np.ndarray:
+    """All frames into one preallocated float32 array (read in chunks: no second copy)."""
+    n = scan.n_frames
+    out = np.empty((n, *scan.frame_shape), np.float32)
+    for s in range(0, n, _READ_CHUNK):
+        out[s:min(n, s + _READ_CHUNK)] = scan.frames(s, min(n, s + _READ_CHUNK))
+    return out
+
+
+class _Frame(BaseModel):
+    """Metres <-> object pixels: corner_px = (pos_m - origin_m) / dx - M/2."""
+
+    origin_m: tuple[float, float]  # metres of object pixel (0, 0), (y, x)
+    pixel_size_m: float
+    object_shape: tuple[int, int]
+    frame_size: int
+
+    def corners(self, positions_m: np.ndarray) -> np.ndarray:
+        o = np.asarray(self.origin_m)
+        return (np.asarray(positions_m, np.float64) - o) / self.pixel_size_m - self.frame_size / 2
+
+    def to_metres(self, corners_px: np.ndarray) -> np.ndarray:
+        o = np.asarray(self.origin_m)
+        return (np.asarray(corners_px, np.float64) + self.frame_size / 2) * self.pixel_size_m + o
+
+    @classmethod
+    def for_scan(cls, scan: Scan, margin: int) -> _Frame:
+        """Object big enough for every PLANNED position (so later frames fit too)."""
+        m = scan.frame_shape[0]
+        dx = scan.object_pixel_size_m
+        planned = np.asarray(scan.planned_positions_m, np.float64)
+        if planned.size == 0:
+            planned = np.asarray(scan.positions_m, np.float64)
+        allpos = np.concatenate([planned, np.asarray(scan.positions_m, np.float64)])
+        lo = allpos.min(axis=0)
+        origin = lo - (margin + m / 2) * dx
+        span = (allpos.max(axis=0) - lo) / dx
+        shape = tuple(int(math.ceil(s)) + m + 2 * margin + 1 for s in span)
+        return cls(origin_m=(float(origin[0]), float(origin[1])), pixel_size_m=dx,
+                   object_shape=(shape[0], shape[1]), frame_size=m)
+
+
+def _fingerprint(scan: Scan, params: ReconParams, data: _LoadedData, job: ReconstructJob,
+                 n: int) -> dict[str, Any]:
+    g = scan.geometry
+    soft = params.model_dump(mode="json", exclude={"algorithm", "probe_modes"})
+    soft.update(device=job.device, probe=str(job.probe) if job.probe else None,
+                mask_sha256=hashlib.sha256(np.ascontiguousarray(scan.mask).tobytes()).hexdigest())
+    return {
+        "hard": {
+            "energy_eV": g.energy_eV,
+            "distance_m": g.distance_m,
+            "detector_pixel_size_m": g.detector_pixel_size_m,
+            "object_pixel_size_m": scan.object_pixel_size_m,
+            "frame_shape": list(scan.frame_shape),
+            "probe_modes": params.probe_modes,
+            "algorithm": params.algorithm,
+        },
+        "soft": soft,
+        "data": {"n": n, "digest": data.digest(n)},
+    }
+
+
+# --------------------------------------------------------------------------- the job
+
+
+def _initial_probe(job: ReconstructJob, scan: Scan) -> np.ndarray | None:
+    if job.probe is None:
+        return None
+    from beamflow.ptycho.probe import load_probe
+
+    try:
+        return load_probe(job.probe, frame_size=scan.frame_shape[0],
+                          n_modes=job.params.probe_modes, pixel_size_m=scan.object_pixel_size_m)
+    except ValueError as e:
+        raise ReconstructError(str(e)) from e
+
+
+def _fit_object(state: ReconState, frame: _Frame, corners: np.ndarray) -> _Frame:
+    """Grow the object (new area = 1) when appended positions fall outside it."""
+    m = frame.frame_size
+    h, w = frame.object_shape
+    lo = np.floor(np.rint(corners).min(axis=0)).astype(int)
+    hi = np.rint(corners).max(axis=0).astype(int) + m
+    pad_top, pad_left = max(0, -int(lo[0])), max(0, -int(lo[1]))
+    pad_bottom, pad_right = max(0, int(hi[0]) - h), max(0, int(hi[1]) - w)
+    if not (pad_top or pad_left or pad_bottom or pad_right):
+        return frame
+    log.info("new positions leave the object: growing it by (%d, %d, %d, %d) px",
+             pad_top, pad_bottom, pad_left, pad_right)
+    state.object = np.pad(state.object, ((pad_top, pad_bottom), (pad_left, pad_right)),
+                          constant_values=1).astype(np.complex64)
+    state.positions_px = state.positions_px + np.array([pad_top, pad_left], np.float64)
+    dx = frame.pixel_size_m
+    origin = (frame.origin_m[0] - pad_top * dx, frame.origin_m[1] - pad_left * dx)
+    return _Frame(origin_m=origin, pixel_size_m=dx, frame_size=m,
+                  object_shape=state.object.shape)
+
+
+def _load_resume(job: ReconstructJob) -> Checkpoint | None:
+    dirs = [d for d in (job.l1_path(), job.l2_dir) if d is not None]
+    if not job.resume:
+        for d in dirs:
+            clear_checkpoints(d)
+        return None
+    return load_latest(dirs)
+
+
+def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) -> ReconstructSummary:
+    """Run (or resume, or continue) the reconstruction `job` describes."""
+    t_start = time.perf_counter()
+    scan = load_scan(job.scan, max_frames=job.max_frames, allow_partial=job.allow_partial)
+    params = job.params
+    frames = _read_frames(scan)
+    digests: dict[int, str] = {}
+    loaded = _LoadedData(scan, frames, digests)
+    n = scan.n_frames
+    ckpt = _load_resume(job)
+
+    resumed_from: int | None = None
+    continuation = False
+    since = 0  # iteration at which the current data set began
+    if ckpt is not None:
+        current = _fingerprint(scan, params, loaded, job, n)
+        try:
+            compat = check_compatible(ckpt.fingerprint, current, prefix_digest=loaded.digest,
+                                      source=str(ckpt.path))
+        except IncompatibleCheckpoint as e:
+            raise IncompatibleCheckpoint(e.mismatches, str(ckpt.path),
+                                         hint="use --no-resume to start over") from None
+        for d in compat.soft:
+            log.info("resuming with a changed setting: %s", d)
+        job_meta = ckpt.meta["job"]
+        frame = _Frame.model_validate(job_meta["frame"])
+        state = ReconState.from_arrays(ckpt.arrays, ckpt.meta["state"])
+        state.params = params  # soft settings may change; the hard ones were checked
+        resumed_from = ckpt.iteration
+        since = int(job_meta["data_since_iteration"])
+        if compat.continuation:
+            continuation = True
+            since = ckpt.iteration
+            stored_n = int(compat.stored_n or 0)
+            new = frame.corners(scan.positions_m[stored_n:])
+            frame = _fit_object(state, frame, new)
+            state.extend_positions(frame.corners(scan.positions_m[stored_n:]))
+            log.info("continuing from iteration %d with %d new frames (%d -> %d)",
+                     ckpt.iteration, n - stored_n, stored_n, n)
+        positions = frame.corners(scan.positions_m)
+        # positions already refined by position correction stay as the state has them
+        nominal = positions
+    else:
+        frame = _Frame.for_scan(scan, job.object_margin_px)
+        nominal = frame.corners(scan.positions_m)
+        state = None
+    target = since + params.iterations
+    run_params = params.model_copy(update={"iterations": target})
+
+    try:
+        data = PtychoData(intensities=frames, positions_px=nominal,
+                          object_shape=frame.object_shape, mask=scan.mask)
+    except ValueError as e:
+        raise ReconstructError(f"{scan.source}: {e}") from e
+    del frames  # PtychoData holds the same array (no copy); keep one reference only
+    loaded.frames = data.intensities
+    if state is None:
+        state = initial_state(data, run_params, probe=_initial_probe(job, scan))
+    else:
+        state.params = run_params
+
+    fingerprint = _fingerprint(scan, params, loaded, job, n)
+    backend = get_backend(job.device, threads=job.threads)
+    preview_dir = job.out / "previews"
+    job.out.mkdir(parents=True, exist_ok=True)
+    extent = _scan_extent(data.positions_px, frame)
+
+    def job_meta() -> dict[str, Any]:
+        return {"format": JOB_FORMAT, "frame": frame.model_dump(mode="json"),
+                "data_since_iteration": since, "n_frames": n, "scan": str(scan.source),
+                "scan_name": scan.name}
+
+    policy = job.policy()
+    protect = {name: ckpt.path for name, cfg in policy.levels().items()
+               if ckpt is not None and Path(cfg.dir) == ckpt.path.parent}
+    # snapshots are fresh host copies already (ReconState from Reconstructor.snapshot)
+    ck = Checkpointer(policy, to_host=np.asarray, fingerprint=fingerprint,
+                      start_iteration=state.iteration, protect=protect)
+    guard: TerminationGuard | None = None
+    if job.handle_sigterm and threading.current_thread() is threading.main_thread():
+        guard = TerminationGuard(ck, defer=True).install()
+
+    times: list[float] = []
+    previews: dict[str, Path] = {}
+    last_preview = [-math.inf]
+    start_iteration = state.iteration
+
+    def write_previews_now(st: ReconState | None, view: Any = None) -> None:
+        from beamflow.ptycho.previews import write_previews
+
+        obj = st.object if st is not None else view.object()
+        probe = st.probe if st is not None else view.probe()
+        losses = st.loss_history if st is not None else view.loss_history
+        it = st.iteration if st is not None else view.iteration
+        try:
+            previews.update(write_previews(
+                preview_dir, obj, probe, frame.pixel_size_m, losses, scan_extent_px=extent,
+                title=f"{scan.name} · {params.algorithm} · iteration {it}"))
+        except ValueError as e:  # a diverged state: report, do not draw it
+            log.warning("previews not written: %s", e)
+        last_preview[0] = time.monotonic()
+
+    try:
+        with Reconstructor(data, state, backend) as rec:
+            cache: dict[str, Any] = {}
+
+            def snapshot() -> ReconState:
+                if cache.get("it") != rec.iteration:
+                    cache.update(it=rec.iteration, state=rec.snapshot())
+                return cache["state"]
+
+            def meta() -> dict[str, Any]:
+                return {"state": snapshot().meta(), "job": job_meta()}
+
+            def callback(view: Any, info: dict[str, Any]) -> None:
+                # wall time between callbacks: the iteration plus what we do here
+                now = time.perf_counter()
+                times.append(now - t_iter[0])
+                t_iter[0] = now
+                it = int(info["iteration"])
+                ck.maybe_save(it, lambda: snapshot().to_host_arrays(), meta)
+                if guard is not None and guard.requested:
+                    ck.save(it, snapshot().to_host_arrays(), meta())
+                    guard.exit()  # flush, exit 143
+                if (job.preview_every and (it - start_iteration) % job.preview_every == 0
+                        and time.monotonic() - last_preview[0] >= job.preview_min_seconds
+                        and it < target):
+                    write_previews_now(None, view)
+                if progress is not None:
+                    progress(it, target, float(info["loss"]))
+                cache.clear()
+
+            if progress is not None:
+                last = state.loss_history[-1] if state.loss_history else None
+                progress(state.iteration, target, last)
+            t_iter = [time.perf_counter()]
+            final = rec.run(max(0, target - state.iteration), callback=callback)
+        ck.finalize(final.iteration, final.to_host_arrays,
+                    {"state": final.meta(), "job": job_meta()})
+    finally:
+        ck.close()
+        if guard is not None:
+            guard.uninstall()
+
+    write_previews_now(final)
+    positions_m = frame.to_metres(final.positions_px)
+    h, w = final.object.shape
+    product_path = job.out / "product.h5"
+    write_product(product_path, Product(
+        name=job.name or scan.name,
+        comments=f"beamflow {params.algorithm}, {final.iteration} iterations, {n} frames",
+        detector_object_distance_m=scan.geometry.distance_m,
+        photon_energy_eV=scan.geometry.energy_eV,
+        probe_photon_count=float(np.sum(np.abs(final.probe) ** 2)),
+        probe=final.probe,
+        probe_pixel_width_m=frame.pixel_size_m,
+        probe_pixel_height_m=frame.pixel_size_m,
+        object=final.object,
+        object_center_x_m=frame.origin_m[1] + (w / 2) * frame.pixel_size_m,
+        object_center_y_m=frame.origin_m[0] + (h / 2) * frame.pixel_size_m,
+        object_pixel_width_m=frame.pixel_size_m,
+        object_pixel_height_m=frame.pixel_size_m,
+        probe_position_indexes=np.arange(n),
+        probe_position_x_m=positions_m[:, 1],
+        probe_position_y_m=positions_m[:, 0],
+        loss_epochs=np.arange(1, len(final.loss_history) + 1),
+        loss_values=np.asarray(final.loss_history),
+    ))
+    l2 = ck.committed.get("L2")
+    return ReconstructSummary(
+        iterations=final.iteration,
+        iterations_this_run=final.iteration - start_iteration,
+        seconds_per_iteration=statistics.median(times[1:]) if len(times) > 1 else (
+            times[0] if times else None),
+        final_loss=final.loss_history[-1] if final.loss_history else None,
+        device=backend.name,
+        product=str(product_path),
+        previews=[str(p) for p in previews.values()],
+        resumed_from_iteration=resumed_from,
+        continuation=continuation,
+        checkpoint=str(job.l2_dir / l2.file) if l2 is not None else None,
+        checkpoint_errors=[str(e) for e in ck.errors],
+        n_frames=n,
+        algorithm=params.algorithm,
+        seconds=time.perf_counter() - t_start,
+    )
+
+
+def _scan_extent(corners: np.ndarray, frame: _Frame) -> tuple[int, int, int, int]:
+    c = np.rint(corners).astype(int)
+    m = frame.frame_size
+    return (int(c[:, 0].min()), int(c[:, 0].max()) + m, int(c[:, 1].min()),
+            int(c[:, 1].max()) + m)
+
