@@ -725,6 +725,40 @@ def doctor(as_json: JsonOption = False, config: ConfigOption = None) -> None:
         raise typer.Exit(1)
 
 
+# -- demo ------------------------------------------------------------------------------------
+@app.command()
+def demo(
+    workspace: Annotated[
+        Path, typer.Option(help="Workspace to create or reuse.")
+    ] = Path("demo-workspace"),
+    scans: Annotated[int, typer.Option(min=1, max=50, help="Scans to simulate.")] = 3,
+    positions: Annotated[int, typer.Option(min=10, help="Scan positions per scan.")] = 200,
+    probe_size: Annotated[int, typer.Option(min=16, help="Detector frame size (px).")] = 64,
+    iterations: Annotated[int, typer.Option(min=1, help="Reconstruction iterations.")] = 100,
+    rate: Annotated[float, typer.Option(min=0.1, help="Simulated frames per second.")] = 60.0,
+    port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="Status page port (default: free).")
+    ] = None,
+    exit_when_done: Annotated[
+        bool, typer.Option("--exit", help="Return when the runs are done (exit 1 if any failed).")
+    ] = False,
+    config: ConfigOption = None,
+) -> None:
+    """The main job on the embedded backend: simulated beamline, agent, flows,
+    reconstruction, previews and the status page, live."""
+    from beamflow.demo import DemoOptions, run_demo
+
+    options = DemoOptions(
+        workspace=workspace, scans=scans, positions=positions, probe_size=probe_size,
+        iterations=iterations, rate_hz=rate, port=port, exit_when_done=exit_when_done,
+    )
+    try:
+        ok = run_demo(options, console)
+    except (ValueError, OSError) as exc:
+        fail(str(exc))
+    raise typer.Exit(0 if ok else 1)
+
+
 def main() -> None:
     app()
 
