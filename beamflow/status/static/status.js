@@ -398,6 +398,7 @@
       if (!old || old.dataset.status !== r.status) holder.replaceChildren(badge(r.status));
 
       setProgress(document.getElementById("run-progress"), r);
+      document.getElementById("run-progress-row").className = "progress-row s-" + r.status;
       root.querySelectorAll("[data-field]").forEach((node) => {
         const key = node.dataset.field;
         if (key === "started_text") node.textContent = localTime(r.started_at || r.created_at);
@@ -417,12 +418,12 @@
 
       const product = document.getElementById("product");
       if (d.product_url) {
-        const link = product.querySelector("a");
-        if (!link || link.textContent !== r.product) {
-          const a = el("a", null, r.product);
+        const path = product.querySelector("code.path");
+        if (!path || path.textContent !== r.product) {
+          const a = el("a", null, r.product.split(/[\\/]/).pop());
           a.href = d.product_url;
           a.setAttribute("download", "");
-          product.replaceChildren(a);
+          product.replaceChildren(a, el("code", "path", r.product));
         }
       }
       renderSteps(d.steps);
