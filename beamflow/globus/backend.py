@@ -224,3 +224,9 @@ class GlobusBackend:
 
     def close(self) -> None:
         self.auth.close()
+
+    def __enter__(self) -> GlobusBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

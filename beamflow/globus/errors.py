@@ -9,6 +9,7 @@ A fault a person must fix by logging in again is a :class:`LoginRequired`.
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Iterator
 
 import globus_sdk
@@ -36,6 +37,14 @@ class ConfigIncomplete(BackendError):
     """A Globus id the configuration needs is not filled in."""
 
 
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True
+
+
 def _service_of(exc: globus_sdk.GlobusAPIError) -> str:
     for cls, name in (
         (globus_sdk.AuthAPIError, "Auth"),
@@ -52,6 +61,13 @@ def explain(exc: BaseException, *, action: str, step: str | None = None) -> Back
     """The BackendError that says what went wrong while doing ``action`` (e.g. "start the run")."""
     if isinstance(exc, BackendError):
         return exc
+    if isinstance(exc, MissingTokenError) and _is_uuid(exc.resource_server):
+        # A flow is its own resource server: logged in, but not yet consented to run it.
+        return LoginRequired(
+            f"no consent yet to run flow {exc.resource_server} (registered after the last "
+            f"login?) while trying to {action}: {LOGIN}",
+            step=step,
+        )
     if isinstance(exc, MissingTokenError):
         return LoginRequired(
             f"not logged in to Globus (no token for {exc.resource_server}) "
@@ -117,7 +133,9 @@ def _explain_api(exc: globus_sdk.GlobusAPIError, *, action: str, step: str | Non
             f"to {action}: {LOGIN}",
             step=step,
         )
-    if status == 403 and (exc.info.consent_required or to_gare(exc) is not None):
+    if status == 403 and (
+        exc.info.consent_required or exc.code == "MISSING_SCOPE" or to_gare(exc) is not None
+    ):
         scopes = exc.info.consent_required.required_scopes if exc.info.consent_required else []
         extra = f" (needs {', '.join(scopes)})" if scopes else ""
         return LoginRequired(
