@@ -1,0 +1,356 @@
+"""beamflow vs Pty-Chi on the same simulated scan: seconds per iteration and NRMSE (CPU).
+
+Run from the repository root with the project's interpreter::
+
+    .venv/bin/python benchmarks/bench_ptychi.py [--positions 400] [--iterations 100]
+        [--algorithms rpie lsqml] [--batch 32] [--setup-only] [--skip-beamflow]
+
+What it does:
+
+1. Builds Pty-Chi in its own virtual environment ``benchmarks/.peers/venv`` (gitignored) if
+   it is not there yet, as /work/shared/RECIPES.md describes: ``torch==2.13.0`` (the CPU
+   wheel on disk), ``ptychi==2.2.0`` with ``--no-deps`` plus the modules it imports at run
+   time — but not torchvision, whose wheel does not import beside CPU torch; the runner
+   registers a stand-in module instead (see ``ptychi_runner.py``).
+2. Simulates one scan with ``beamflow.simulate`` (Fermat spiral with sub-pixel positions,
+   Poisson counts, dead/hot pixels masked) and an initial probe guess: the true probe
+   defocused until its complex NRMSE from the truth is ``--guess-nrmse`` (0.6), scaled to the
+   measured counts. Both engines get exactly these frames, mask, positions, object size and
+   probe guess, written to ``benchmarks/results/ptychi/data.npz``.
+3. Runs ``ptychi_runner.py`` in the peer venv (Pty-Chi's rPIE and LSQ-ML, CPU, same iteration
+   count and batch size), then beamflow's engine in this process.
+4. Scores every object with ``beamflow.ptycho.metrics.compare`` against the true object over
+   the well-illuminated region (summed true-probe intensity ≥ 30 % of its maximum), and
+   prints one JSON line per result (``engine``, ``algorithm``, ``seconds_per_iteration`` —
+   the median over iterations excluding the first —, ``nrmse``, ``phase_nrmse``) and one per
+   algorithm with the ratio ``ptychi_seconds_per_iteration / beamflow_seconds_per_iteration``
+   and both NRMSEs.
+
+Not part of the test suite: it takes minutes (torch install on the first run, ~1 minute per
+Pty-Chi algorithm at 400 positions on two cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS = ROOT / "benchmarks" / ".peers"
+VENV = PEERS / "venv"
+PEER_PYTHON = VENV / "bin" / "python"
+RESULTS = ROOT / "benchmarks" / "results" / "ptychi"
+RUNNER = ROOT / "benchmarks" / "ptychi_runner.py"
+
+TORCH = "torch==2.13.0"
+PTYCHI = "ptychi==2.2.0"
+# What ptychi 2.2.0 imports at run time (its metadata also pulls torchvision, mypy, pytest,
+# ruff; torchvision is replaced by a stand-in, the rest are development tools).
+PTYCHI_RUNTIME = [
+    "numpy>=2.1",
+    "scipy",
+    "h5py",
+    "tqdm",
+    "matplotlib>=3.10.6",
+    "scikit-image",
+    "scikit-learn",
+    "pandas",
+    "pydantic>=2,<3",
+]
+
+
+def log(msg: str) -> None:
+    print(f"[bench_ptychi] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- peer venv
+
+
+def _peer_ok() -> bool:
+    if not PEER_PYTHON.exists():
+        return False
+    probe = (
+        "import torch, importlib.util as u; assert u.find_spec('ptychi'); print(torch.__version__)"
+    )
+    r = subprocess.run([str(PEER_PYTHON), "-c", probe], capture_output=True, text=True)
+    return r.returncode == 0
+
+
+def ensure_peer_venv() -> None:
+    """Create ``benchmarks/.peers/venv`` with CPU torch and Pty-Chi (idempotent)."""
+    if _peer_ok():
+        return
+    log(f"building Pty-Chi's venv in {VENV} (torch install takes a few minutes)")
+    PEERS.mkdir(parents=True, exist_ok=True)
+    if not PEER_PYTHON.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    pip = [str(PEER_PYTHON), "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, TORCH], check=True)
+    wheels = PEERS / "wheels"
+    subprocess.run(
+        [
+            str(PEER_PYTHON),
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "-d",
+            str(wheels),
+            PTYCHI,
+        ],
+        check=True,
+    )
+    wheel = sorted(wheels.glob("ptychi-2.2.0-*.whl"))
+    if not wheel:
+        raise SystemExit(f"pip download left no ptychi 2.2.0 wheel in {wheels}")
+    subprocess.run([*pip, "--no-deps", str(wheel[-1])], check=True)
+    subprocess.run([*pip, *PTYCHI_RUNTIME], check=True)
+    if not _peer_ok():
+        raise SystemExit(f"the peer venv {VENV} was built but torch/ptychi do not import")
+
+
+# --------------------------------------------------------------------------- data
+
+
+def _defocus(probe: np.ndarray, dz: float, wavelength: float, dx: float) -> np.ndarray:
+    """Probe propagated by ``dz`` (Fresnel transfer function exp(−iπλΔz|k|²))."""
+    m = probe.shape[-1]
+    k = np.fft.fftfreq(m, dx)
+    h = np.exp(-1j * np.pi * wavelength * dz * (k[:, None] ** 2 + k[None, :] ** 2))
+    return np.fft.ifft2(np.fft.fft2(probe) * h)
+
+
+def probe_guess(
+    probe, target_nrmse: float, wavelength: float, dx: float
+) -> tuple[np.ndarray, float]:
+    """The true probe defocused until its NRMSE (after the optimal complex scalar) is
+    ``target_nrmse`` — a realistic "wrong focus" starting guess. Bisection on Δz."""
+    from beamflow.ptycho.metrics import compare
+
+    def err(dz: float) -> float:
+        return compare(
+            _defocus(probe, dz, wavelength, dx), probe, register=False, remove_ramp=False
+        ).nrmse
+
+    lo, hi = 0.0, 1e-6
+    while err(hi) < target_nrmse:
+        hi *= 2
+        if hi > 1.0:
+            raise SystemExit("could not defocus the probe far enough from the truth")
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if err(mid) < target_nrmse else (lo, mid)
+    dz = 0.5 * (lo + hi)
+    return _defocus(probe, dz, wavelength, dx).astype(np.complex64), dz
+
+
+def make_data(args) -> dict:
+    from beamflow.ptycho.metrics import compare, illumination_mask
+    from beamflow.ptycho.probe import mean_counts_per_frame, scale_probe
+    from beamflow.simulate import detector_frames, make_ground_truth
+
+    gt = make_ground_truth(
+        positions=args.positions, probe_size=args.probe_size, photons=args.photons, seed=args.seed
+    )
+    n = gt.n_positions
+    frames = detector_frames(gt, 0, n, np.random.default_rng(args.seed + 1)).astype(np.float32)
+    mask = gt.mask
+    frames[:, ~mask] = 0.0  # invalid (dead/hot) pixels carry no information; keep them tidy
+    wavelength = gt.geometry.wavelength_m
+    dx = gt.object_pixel_size_m
+    guess, dz = probe_guess(gt.probe, args.guess_nrmse, wavelength, dx)
+    guess = scale_probe(guess, mean_counts_per_frame(frames, mask), mask=mask)
+    region = illumination_mask(gt.object.shape, gt.probe, gt.positions_px, fraction=0.3)
+    return {
+        "intensities": frames,
+        "mask": mask,
+        "corners_px": gt.positions_px.astype(np.float64),
+        "object_shape": np.array(gt.object.shape),
+        "probe": guess,
+        "wavelength_m": wavelength,
+        "pixel_size_m": dx,
+        "true_object": gt.object,
+        "true_probe": gt.probe,
+        "region": region,
+        "guess_defocus_m": dz,
+        "guess_nrmse": compare(guess[0], gt.probe, register=False, remove_ramp=False).nrmse,
+    }
+
+
+# --------------------------------------------------------------------------- engines
+
+
+def run_ptychi(data_path: Path, args) -> tuple[list[dict], dict[str, np.ndarray]]:
+    prefix = RESULTS / "ptychi"
+    cmd = [
+        str(PEER_PYTHON),
+        str(RUNNER),
+        str(data_path),
+        str(prefix),
+        "--algorithms",
+        *args.algorithms,
+        "--iterations",
+        str(args.iterations),
+        "--batch",
+        str(args.batch),
+        "--alpha",
+        str(args.alpha),
+        "--beta",
+        str(args.beta),
+        "--step",
+        str(args.ptychi_step),
+        "--seed",
+        str(args.seed),
+    ]
+    log("running Pty-Chi: " + " ".join(cmd[1:]))
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    records = json.loads(prefix.with_suffix(".json").read_text())
+    with np.load(prefix.with_suffix(".npz")) as f:
+        arrays = {k: f[k] for k in f.files}
+    return records, arrays
+
+
+def run_beamflow(d: dict, alg: str, args) -> tuple[dict, np.ndarray]:
+    from beamflow.ptycho import (
+        PtychoData,
+        ReconParams,
+        Reconstructor,
+        get_backend,
+        initial_state,
+    )
+
+    data = PtychoData(
+        intensities=d["intensities"],
+        positions_px=d["corners_px"],
+        object_shape=tuple(int(v) for v in d["object_shape"]),
+        mask=d["mask"],
+    )
+    kwargs = {"alpha": args.alpha, "beta": args.beta} if alg in ("rpie", "epie") else {}
+    params = ReconParams(
+        algorithm=alg, iterations=args.iterations, batch_size=args.batch, seed=args.seed, **kwargs
+    )
+    state = initial_state(data, params, probe=d["probe"])
+    seconds: list[float] = []
+    backend = get_backend("cpu")
+    t0 = time.perf_counter()
+    with Reconstructor(data, state, backend) as rec:
+        final = rec.run(callback=lambda _view, info: seconds.append(info["seconds"]))
+    total = time.perf_counter() - t0
+    steady = sorted(seconds[1:]) if len(seconds) > 1 else seconds
+    record = {
+        "engine": "beamflow",
+        "algorithm": alg,
+        "iterations": len(seconds),
+        "batch_size": args.batch,
+        "threads": backend.threads,
+        "seconds_per_iteration": steady[len(steady) // 2],
+        "first_iteration_seconds": seconds[0] if seconds else None,
+        "total_seconds": total,
+        "final_loss": final.loss_history[-1] if final.loss_history else None,
+    }
+    return record, final.object
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--positions", type=int, default=400)
+    ap.add_argument("--probe-size", type=int, default=64)
+    ap.add_argument("--photons", type=float, default=3e5)
+    ap.add_argument("--iterations", type=int, default=100)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument(
+        "--algorithms", nargs="+", default=["rpie", "lsqml"], choices=["rpie", "epie", "lsqml"]
+    )
+    ap.add_argument("--alpha", type=float, default=0.1, help="rPIE object alpha (both engines)")
+    ap.add_argument("--beta", type=float, default=0.1, help="rPIE probe alpha (both engines)")
+    ap.add_argument(
+        "--ptychi-step",
+        type=float,
+        default=1.0,
+        help="Pty-Chi PIE step size γ (Maiden 2017, eq. 22)",
+    )
+    ap.add_argument("--guess-nrmse", type=float, default=0.6)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--setup-only", action="store_true", help="build the peer venv and stop")
+    ap.add_argument("--skip-ptychi", action="store_true")
+    ap.add_argument("--skip-beamflow", action="store_true")
+    args = ap.parse_args()
+
+    if not args.skip_ptychi:
+        ensure_peer_venv()
+    if args.setup_only:
+        return
+    from beamflow.ptycho.metrics import compare
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    log(f"simulating {args.positions} positions of {args.probe_size} px, {args.photons:g} photons")
+    d = make_data(args)
+    data_path = RESULTS / "data.npz"
+    np.savez(data_path, **{k: v for k, v in d.items()})
+    log(f"probe guess: defocus {d['guess_defocus_m'] * 1e6:.1f} µm, NRMSE {d['guess_nrmse']:.3f}")
+    common = {
+        "positions": int(d["intensities"].shape[0]),
+        "frame": int(d["intensities"].shape[-1]),
+        "object_shape": [int(v) for v in d["object_shape"]],
+        "cpus": os.cpu_count(),
+    }
+
+    def load() -> dict:
+        # The machine is shared: a busy neighbour inflates both engines' timings.
+        return {"load_avg_1min": round(os.getloadavg()[0], 2)}
+
+    def score(obj: np.ndarray) -> dict:
+        c = compare(obj, d["true_object"], d["region"])
+        return {"nrmse": round(c.nrmse, 5), "phase_nrmse": round(c.phase_nrmse, 5)}
+
+    results: dict[tuple[str, str], dict] = {}
+    if not args.skip_ptychi:
+        records, arrays = run_ptychi(data_path, args)
+        for r in records:
+            r.pop("epoch_seconds", None)
+            r.pop("losses", None)
+            r.update(score(arrays[f"object_{r['algorithm']}"]), **common, **load())
+            results[("ptychi", r["algorithm"])] = r
+            print(json.dumps(r), flush=True)
+    if not args.skip_beamflow:
+        for alg in args.algorithms:
+            log(f"running beamflow {alg}")
+            r, obj = run_beamflow(d, alg, args)
+            r.update(score(obj), **common, **load())
+            results[("beamflow", alg)] = r
+            print(json.dumps(r), flush=True)
+    for alg in args.algorithms:
+        p, b = results.get(("ptychi", alg)), results.get(("beamflow", alg))
+        if p and b:
+            print(
+                json.dumps(
+                    {
+                        "metric": "ptychi_over_beamflow_seconds_per_iteration",
+                        "algorithm": alg,
+                        "ratio": round(p["seconds_per_iteration"] / b["seconds_per_iteration"], 2),
+                        "ptychi_seconds_per_iteration": p["seconds_per_iteration"],
+                        "beamflow_seconds_per_iteration": b["seconds_per_iteration"],
+                        "nrmse_ptychi": p["nrmse"],
+                        "nrmse_beamflow": b["nrmse"],
+                        "iterations": args.iterations,
+                        "batch_size": args.batch,
+                        **common,
+                    }
+                ),
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
