@@ -35,7 +35,6 @@ def reconstruct(
 ) -> dict[str, Any]:
     """Reconstruct ``scan`` into ``output_dir`` (product.h5, previews/); return a summary."""
     import dataclasses
-    import inspect
     import json
     import os
     import socket
@@ -144,52 +143,53 @@ def reconstruct(
             "install beamflow (same version as the registered function) in its environment"
         ) from None
 
-    values: dict[str, Any] = {
-        "scan": scan_path,
-        "out": out_dir,
-        "checkpoint_dir": ckpt_dir,
-        "node_local_dir": l1_dir,
-        "name": request.run_name,
-        "algorithm": params.algorithm,
-        "iterations": params.iterations,
-        "probe_modes": params.probe_modes,
-        "batch": params.batch,
-        "device": device,
-        "checkpoint_every": params.checkpoint_every,
-        "preview_every": params.preview_every,
-        "resume": params.resume,
-        "max_frames": params.max_frames,
-        "aborted": params.aborted,
-    }
-    # Pass what the job accepts: a field it lacks is one it does not need (node_local_dir
-    # on a job without L1 checkpoints), but a value the user set must not vanish silently.
-    if hasattr(ReconstructJob, "model_fields"):
-        accepted = set(ReconstructJob.model_fields)
-    elif dataclasses.is_dataclass(ReconstructJob):
-        accepted = {f.name for f in dataclasses.fields(ReconstructJob)}
-    else:
-        accepted = set(inspect.signature(ReconstructJob).parameters)
-    defaults = Parameters()
-    for key in [k for k in values if k not in accepted]:
-        value = values.pop(key)
-        if key in Parameters.model_fields and value != getattr(defaults, key):
-            raise ValueError(
-                f"scan {label}: parameter {key}={value!r} is not supported by this "
-                "beamflow's reconstruction job"
-            )
     try:
-        job = ReconstructJob(**values)
+        job = ReconstructJob(
+            scan=scan_path,
+            out=out_dir,
+            checkpoint_dir=ckpt_dir,
+            node_local_dir=l1_dir,
+            algorithm=params.algorithm,
+            iterations=params.iterations,
+            probe_modes=params.probe_modes,
+            batch=params.batch,
+            device=device,
+            checkpoint_every=params.checkpoint_every,
+            preview_every=params.preview_every,
+            resume=params.resume,
+            max_frames=params.max_frames,
+            aborted=params.aborted,
+        )
     except (ValidationError, TypeError, ValueError) as exc:
         raise ValueError(f"scan {label}: invalid reconstruction job: {exc}") from None
+
+    # Progress for whoever watches the run directory (the local backend shows it as the
+    # iteration count); written atomically, at most about once a second.
+    progress_file = out_dir / "progress.json"
+    last_write = [0.0]
+
+    def progress(done: int, target: int, loss: float | None) -> None:
+        now = time.time()
+        if now - last_write[0] < 1.0 and done < target:
+            return
+        last_write[0] = now
+        record = {"iteration": done, "iterations_total": target, "loss": loss, "time": now}
+        tmp = progress_file.with_name(f".progress.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(record, default=float))
+            os.replace(tmp, progress_file)
+        except OSError:
+            pass  # progress is a courtesy; the reconstruction goes on
 
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     try:
-        summary = run_reconstruction(job)
+        summary = run_reconstruction(job, progress)
     except Exception as exc:
         kind = type(exc).__name__
         # Bad data is the user's to fix; everything else is a failed reconstruction.
-        error = ValueError if kind in ("ScanFormatError", "ValidationError") else RuntimeError
+        bad_input = ("ScanFormatError", "ReconstructError", "IncompatibleCheckpoint")
+        error = ValueError if kind in bad_input else RuntimeError
         raise error(f"scan {label}: reconstruction failed: {kind}: {exc}") from None
     elapsed = time.time() - started
 
@@ -212,6 +212,8 @@ def reconstruct(
         "run_name": request.run_name,
         "algorithm": params.algorithm,
         "iterations": data.get("iterations"),
+        "iterations_this_run": data.get("iterations_this_run"),
+        "n_frames": data.get("n_frames"),
         "seconds_per_iteration": data.get("seconds_per_iteration"),
         "seconds_total": round(elapsed, 3),
         "final_loss": data.get("final_loss"),
