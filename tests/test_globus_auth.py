@@ -192,6 +192,33 @@ def test_login_without_a_terminal_refuses_instead_of_hanging(workspace, mocked):
     assert len(mocked.calls) == 0
 
 
+def test_login_asks_consent_for_every_service_and_the_flows_data_access(workspace, monkeypatch):
+    from beamflow.globus.auth import TerminalLoginFlowManager
+    from beamflow.registry import Registry, flow_checksum
+
+    settings = make_settings(workspace)
+    Registry(settings.registry_path, "globus").record(
+        "flow", "ptycho_reconstruct", FLOW_ID, flow_checksum("ptycho_reconstruct")
+    )
+    monkeypatch.setattr(TerminalLoginFlowManager, "has_terminal", staticmethod(lambda: True))
+    result = cli("login", input="")  # a terminal, but the code is never pasted (EOF)
+    assert result.exit_code == 1 and "interactive terminal" in result.output
+    url = next(w for w in result.output.split() if w.startswith("https://auth.globus.org/"))
+    query = urllib.parse.parse_qs(urllib.parse.urlparse(url).query)
+    assert query["client_id"] == [CLIENT_ID]
+    scopes = query["scope"][0]
+    for expected in (
+        "transfer.api.globus.org:all",
+        "eec9b274-0c81-4334-bdc2-54e90e689b9a/all",  # Flows
+        "facd7ccc-c5f4-42aa-916b-a0e270e2c2a9/all",  # Compute
+        f"{BEAMLINE}/data_access",
+        f"{HPC}/data_access",
+        globus_sdk.SpecificFlowClient(FLOW_ID).scopes.user.scope_string,
+    ):
+        assert expected in scopes, expected
+    assert query["access_type"] == ["offline"]  # refresh tokens: the login lasts
+
+
 def test_login_as_a_service_client_stores_tokens(workspace, monkeypatch):
     monkeypatch.setenv("BEAMFLOW_GLOBUS__CLIENT_SECRET", "s3cret")
     settings = make_settings(workspace)

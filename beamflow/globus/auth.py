@@ -204,8 +204,12 @@ class TerminalLoginFlowManager(CommandLineLoginFlowManager):
     """The SDK's command-line login, refusing at once (instead of hanging on a pipe) when
     there is no terminal to read the code from."""
 
+    @staticmethod
+    def has_terminal() -> bool:
+        return bool(sys.stdin) and sys.stdin.isatty()
+
     def run_login_flow(self, auth_parameters: Any) -> globus_sdk.OAuthTokenResponse:
-        if not sys.stdin or not sys.stdin.isatty():
+        if not self.has_terminal():
             raise LoginRequired(
                 "Globus login needs an interactive terminal to paste the code into: run "
                 "`beamflow login` in a terminal (an unattended agent uses a client secret: "
@@ -297,6 +301,7 @@ class GlobusAuth:
         self.client_secret = secret.get_secret_value() if secret else None
         self.is_service = bool(self.client_secret)
         self._transports: list[RequestsTransport] = []
+        self._warned_at = -float("inf")
         self.storage = SecureSQLiteTokenStorage(self.token_path)
         requirements = scope_requirements(settings, flow_ids)
         try:
@@ -404,8 +409,14 @@ class GlobusAuth:
             raise LoginRequired(
                 f"not logged in to Globus (no tokens in {self.token_path}): run `beamflow login`"
             )
-        for warning in expiry_warnings(self.tokens()):
-            log.warning(warning)
+        # The agent calls this on every poll: say each warning at most once an hour.
+        now = time.monotonic()
+        if now - self._warned_at >= 3600:
+            warnings = [] if self.is_service else expiry_warnings(self.tokens())
+            for warning in warnings:
+                log.warning(warning)
+            if warnings:
+                self._warned_at = now
 
     def missing_consents(self) -> list[str]:
         """Resource servers whose stored tokens do not cover the required scopes.
