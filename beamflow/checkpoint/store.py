@@ -286,7 +286,7 @@ def list_checkpoints(directory: Path | str) -> list[tuple[int, Path]]:
     directory = Path(directory)
     try:
         entries = list(os.scandir(directory))
-    except FileNotFoundError:
+    except OSError:  # missing, not a directory, unreadable: no checkpoints there
         return []
     out = []
     for e in entries:
@@ -348,7 +348,7 @@ def clean_stale_temps(directory: Path | str, *, max_age_s: float = 24 * 3600) ->
     removed = []
     try:
         entries = list(os.scandir(directory))
-    except FileNotFoundError:
+    except OSError:
         return removed
     now = time.time()
     for e in entries:
@@ -386,7 +386,7 @@ def read_latest_record(directory: Path | str, *, quiet: bool = False) -> LatestR
         return rec
     except FileNotFoundError:
         return None
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         if not quiet:
             log.warning("%s is garbled (%s)", path, e)
         return None
@@ -520,18 +520,22 @@ def load_latest(dirs: Path | str | Sequence[Path | str]) -> Checkpoint | None:
 
 
 def clear_checkpoints(directory: Path | str) -> None:
-    """Remove every checkpoint, temp file and LATEST.json (a fresh start in a reused dir)."""
+    """Remove every checkpoint, temp file and LATEST.json (a fresh start in a reused dir).
+
+    Best effort: what cannot be removed is logged (the writer will report the directory).
+    """
     directory = Path(directory)
-    with contextlib.suppress(FileNotFoundError):
-        (directory / LATEST_NAME).unlink()
-    for _, p in list_checkpoints(directory):
-        with contextlib.suppress(FileNotFoundError):
+    victims = [directory / LATEST_NAME] + [p for _, p in list_checkpoints(directory)]
+    with contextlib.suppress(OSError):
+        victims += [Path(e.path) for e in os.scandir(directory)
+                    if e.name.startswith(_TMP_PREFIX)]
+    for p in victims:
+        try:
             p.unlink()
-    with contextlib.suppress(FileNotFoundError):
-        for e in os.scandir(directory):
-            if e.name.startswith(_TMP_PREFIX) and e.name.find(f"-{os.getpid()}-") < 0:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(e.path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("cannot remove old checkpoint %s: %s", p, e)
 
 
 def is_disk_full(e: BaseException) -> bool:
