@@ -30,7 +30,7 @@ pytestmark = [
     pytest.mark.skipif(
         not os.path.exists(CHROMIUM),
         reason=f"{CHROMIUM} is missing: install it with `apt-get install -y chromium` "
-        "(`make setup` does when it can)",
+        "(`make test` runs `make browser`, which does when it can)",
     ),
 ]
 
