@@ -134,6 +134,7 @@ def test_whoami_not_logged_in_says_so_without_network(workspace, mocked):
     assert result.exit_code == 1
     assert "not logged in" in result.output and "beamflow login" in result.output
     assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit)  # a clean exit, not an escaped error
     assert len(mocked.calls) == 0
 
 
@@ -156,6 +157,7 @@ def test_whoami_with_an_expired_login_asks_for_login(workspace):
     assert result.exit_code == 1
     assert "no longer valid" in result.output and "beamflow login" in result.output
     assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit)  # a clean exit, not an escaped error
 
 
 def test_whoami_offline_fails_fast_with_a_sentence(workspace, mocked):
@@ -164,6 +166,7 @@ def test_whoami_offline_fails_fast_with_a_sentence(workspace, mocked):
     assert result.exit_code == 1
     assert "cannot reach Globus" in result.output
     assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit)  # a clean exit, not an escaped error
 
 
 def test_expired_access_token_message_names_the_fix():
@@ -189,6 +192,7 @@ def test_login_without_a_terminal_refuses_instead_of_hanging(workspace, mocked):
     assert result.exit_code == 1
     assert "interactive terminal" in result.output
     assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit)  # a clean exit, not an escaped error
     assert len(mocked.calls) == 0
 
 
@@ -276,6 +280,7 @@ def test_doctor_offline_gives_clear_failures_without_hanging(workspace):
     assert "skipped: Globus is not reachable" in result.output
     assert "fix:" in result.output
     assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit)  # a clean exit, not an escaped error
 
 
 def test_doctor_not_logged_in_says_what_to_do(workspace, mocked):
