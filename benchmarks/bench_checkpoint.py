@@ -1,0 +1,329 @@
+"""Checkpoint overhead and the progressive-scan experiment (CPU). One JSON line per result.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/bench_checkpoint.py [--positions 400] [--size 64]
+        [--rounds 12] [--block 20] [--only overhead|progressive|memory]
+
+1. ``checkpoint_overhead`` — rPIE (one probe mode) on a simulated scan, checkpointing the
+   complete state to a node-local L1 directory every iteration and every 10 iterations,
+   against no checkpointing, side by side in one process: rounds of ``--block`` iterations
+   per setting in a shuffled order (the writer drained between blocks, untimed), the wall
+   time of every iteration measured callback to callback exactly as
+   ``beamflow.reconstruct`` drives the engine (snapshot on the reconstruction thread,
+   write in the background). Overhead = mean iteration time with / without − 1, per round;
+   the line reports the median over rounds and the pooled mean, the targets (5 % and 1 %),
+   and how many checkpoints were actually committed (a due level whose writer is still busy
+   is deferred, never queued).
+2. ``progressive`` — the live-scan case: reconstruct the first half of a scan, then continue
+   from that checkpoint with all frames (``run_reconstruction`` resuming a continuation),
+   against a fresh reconstruction of all frames. Both start from the same probe guess (the
+   true probe defocused to ``--guess-nrmse`` from the truth); NRMSE of every checkpoint
+   (every iteration) against the truth. Reports iterations on all frames (and in total) to
+   reach the NRMSE the fresh run reaches at its end.
+3. ``reconstruct_peak_rss`` — peak RSS of ``beamflow reconstruct`` (a subprocess) on a
+   larger scan against 2 × frames (float32) + object + probe, with the interpreter's own
+   baseline (same imports, no data) reported beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from beamflow.checkpoint import Checkpointer, CheckpointPolicy, LevelConfig
+from beamflow.checkpoint.store import list_checkpoints, read_checkpoint
+from beamflow.formats import Product, load_scan
+from beamflow.ptycho.backend import cpu_count, get_backend
+from beamflow.ptycho.engine import Reconstructor, initial_state
+from beamflow.ptycho.metrics import compare
+from beamflow.ptycho.state import PtychoData, ReconParams
+from beamflow.reconstruct import ReconstructJob, _Frame, _read_frames, run_reconstruction
+from beamflow.simulate import read_ground_truth, score_product, simulate_scan
+
+
+def emit(**kw) -> None:
+    print(json.dumps(kw), flush=True)
+
+
+def log(msg: str) -> None:
+    print(f"# {msg}", file=sys.stderr, flush=True)
+
+
+def make_scan(root: Path, name: str, positions: int, size: int, photons: float) -> Path:
+    return simulate_scan(root, name, positions=positions, probe_size=size, photons=photons,
+                         seed=11, frames_per_file=100)
+
+
+# --------------------------------------------------------------------------- overhead
+
+
+def bench_overhead(args, root: Path) -> None:
+    master = make_scan(root, "ovh", args.positions, args.size, 3e5)
+    scan = load_scan(master)
+    frame = _Frame.for_scan(scan, 8)
+    data = PtychoData(intensities=_read_frames(scan), positions_px=frame.corners(scan.positions_m),
+                      object_shape=frame.object_shape, mask=scan.mask)
+    params = ReconParams(algorithm="rpie", iterations=10**6, probe_modes=1)
+    gt = read_ground_truth(master.parent / "ground_truth.h5")
+    state = initial_state(data, params, probe=gt.probe)
+    backend = get_backend("cpu")
+    l1_base = Path(tempfile.mkdtemp(prefix="bench-l1-", dir=args.l1_dir))
+    # "control" is a second no-checkpoint setting: its "overhead" is the noise floor
+    settings = {"none": None, "control": None, "every_1": 1, "every_10": 10}
+    times: dict[str, list[list[float]]] = {k: [] for k in settings}
+    ckpts = {k: (Checkpointer(CheckpointPolicy(l1=LevelConfig(dir=l1_base / k, every_iterations=v,
+                                                              keep=2)),
+                              to_host=np.asarray) if v else None)
+             for k, v in settings.items()}
+    rng = random.Random(1)
+    with Reconstructor(data, state, backend) as rec:
+        rec.run(3)  # warm up (plans, caches, thread pool)
+        for _ in range(args.rounds):
+            order = list(settings)
+            rng.shuffle(order)
+            for name in order:
+                ck = ckpts[name]
+                block: list[float] = []
+                if ck is not None:  # the policy counts from here, as after a (re)start
+                    ck._last_iter = dict.fromkeys(ck._last_iter, rec.iteration)
+                t = [time.perf_counter()]
+
+                def callback(view, info, ck=ck, block=block, t=t) -> None:
+                    if ck is not None:
+                        it = int(info["iteration"])
+                        ck.maybe_save(it, lambda: rec.snapshot().to_host_arrays(),
+                                      lambda: {"state": rec.snapshot().meta()})
+                    now = time.perf_counter()
+                    block.append(now - t[0])
+                    t[0] = now
+
+                rec.run(args.block, callback=callback)
+                times[name].append(block)
+                if ck is not None:
+                    ck.flush()  # untimed: the next block starts with an idle writer
+    base = [statistics.fmean(b) for b in times["none"]]
+    nbytes = sum(a.nbytes for a in rec.snapshot().to_host_arrays().values())
+    control = [statistics.fmean(b) for b in times["control"]]
+    per_round = [m / b - 1 for m, b in zip(control, base, strict=True)]
+    emit(bench="checkpoint_overhead_control", what="no checkpoints vs no checkpoints",
+         overhead_pct_median=round(100 * statistics.median(per_round), 2),
+         overhead_pct_pooled=round(100 * (statistics.fmean(control) / statistics.fmean(base)
+                                          - 1), 2),
+         round_spread_pct=round(100 * statistics.pstdev(per_round), 2))
+    for name, every in settings.items():
+        if every is None:
+            continue
+        ck = ckpts[name]
+        ck.close()
+        means = [statistics.fmean(b) for b in times[name]]
+        per_round = [m / b - 1 for m, b in zip(means, base, strict=True)]
+        n_iter = args.rounds * args.block
+        emit(bench="checkpoint_overhead", level="L1", every_iterations=every,
+             overhead_pct_median=round(100 * statistics.median(per_round), 2),
+             overhead_pct_pooled=round(100 * (statistics.fmean(means) / statistics.fmean(base)
+                                              - 1), 2),
+             target_pct=5.0 if every == 1 else 1.0,
+             iteration_s=round(statistics.fmean(means), 5),
+             baseline_iteration_s=round(statistics.fmean(base), 5),
+             commits=ck.stats.commits, iterations=n_iter,
+             iterations_per_commit=round(n_iter / max(1, ck.stats.commits), 2),
+             deferred=ck.stats.deferred,
+             snapshot_ms_mean=round(1e3 * ck.stats.snapshot_seconds / max(1, ck.stats.snapshots),
+                                    3),
+             write_ms_mean=round(1e3 * ck.stats.write_seconds / max(1, ck.stats.commits), 2),
+             checkpoint_mb=round(nbytes / 2**20, 3), l1_dir=str(l1_base),
+             positions=args.positions, frame=args.size, object=list(frame.object_shape),
+             threads=backend.threads, cpus=os.cpu_count(), rounds=args.rounds, block=args.block)
+    shutil.rmtree(l1_base, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- progressive
+
+
+def _defocus(probe: np.ndarray, dz: float, wavelength: float, dx: float) -> np.ndarray:
+    m = probe.shape[-1]
+    k = np.fft.fftfreq(m, dx)
+    h = np.exp(-1j * np.pi * wavelength * dz * (k[:, None] ** 2 + k[None, :] ** 2))
+    return np.fft.ifft2(np.fft.fft2(probe) * h)
+
+
+def probe_guess(probe: np.ndarray, target: float, wavelength: float, dx: float) -> np.ndarray:
+    """The true probe defocused until its NRMSE from the truth is ``target`` (bisection)."""
+    def err(dz: float) -> float:
+        return compare(_defocus(probe, dz, wavelength, dx), probe, register=False,
+                       remove_ramp=False).nrmse
+
+    lo, hi = 0.0, 1e-6
+    while err(hi) < target:
+        hi *= 2
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if err(mid) < target else (lo, mid)
+    return _defocus(probe, 0.5 * (lo + hi), wavelength, dx).astype(np.complex64)
+
+
+def _nrmse_of_checkpoints(ckdir: Path, gt, scan_geometry) -> dict[int, float]:
+    """NRMSE against the truth of every checkpoint in ``ckdir`` (by iteration)."""
+    out = {}
+    for it, path in sorted(list_checkpoints(ckdir)):
+        ck = read_checkpoint(path)
+        frame = _Frame.model_validate(ck.meta["job"]["frame"])
+        obj = ck.arrays["object"]
+        pos = frame.to_metres(ck.arrays["positions_px"])
+        h, w = obj.shape
+        product = Product(
+            name="x", detector_object_distance_m=scan_geometry.distance_m,
+            photon_energy_eV=scan_geometry.energy_eV, probe=ck.arrays["probe"],
+            probe_pixel_width_m=frame.pixel_size_m, probe_pixel_height_m=frame.pixel_size_m,
+            object=obj, object_center_x_m=frame.origin_m[1] + w / 2 * frame.pixel_size_m,
+            object_center_y_m=frame.origin_m[0] + h / 2 * frame.pixel_size_m,
+            object_pixel_width_m=frame.pixel_size_m, object_pixel_height_m=frame.pixel_size_m,
+            probe_position_indexes=np.arange(len(pos)), probe_position_x_m=pos[:, 1],
+            probe_position_y_m=pos[:, 0])
+        out[it] = score_product(product, gt).nrmse
+    return out
+
+
+def _first_at_or_below(curve: dict[int, float], level: float) -> int | None:
+    for it in sorted(curve):
+        if curve[it] <= level:
+            return it
+    return None
+
+
+def bench_progressive(args, root: Path) -> None:
+    master = make_scan(root, "prog", args.positions, args.size, 3e5)
+    gt = read_ground_truth(master.parent / "ground_truth.h5")
+    scan = load_scan(master)
+    dx = scan.object_pixel_size_m
+    guess = probe_guess(gt.probe, args.guess_nrmse, scan.geometry.wavelength_m, dx)
+    np.save(root / "guess.npy", guess)
+    common = dict(scan=master, device="cpu", probe=root / "guess.npy", checkpoint_every=1,
+                  checkpoint_keep=100_000, preview_every=0, batch=args.batch, seed=0)
+    n_full, half = args.iterations, args.half_iterations
+
+    t0 = time.perf_counter()
+    fresh = run_reconstruction(ReconstructJob(out=root / "fresh", iterations=n_full, **common))
+    fresh_s = time.perf_counter() - t0
+    curve_fresh = _nrmse_of_checkpoints(root / "fresh" / "checkpoints", gt, scan.geometry)
+
+    t0 = time.perf_counter()
+    run_reconstruction(ReconstructJob(out=root / "prog", iterations=half,
+                                      max_frames=scan.n_frames // 2, **common))
+    half_s = time.perf_counter() - t0
+    # NRMSE over the whole object is only meaningful once all frames are in; record the
+    # half-data curve separately, then continue with all frames from the checkpoint
+    shutil.copytree(root / "prog" / "checkpoints", root / "prog_half")
+    t0 = time.perf_counter()
+    cont = run_reconstruction(ReconstructJob(out=root / "prog", iterations=n_full, **common))
+    cont_s = time.perf_counter() - t0
+    assert cont.continuation and cont.resumed_from_iteration == half
+    curve_prog = {it - half: v for it, v in _nrmse_of_checkpoints(
+        root / "prog" / "checkpoints", gt, scan.geometry).items() if it > half}
+
+    target = curve_fresh[max(curve_fresh)]
+    reach_fresh = _first_at_or_below(curve_fresh, target)
+    reach_prog = _first_at_or_below(curve_prog, target)
+    for level in (0.2, 0.1):
+        emit(bench="progressive_reach", nrmse_level=level,
+             fresh_full_iterations=_first_at_or_below(curve_fresh, level),
+             progressive_full_iterations=_first_at_or_below(curve_prog, level),
+             progressive_half_iterations=half)
+    emit(bench="progressive", positions=args.positions, frame=args.size,
+         half_frames=scan.n_frames // 2, half_iterations=half,
+         target_nrmse=round(target, 4), guess_nrmse=args.guess_nrmse,
+         fresh_full_iterations_to_target=reach_fresh,
+         progressive_full_iterations_to_target=reach_prog,
+         progressive_total_iterations_to_target=None if reach_prog is None else reach_prog + half,
+         progressive_cost_in_full_iterations=None if reach_prog is None else reach_prog + half / 2,
+         fresh_final_nrmse=round(curve_fresh[max(curve_fresh)], 4),
+         progressive_final_nrmse=round(curve_prog[max(curve_prog)], 4),
+         fresh_nrmse_at={k: round(curve_fresh[k], 4) for k in (5, 10, 20, 50) if k in curve_fresh},
+         progressive_nrmse_at={k: round(curve_prog[k], 4) for k in (5, 10, 20, 50)
+                               if k in curve_prog},
+         fresh_seconds=round(fresh_s, 2), half_seconds=round(half_s, 2),
+         continue_seconds=round(cont_s, 2), fresh_spi=fresh.seconds_per_iteration,
+         continuation_checkpoints_resumed_from=cont.resumed_from_iteration)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _peak_rss_mb(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+    """Peak RSS of a child (wait4's ru_maxrss), in MiB."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_maxrss / 1024, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def bench_memory(args, root: Path) -> None:
+    master = make_scan(root, "mem", args.mem_positions, args.mem_size, 1e6)
+    scan = load_scan(master)
+    frame = _Frame.for_scan(scan, 8)
+    frames_mb = scan.n_frames * scan.frame_shape[0] * scan.frame_shape[1] * 4 / 2**20
+    obj_mb = frame.object_shape[0] * frame.object_shape[1] * 8 / 2**20
+    probe_mb = scan.frame_shape[0] ** 2 * 8 / 2**20
+    base_cmd = [sys.executable, "-c", "import beamflow.cli, beamflow.reconstruct, "
+                "beamflow.ptycho.engine, beamflow.ptycho.previews, matplotlib.figure"]
+    base_mb, _ = _peak_rss_mb(base_cmd)
+    cmd = [sys.executable, "-m", "beamflow.cli", "reconstruct", str(master), "--out",
+           str(root / "mem_out"), "--device", "cpu", "--iterations", "5", "--json",
+           "--checkpoint-every", "1"]
+    peak_mb, res = _peak_rss_mb(cmd)
+    if res.returncode != 0:
+        raise SystemExit(f"reconstruct failed: {res.stderr}")
+    target = 2 * frames_mb + obj_mb + probe_mb
+    emit(bench="reconstruct_peak_rss", frames=scan.n_frames, frame=scan.frame_shape[0],
+         frames_float32_mb=round(frames_mb, 1), target_mb=round(target, 1),
+         peak_rss_mb=round(peak_mb, 1), interpreter_baseline_mb=round(base_mb, 1),
+         peak_minus_baseline_mb=round(peak_mb - base_mb, 1),
+         within_target=peak_mb <= target,
+         within_target_above_baseline=peak_mb - base_mb <= target)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--positions", type=int, default=400)
+    ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--block", type=int, default=20)
+    ap.add_argument("--l1-dir", default=None, help="node-local base dir (default: $TMPDIR)")
+    ap.add_argument("--iterations", type=int, default=100, help="progressive: full-data run")
+    ap.add_argument("--half-iterations", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--guess-nrmse", type=float, default=0.6)
+    ap.add_argument("--mem-positions", type=int, default=2000)
+    ap.add_argument("--mem-size", type=int, default=128)
+    ap.add_argument("--only", choices=["overhead", "progressive", "memory"], default=None)
+    args = ap.parse_args()
+    log(f"CPUs available: {cpu_count()}; resource limits: "
+        f"{resource.getrlimit(resource.RLIMIT_AS)}")
+    root = Path(tempfile.mkdtemp(prefix="bench-checkpoint-"))
+    try:
+        if args.only in (None, "overhead"):
+            bench_overhead(args, root)
+        if args.only in (None, "progressive"):
+            bench_progressive(args, root)
+        if args.only in (None, "memory"):
+            bench_memory(args, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
