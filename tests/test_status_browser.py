@@ -228,6 +228,13 @@ def test_runs_page_lists_updates_live_and_filters(site, browser, tmp_path: Path)
     page.wait_for_selector("#runs-empty:not([hidden])")
     assert problems == []
 
+    # The server goes away: the page says so instead of showing stale data as live.
+    page.route("**/api/runs*", lambda route: route.abort())
+    until(page, "document.getElementById('live').classList.contains('down')")
+    assert "Connection lost" in page.locator("#live-text").text_content()
+    page.unroute("**/api/runs*")
+    until(page, "!document.getElementById('live').classList.contains('down')", timeout=15)
+
 
 def test_run_page_previews_load_and_refresh(site, browser, tmp_path: Path) -> None:
     base, store, runs = site

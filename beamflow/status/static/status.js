@@ -86,6 +86,8 @@
   function setLive(ok, detail) {
     if (!live) return;
     live.classList.toggle("down", !ok);
+    // Announce a lost connection to screen readers, not every refresh.
+    live.setAttribute("role", ok ? "presentation" : "alert");
     liveText.textContent = ok ? "Live · " + localTime(Date.now() / 1000).slice(11) : detail;
   }
 
