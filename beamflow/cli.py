@@ -419,6 +419,240 @@ def runs_show(
         console.print(table)
 
 
+# -- runs start | retry | cancel (the shared run path: beamflow.runs) --------------------------
+ParamOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--param", "-p", help="Reconstruction parameter KEY=VALUE (repeatable), e.g. iterations=50."
+    ),
+]
+WaitOption = Annotated[
+    bool, typer.Option("--wait/--no-wait", help="Follow the run until it ends; exit 1 if it fails.")
+]
+
+
+def _backend(settings: Settings, name: str | None = None):  # noqa: ANN202 - Backend
+    from beamflow.backend import BackendError, get_backend
+
+    if name is not None and name != settings.backend:
+        settings = settings.model_copy(update={"backend": name})
+    try:
+        return get_backend(settings)
+    except BackendError as exc:
+        fail(str(exc))
+
+
+def _follow(settings: Settings, store: Store, backend, run):  # noqa: ANN001, ANN202 - Run
+    """Follow ``run`` with a progress bar (stderr) until it ends; Ctrl-C cancels it."""
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from beamflow.runs import cancel_run, follow_run
+
+    def describe(r) -> str:  # noqa: ANN001
+        return f"{r.scan}: {r.current_step or r.status.value}"
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("iteration {task.completed:.0f}/{task.total:.0f}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(describe(run), total=run.iterations_total or 1)
+
+        def show(r) -> None:  # noqa: ANN001
+            progress.update(
+                task,
+                description=describe(r),
+                completed=r.iteration or 0,
+                total=r.iterations_total or progress.tasks[0].total,
+            )
+
+        try:
+            return follow_run(store, backend, run, poll_seconds=0.5, max_poll_seconds=5.0,
+                              on_update=show)  # fmt: skip
+        except KeyboardInterrupt:
+            progress.stop()
+            err_console.print(f"interrupted: cancelling run {run.id}")
+            run = cancel_run(settings, run.id, store=store, backend=backend)
+            follow_run(store, backend, run, poll_seconds=0.5, timeout=30)
+            raise typer.Exit(130) from None
+
+
+def _report(store: Store, run, as_json: bool) -> None:  # noqa: ANN001
+    """Print how the run ended (or stands); exit 1 if it failed."""
+    if as_json:
+        data = run.model_dump(mode="json")
+        data["steps"] = [s.model_dump(mode="json") for s in store.steps(run.id)]
+        print(json.dumps(data))
+    else:
+        style = _STATUS_STYLE[run.status]
+        console.print(f"run {run.id}  [{style}]{run.status}[/]  {run.scan}", highlight=False)
+        if run.backend_run_id:
+            console.print(f"  {run.backend} run  {run.backend_run_id}")
+        for s in store.steps(run.id):
+            console.print(f"  step      {s.name}: {s.status} ({_duration(s.duration)})")
+        if run.product:
+            console.print(f"  product   {run.product}")
+        for p in run.previews:
+            console.print(f"  preview   {p}")
+    if run.status == RunStatus.FAILED:
+        fail(f"run {run.id} failed in {run.error_step or 'an unknown step'}: {run.error}")
+
+
+@runs_app.command("start")
+def runs_start(
+    scan: Annotated[Path, typer.Argument(help="Scan directory, *_master.h5 or .cxi file.")],
+    wait: WaitOption = False,
+    param: ParamOption = None,
+    flow: Annotated[
+        str, typer.Option(help="ptycho_reconstruct, or ptycho_shared_fs (no transfers).")
+    ] = "ptycho_reconstruct",
+    label: Annotated[str | None, typer.Option(help="Run label (default: scan and run).")] = None,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Start one flow run of SCAN through the configured backend and record it."""
+    from beamflow.runs import RunInputError, parse_param, start_scan_run
+
+    settings = settings_from(config)
+    try:
+        params = dict(parse_param(p) for p in param or [])
+    except RunInputError as exc:
+        fail(str(exc), code=2)
+    store = open_store(settings)
+    backend = _backend(settings)
+    try:
+        try:
+            run = start_scan_run(settings, store, backend, scan, params=params, label=label,
+                                 flow=flow)  # fmt: skip
+        except RunInputError as exc:
+            fail(str(exc))
+        if run.status == RunStatus.FAILED:
+            _report(store, run, as_json)
+        if backend.name == "local" and not wait:
+            # A local run lives in the process that started it: leaving would lose it.
+            err_console.print(
+                "the local backend runs flows inside this process: following the run "
+                "(Ctrl-C cancels it)"
+            )
+            wait = True
+        if wait:
+            run = _follow(settings, store, backend, run)
+        _report(store, run, as_json)
+    finally:
+        backend.close()
+
+
+@runs_app.command("retry")
+def runs_retry(
+    run_id: Annotated[str, typer.Argument(help="A failed or cancelled run (id or prefix).")],
+    wait: WaitOption = False,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Start a new attempt of a failed run (same scan, flow and parameters; it continues from
+    the scan's checkpoints)."""
+    from beamflow.runs import RunInputError, retry_run
+
+    settings = settings_from(config)
+    store = open_store(settings)
+    old = _find_run(store, run_id)
+    backend = _backend(settings)
+    try:
+        try:
+            run = retry_run(settings, old.id, store=store, backend=backend)
+        except RunInputError as exc:
+            fail(str(exc))
+        err_console.print(f"run {run.id} retries {old.id} (attempt {run.attempt})")
+        if run.status != RunStatus.FAILED and (wait or backend.name == "local"):
+            run = _follow(settings, store, backend, run)
+        _report(store, run, as_json)
+    finally:
+        backend.close()
+
+
+@runs_app.command("cancel")
+def runs_cancel(
+    run_id: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
+    timeout: Annotated[
+        float, typer.Option(min=0, help="Seconds to wait for the backend to stop it.")
+    ] = 30.0,
+    config: ConfigOption = None,
+) -> None:
+    """Cancel a queued or running run."""
+    from beamflow.backend import BackendError
+    from beamflow.runs import cancel_run, follow_run
+
+    settings = settings_from(config)
+    store = open_store(settings)
+    run = _find_run(store, run_id)
+    if run.status.finished:
+        console.print(f"run {run.id} already ended: {run.status}")
+        return
+    backend = _backend(settings)
+    try:
+        run = cancel_run(settings, run.id, store=store, backend=backend)
+        if not run.status.finished:
+            run = follow_run(store, backend, run, poll_seconds=0.5, timeout=timeout)
+    except BackendError as exc:
+        fail(f"cannot cancel run {run.id}: {exc}")
+    finally:
+        backend.close()
+    if run.status.finished:
+        console.print(f"run {run.id}: {run.status}")
+    else:
+        console.print(f"run {run.id}: cancel requested; the backend has not stopped it yet")
+
+
+# -- register --------------------------------------------------------------------------------
+BackendChoice = Annotated[
+    str | None, typer.Option("--backend", help="local or globus (default: the configured one).")
+]
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Say what would change; register nothing.")
+]
+
+
+def _register(kind: str, backend_name: str | None, dry_run: bool, config: Path | None) -> None:
+    from beamflow.backend import BackendError
+
+    if backend_name not in (None, "local", "globus"):
+        fail(f"--backend must be 'local' or 'globus', not {backend_name!r}", code=2)
+    settings = settings_from(config)
+    backend = _backend(settings, backend_name)
+    try:
+        register = backend.register_functions if kind == "functions" else backend.register_flows
+        results = register(dry_run=dry_run)
+    except BackendError as exc:
+        fail(str(exc))
+    finally:
+        backend.close()
+    if dry_run:
+        err_console.print(f"dry run on {backend.name}: nothing registered")
+    for r in results:
+        action = r.action if not dry_run or r.action == "unchanged" else f"would-be-{r.action}"
+        print(f"{action} {r.name} {r.id or '-'}")
+
+
+@register_app.command("functions")
+def register_functions(
+    backend: BackendChoice = None, dry_run: DryRunOption = False, config: ConfigOption = None
+) -> None:
+    """Register the compute functions (functions/*.py) whose content changed."""
+    _register("functions", backend, dry_run, config)
+
+
+@register_app.command("flows")
+def register_flows(
+    backend: BackendChoice = None, dry_run: DryRunOption = False, config: ConfigOption = None
+) -> None:
+    """Register the flows (flows/*.json + schema) whose content changed."""
+    _register("flows", backend, dry_run, config)
+
+
 # -- agent -----------------------------------------------------------------------------------
 @app.command()
 def agent(

@@ -244,7 +244,7 @@ class Registry:
             try:
                 data = self._load()
                 yield data
-                _atomic_write_json(self.path, data)
+                atomic_write_json(self.path, data)
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
@@ -362,20 +362,24 @@ def _check_kind(kind: str) -> None:
         raise RegistryError(f"kind must be one of {KINDS}, not {kind!r}")
 
 
-def _atomic_write_json(path: Path, data: Any) -> None:
-    """Write ``data`` so that readers see the old file or the new one, never a mix."""
-    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+def atomic_write_json(path: Path, data: Any, *, durable: bool = True) -> None:
+    """Write ``data`` as JSON so that readers see the old file or the new one, never a mix.
+    ``durable`` also fsyncs the file and its directory (survives a power cut)."""
+    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    if not durable:
+        return
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

@@ -1,0 +1,608 @@
+"""The one run path: how a scan becomes a flow run and how the run store follows it.
+
+The CLI (``beamflow runs start|retry|cancel``), the edge agent and the status page's retry
+button all go through these functions, on either backend, so a run is recorded, started,
+followed and reported the same way wherever it came from.
+
+    run = create_scan_run(settings, store, scan_path, params=..., dedupe_key=...)  # QUEUED
+    run = launch_run(settings, store, backend, run)       # ACTIVE, with backend_run_id
+    run = sync_run(store, backend, run)                   # status, steps, error, previews
+    run = start_scan_run(settings, store, backend, scan_path, ...)   # create + launch
+    run = follow_run(store, backend, run)                 # sync until it ends
+    run = retry_run(settings, run_id)                     # a new attempt of a failed run
+    run = cancel_run(settings, run_id)
+
+Where things go (the same layout on the local backend and at a facility):
+
+- beamline side: the scan is read where the detector wrote it (inside
+  ``beamline.collection_root``); product and previews come back to
+  ``beamline.preview_dir/<run name>/`` (``product.h5``, ``previews/*.png``);
+- HPC side, under ``hpc.scratch_dir/<scan key>/``: ``raw/`` (the transferred scan: a later
+  run of the same scan copies only new files), ``checkpoints/`` (shared by the scan's runs,
+  so a retry or a run with more frames continues from the last one) and
+  ``runs/<run name>/`` (what the function writes).
+
+The ``<scan key>`` is the scan's name plus a hash of its path (stable, unique); the
+``<run name>`` is the scan's name plus the run id (plus the attempt after the first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from beamflow.backend import Backend, BackendError, FlowRunInfo, StepInfo, get_backend
+from beamflow.config import Settings
+from beamflow.registry import Registry, RegistryError
+from beamflow.store import Run, RunStatus, Store, StoreError
+
+DEFAULT_FLOW = "ptycho_reconstruct"
+SHARED_FS_FLOW = "ptycho_shared_fs"
+FLOWS = (DEFAULT_FLOW, SHARED_FS_FLOW)
+FUNCTION = "reconstruct"
+MASTER_SUFFIX = "_master.h5"
+
+
+class RunInputError(ValueError):
+    """A run cannot be built from what was given (scan path, parameters, configuration)."""
+
+
+class ReconstructionParams(BaseModel):
+    """The reconstruction parameters a run carries (defaults: ``[reconstruction]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    algorithm: Literal["rpie", "epie", "dm", "lsqml"] = "rpie"
+    iterations: int = Field(default=100, ge=1, le=1_000_000)
+    probe_modes: int = Field(default=1, ge=1, le=16)
+    batch: int | None = Field(default=None, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    checkpoint_every: int = Field(default=10, ge=0)
+    preview_every: int = Field(default=10, ge=0)
+    resume: bool = True
+    max_frames: int | None = Field(default=None, ge=1)
+    aborted: bool = False
+
+
+def reconstruction_params(settings: Settings, params: dict[str, Any] | None = None) -> dict:
+    """The configured defaults overridden by ``params``; unknown keys and bad values raise
+    :class:`RunInputError` naming them."""
+    merged = {**settings.reconstruction.model_dump(), **(params or {})}
+    try:
+        return ReconstructionParams.model_validate(merged).model_dump()
+    except ValidationError as exc:
+        known = ", ".join(ReconstructionParams.model_fields)
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                problems.append(f"unknown parameter {key!r} (known: {known})")
+            else:
+                problems.append(f"parameter {key}={err.get('input')!r}: {err['msg']}")
+        raise RunInputError("; ".join(problems)) from None
+
+
+def parse_param(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` from the command line; VALUE is JSON when it parses (50, true, null),
+    else a string."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise RunInputError(f"--param {text!r}: expected KEY=VALUE (e.g. iterations=50)")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+# -- names and paths ---------------------------------------------------------------------------
+def _safe(text: str, limit: int = 60) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-_")[:limit]
+    return cleaned or "scan"
+
+
+def scan_name(scan_path: Path) -> str:
+    """A scan's name: its directory, or the file without ``_master.h5`` / extension."""
+    if scan_path.is_file() or scan_path.suffix:
+        name = scan_path.name
+        if name.endswith(MASTER_SUFFIX):
+            return name[: -len(MASTER_SUFFIX)]
+        return scan_path.stem
+    return scan_path.name
+
+
+def scan_key(scan_path: Path) -> str:
+    digest = hashlib.sha256(str(scan_path).encode()).hexdigest()[:8]
+    return f"{_safe(scan_name(scan_path), 48)}-{digest}"
+
+
+def run_name_for(run: Run) -> str:
+    name = f"{_safe(run.scan, 60)}-{run.id[:8]}"
+    return name if run.attempt <= 1 else f"{name}-{run.attempt}"
+
+
+def _collection_path(path: PurePosixPath, root: PurePosixPath, what: str) -> str:
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        raise RunInputError(f"{what} {path} is not inside its collection root {root}") from None
+    return "/" + rel.as_posix() if rel.parts else "/"
+
+
+def flow_input_for(
+    settings: Settings,
+    scan_path: str | Path,
+    params: dict[str, Any] | None,
+    run_name: str,
+    *,
+    flow: str = DEFAULT_FLOW,
+    function_id: str | None = None,
+) -> dict[str, Any]:
+    """The input of ``flow`` for one run of the scan at ``scan_path`` (a local path on the
+    beamline machine: a scan directory, a ``*_master.h5`` file or a ``.cxi`` file).
+
+    ``function_id`` defaults to the ``reconstruct`` function registered for the configured
+    backend (raises :class:`RunInputError` saying how to register it when it is not)."""
+    if flow not in FLOWS:
+        raise RunInputError(f"no input recipe for flow {flow!r} (known: {', '.join(FLOWS)})")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}", run_name):
+        raise RunInputError(f"run name {run_name!r}: letters, digits, '_' and '-' only")
+    scan = Path(scan_path).expanduser().resolve()
+    if not scan.exists():
+        raise RunInputError(f"scan {scan} does not exist")
+    beamline_root = Path(settings.beamline.collection_root).resolve()
+    if not scan.is_relative_to(beamline_root):
+        raise RunInputError(
+            f"scan {scan} is outside the beamline collection root {beamline_root} "
+            "(beamline.collection_root in beamflow.toml): it cannot be transferred"
+        )
+    # A master file links its data files in the same directory: the directory goes.
+    master = scan.is_file() and scan.name.endswith(MASTER_SUFFIX)
+    moved = scan.parent if master else scan
+    is_dir = moved.is_dir()
+    key = scan_key(scan)
+
+    preview_dir = Path(settings.beamline.preview_dir).resolve()
+    results_local = preview_dir / run_name
+    if not results_local.is_relative_to(beamline_root):
+        raise RunInputError(
+            f"beamline.preview_dir {preview_dir} is outside beamline.collection_root "
+            f"{beamline_root}: results could not come back"
+        )
+
+    # HPC paths are paths on another machine: pure path arithmetic, nothing resolved here.
+    hpc_root = PurePosixPath(str(settings.hpc.collection_root))
+    scratch = PurePosixPath(str(settings.hpc.scratch_dir))
+    work = scratch / key
+    raw = work / "raw" / moved.name
+    run_dir = work / "runs" / run_name
+    allowed = [str(scratch)]
+    if settings.hpc.node_local_dir:
+        allowed.append(str(settings.hpc.node_local_dir))
+
+    if function_id is None:
+        try:
+            function_id = Registry(settings.registry_path, settings.backend).require_id(
+                "function", FUNCTION
+            )
+        except RegistryError as exc:
+            raise RunInputError(str(exc)) from None
+    endpoint = settings.compute.endpoint_id
+    if not endpoint:
+        raise RunInputError("compute.endpoint_id is not set in beamflow.toml")
+
+    reconstruction = reconstruction_params(settings, params)
+    compute: dict[str, Any] = {
+        "endpoint_id": endpoint,
+        "function_id": function_id,
+        "checkpoint_dir": str(work / "checkpoints"),
+        "node_local_dir": str(settings.hpc.node_local_dir) if settings.hpc.node_local_dir else None,
+        "allowed_roots": allowed,
+    }
+    if flow == SHARED_FS_FLOW:
+        # One file system: the function reads the scan in place and writes the results
+        # where the beamline reads them.
+        compute.update(
+            scan_path=str(scan),
+            output_dir=str(results_local),
+            allowed_roots=[str(beamline_root), *allowed],
+        )
+        return {"run_name": run_name, "compute": compute, "reconstruction": reconstruction}
+
+    compute.update(
+        scan_path=str(raw / scan.name) if master else str(raw),
+        output_dir=str(run_dir),
+    )
+    return {
+        "run_name": run_name,
+        "scan_is_directory": is_dir,
+        "beamline": {
+            "collection_id": settings.beamline.collection_id,
+            "scan_path": _collection_path(
+                PurePosixPath(str(moved)), PurePosixPath(str(beamline_root)), "scan"
+            ),
+            "results_path": _collection_path(
+                PurePosixPath(str(results_local)),
+                PurePosixPath(str(beamline_root)),
+                "results directory",
+            ),
+        },
+        "hpc": {
+            "collection_id": settings.hpc.collection_id,
+            "scan_path": _collection_path(raw, hpc_root, "hpc.scratch_dir"),
+            "results_path": _collection_path(run_dir, hpc_root, "hpc.scratch_dir"),
+        },
+        "compute": compute,
+        "reconstruction": reconstruction,
+    }
+
+
+# -- creating and starting runs ----------------------------------------------------------------
+def create_scan_run(
+    settings: Settings,
+    store: Store,
+    scan_path: str | Path,
+    *,
+    params: dict[str, Any] | None = None,
+    dedupe_key: str | None = None,
+    fraction: float | None = None,
+    label: str | None = None,
+    flow: str = DEFAULT_FLOW,
+) -> Run:
+    """Record a QUEUED run of the scan (raises DuplicateRun for a taken ``dedupe_key``,
+    :class:`RunInputError` for a bad scan path or parameters)."""
+    if flow not in FLOWS:
+        raise RunInputError(f"unknown flow {flow!r} (known: {', '.join(FLOWS)})")
+    scan = Path(scan_path).expanduser().resolve()
+    if not scan.exists():
+        raise RunInputError(f"scan {scan} does not exist")
+    merged = reconstruction_params(settings, params)
+    return store.create_run(
+        scan=scan_name(scan),
+        scan_path=str(scan),
+        flow=flow,
+        backend=settings.backend,
+        parameters=merged,
+        dedupe_key=dedupe_key,
+        label=label,
+        fraction=fraction,
+        iterations_total=merged["iterations"],
+    )
+
+
+def launch_run(settings: Settings, store: Store, backend: Backend, run: Run) -> Run:
+    """Start a QUEUED run on the backend; the run becomes ACTIVE with its backend run id.
+
+    Raises :class:`BackendError` (``transient`` when worth a retry) and leaves the run as it
+    was: the caller decides between failing it and trying again."""
+    if run.status != RunStatus.QUEUED:
+        raise BackendError(f"run {run.id} is {run.status.value}, not QUEUED", step="Start")
+    run_name = run_name_for(run)
+    try:
+        body = flow_input_for(settings, run.scan_path or run.scan, run.parameters, run_name,
+                              flow=run.flow)  # fmt: skip
+    except RunInputError as exc:
+        raise BackendError(str(exc), step="Start") from None
+    label = (run.label or f"beamflow {run.scan} {run_name}")[:128]
+    tags = ["beamflow", _safe(run.scan, 100)]
+    backend_run_id = backend.start_run(run.flow, body, label=label, tags=tags)
+    results_dir = str(Path(settings.beamline.preview_dir).resolve() / run_name)
+    run = store.update_run(
+        run.id,
+        status=RunStatus.ACTIVE,
+        backend_run_id=backend_run_id,
+        label=label,
+        error=None,
+        error_step=None,
+        result={"run_name": run_name, "results_dir": results_dir, "input": body},
+    )
+    store.add_event(
+        run.id, "RunStarted", f"{run.flow} started on {backend.name} as {backend_run_id}"
+    )
+    return run
+
+
+def start_scan_run(
+    settings: Settings,
+    store: Store,
+    backend: Backend,
+    scan_path: str | Path,
+    *,
+    params: dict[str, Any] | None = None,
+    dedupe_key: str | None = None,
+    fraction: float | None = None,
+    label: str | None = None,
+    flow: str = DEFAULT_FLOW,
+) -> Run:
+    """Record and start a run of a scan: ACTIVE, or FAILED with the reason if the backend
+    could not start it. Bad arguments raise :class:`RunInputError` before anything is
+    recorded."""
+    run = create_scan_run(settings, store, scan_path, params=params, dedupe_key=dedupe_key,
+                          fraction=fraction, label=label, flow=flow)  # fmt: skip
+    return _launch_or_fail(settings, store, backend, run)
+
+
+def _launch_or_fail(settings: Settings, store: Store, backend: Backend, run: Run) -> Run:
+    try:
+        return launch_run(settings, store, backend, run)
+    except BackendError as exc:
+        run = store.update_run(
+            run.id, status=RunStatus.FAILED, error=str(exc), error_step=exc.step or "Start"
+        )
+        store.add_event(run.id, "RunFailed", f"could not start: {exc}", level="error")
+        return run
+
+
+# -- following runs ----------------------------------------------------------------------------
+def sync_run(store: Store, backend: Backend, run: Run) -> Run:
+    """Bring the stored run up to date with the backend: status, steps with timings,
+    iteration progress, and at the end the product and previews (beamline-side paths) or
+    the error and the step it happened in. Raises :class:`BackendError` if the backend
+    cannot say (the stored run is left as it was)."""
+    if not run.backend_run_id or run.status.finished:
+        return run
+    info = backend.get_run(run.backend_run_id)
+    _record_steps(store, run.id, info.steps, info.status)
+    fields: dict[str, Any] = {}
+    active = [s for s in info.steps if s.status == "ACTIVE"]
+    if active:
+        fields["current_step"] = active[-1].name
+        progress = active[-1].details
+        if isinstance(progress.get("iteration"), int):
+            fields["iteration"] = progress["iteration"]
+            if isinstance(progress.get("iterations_total"), int):
+                fields["iterations_total"] = progress["iterations_total"]
+    if info.status == RunStatus.SUCCEEDED:
+        fields.update(_success_fields(run, info))
+    elif info.status == RunStatus.FAILED:
+        step, message = describe_failure(info)
+        fields.update(error=message, error_step=step)
+    elif info.status == RunStatus.CANCELLED:
+        fields.update(error=info.error or "cancelled", error_step=info.error_step)
+    if info.status != run.status:
+        fields["status"] = info.status
+    changed = {k: v for k, v in fields.items() if getattr(run, k) != v}
+    if not changed:
+        return run
+    run = store.update_run(run.id, **changed)
+    if "status" in changed and run.status.finished:
+        level = "info" if run.status == RunStatus.SUCCEEDED else "error"
+        text = run.status.value.lower() + (f": {run.error_step}: {run.error}" if run.error else "")
+        store.add_event(run.id, f"Run{run.status.value.title()}", text, level=level)
+    return run
+
+
+def _record_steps(store: Store, run_id: str, steps: list[StepInfo], status: RunStatus) -> None:
+    known = {s.name: s for s in store.steps(run_id)}
+    for step in steps:
+        old = known.get(step.name)
+        details = _compact(step.details)
+        if (
+            old is not None
+            and old.status == step.status
+            and old.started_at == step.started_at
+            and old.finished_at == step.finished_at
+            and all(old.details.get(k) == v for k, v in details.items())
+        ):
+            continue
+        store.record_step(run_id, step.name, step.status, started_at=step.started_at,
+                          finished_at=step.finished_at, details=details)  # fmt: skip
+
+
+def _compact(details: dict[str, Any]) -> dict[str, Any]:
+    """Step details worth keeping in the store (bounded: no action inputs, short text)."""
+    out = {k: v for k, v in details.items() if k != "input"}
+    text = json.dumps(out, default=str)
+    if len(text) > 20_000:
+        out = {k: v for k, v in out.items() if k != "action"}
+    return out
+
+
+def reconstruction_summary(output: dict[str, Any]) -> dict[str, Any] | None:
+    """The reconstruct function's summary from a flow's output (``$.reconstruct``)."""
+    action = output.get("reconstruct")
+    if not isinstance(action, dict):
+        return None
+    details = action.get("details") or {}
+    for candidate in (
+        *(details.get("result") or [])[:1],
+        *[r.get("output") for r in (details.get("results") or [])[:1] if isinstance(r, dict)],
+    ):
+        if isinstance(candidate, dict):
+            return candidate
+    return None
+
+
+def _success_fields(run: Run, info: FlowRunInfo) -> dict[str, Any]:
+    summary = reconstruction_summary(info.output)
+    result = {**run.result, "summary": summary}
+    fields: dict[str, Any] = {"result": result, "error": None, "error_step": None}
+    if summary is None:
+        return fields
+    results_dir = run.result.get("results_dir")
+    if results_dir:
+        base = Path(results_dir)
+        product = base / str(summary.get("product_relative") or "product.h5")
+        previews = [base / str(p) for p in summary.get("previews_relative") or []]
+        if product.exists():
+            fields["product"] = str(product)
+        fields["previews"] = [str(p) for p in previews if p.exists()]
+    if isinstance(summary.get("iterations"), int):
+        fields["iteration"] = summary["iterations"]
+        fields["iterations_total"] = summary["iterations"]
+    return fields
+
+
+def describe_failure(info: FlowRunInfo) -> tuple[str | None, str]:
+    """(step, message) of a failed run. Our flows record the failed step and the caught
+    error at ``$.failure``; other flows fall back to the backend's error."""
+    failure = info.output.get("failure") if isinstance(info.output, dict) else None
+    if isinstance(failure, dict) and failure.get("step"):
+        error = failure.get("error") or {}
+        cause = error_text(error) if isinstance(error, dict) else str(error)
+        head = failure.get("description") or "failed"
+        return str(failure["step"]), f"{head}: {cause}"
+    step = info.error_step
+    if step is None:
+        failed = [s.name for s in info.steps if s.status in ("FAILED", "CANCELLED")]
+        step = failed[-1] if failed else None
+    return step, info.error or "failed (no reason given by the backend)"
+
+
+def error_text(error: dict[str, Any]) -> str:
+    """``Error: cause`` from a caught error object, with the cause read out of the action
+    status document it usually holds (compute exception, transfer fault, refusal)."""
+    name = str(error.get("Error") or "Error")
+    cause: Any = error.get("Cause")
+    if isinstance(cause, str):
+        try:
+            cause = json.loads(cause)
+        except json.JSONDecodeError:
+            return f"{name}: {cause}"[:2000]
+    if isinstance(cause, dict):
+        details = cause.get("details") if isinstance(cause.get("details"), dict) else cause
+        if isinstance(details.get("error"), dict) and details["error"].get("message"):
+            err = details["error"]
+            return f"{name}: {err.get('type', 'Error')}: {err['message']}"[:2000]
+        if isinstance(details.get("fatal_error"), dict):
+            fatal = details["fatal_error"]
+            return f"{name}: {fatal.get('code')}: {fatal.get('description')}"[:2000]
+        if details.get("exception"):
+            return f"{name}: {details['exception']}"[:2000]
+        if details.get("description"):
+            return f"{name}: {details['description']}"[:2000]
+        if cause.get("display_status"):
+            return f"{name}: action {cause.get('status')}: {cause['display_status']}"[:2000]
+    return f"{name}: {json.dumps(cause, default=str)[:1500]}" if cause else name
+
+
+def follow_run(
+    store: Store,
+    backend: Backend,
+    run: Run,
+    *,
+    poll_seconds: float = 1.0,
+    max_poll_seconds: float = 10.0,
+    timeout: float | None = None,
+    on_update: Callable[[Run], None] | None = None,
+) -> Run:
+    """Sync the run until it ends (or ``timeout``); transient backend faults are retried."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    interval = poll_seconds
+    while True:
+        try:
+            new = sync_run(store, backend, run)
+        except BackendError as exc:
+            if not exc.transient:
+                raise
+            new = run
+        if on_update is not None:
+            on_update(new)
+        changed = new.updated_at != run.updated_at
+        run = new
+        if run.status.finished or not run.backend_run_id:
+            return run
+        if deadline is not None and time.monotonic() >= deadline:
+            return run
+        interval = poll_seconds if changed else min(interval * 1.5, max_poll_seconds)
+        wait = interval if deadline is None else min(interval, deadline - time.monotonic())
+        time.sleep(max(0.0, wait))
+
+
+# -- retry and cancel --------------------------------------------------------------------------
+def retry_run(
+    settings: Settings,
+    run_id: str,
+    *,
+    store: Store | None = None,
+    backend: Backend | None = None,
+) -> Run:
+    """Start a new attempt of a failed or cancelled run (same scan, flow and parameters;
+    ``parent_run_id`` links them). It continues from the scan's checkpoints.
+
+    Without ``backend`` one is opened and a background thread follows the new run until it
+    ends (the status page's retry button), then closes it; with one, following is the
+    caller's (``beamflow runs retry --wait``)."""
+    own_store = store is None
+    store = store or Store(settings.store_path)
+    old = store.get_run(run_id)
+    if old is None:
+        raise StoreError(f"no run with id {run_id!r} in {store.path}")
+    if not old.status.finished:
+        raise RunInputError(f"run {old.id} is {old.status.value}: cancel it before retrying")
+    if old.status == RunStatus.SUCCEEDED:
+        raise RunInputError(
+            f"run {old.id} succeeded; start a new run of the scan with `beamflow runs start`"
+        )
+    new = store.create_run(
+        scan=old.scan,
+        scan_path=old.scan_path,
+        flow=old.flow,
+        backend=settings.backend,
+        parameters=old.parameters,
+        label=None,
+        parent_run_id=old.id,
+        attempt=old.attempt + 1,
+        fraction=old.fraction,
+        iterations_total=old.iterations_total,
+    )
+    store.add_event(new.id, "RetryOf", f"retry of run {old.id} ({old.error_step}: {old.error})")
+    if backend is not None:
+        return _launch_or_fail(settings, store, backend, new)
+    backend = get_backend(settings)
+    new = _launch_or_fail(settings, store, backend, new)
+    if new.status.finished:
+        backend.close()
+        return new
+
+    def follow(run: Run = new, backend: Backend = backend) -> None:
+        follower_store = Store(settings.store_path) if not own_store else store
+        try:
+            follow_run(follower_store, backend, run)
+        except Exception:  # noqa: BLE001 - the run is recorded; following is best effort
+            pass
+        finally:
+            backend.close()
+
+    threading.Thread(target=follow, name=f"follow-{new.id[:8]}", daemon=True).start()
+    return new
+
+
+def cancel_run(
+    settings: Settings,
+    run_id: str,
+    *,
+    store: Store | None = None,
+    backend: Backend | None = None,
+) -> Run:
+    """Cancel a run: a QUEUED one at once; a running one through its backend (the store
+    shows CANCELLED once the backend has stopped it)."""
+    store = store or Store(settings.store_path)
+    run = store.get_run(run_id)
+    if run is None:
+        raise StoreError(f"no run with id {run_id!r} in {store.path}")
+    if run.status.finished:
+        return run
+    if run.status == RunStatus.QUEUED or not run.backend_run_id:
+        run = store.update_run(
+            run.id, status=RunStatus.CANCELLED, error="cancelled before it started"
+        )
+        store.add_event(run.id, "RunCancelled", "cancelled before it started")
+        return run
+    own = backend is None
+    backend = backend or get_backend(settings)
+    try:
+        backend.cancel_run(run.backend_run_id)
+        store.add_event(run.id, "CancelRequested", f"cancel sent to {backend.name}")
+        return sync_run(store, backend, run)
+    finally:
+        if own:
+            backend.close()
