@@ -426,6 +426,32 @@ def test_retry_validation(store: Store) -> None:
     assert r.status_code == 502 and "flows service down" in r.json()["detail"]
 
 
+def test_retry_goes_through_the_shared_run_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What `beamflow serve` wires: beamflow.runs.retry_run with the configuration. The scan
+    # file is gone, so the new attempt fails at once, with the reason, linked to the old run.
+    from beamflow.cli import _status_retry
+
+    settings = Settings(state_dir=tmp_path / "state")
+    store = Store(settings.store_path)
+    missing = tmp_path / "beamline" / "detector" / "gone_master.h5"
+    old = store.create_run(scan="gone", flow="ptycho_reconstruct", backend="local",
+                           scan_path=str(missing))
+    store.update_run(old.id, status=RunStatus.FAILED, error="boom", error_step="Reconstruct")
+    retry = _status_retry(settings)
+    assert retry is not None
+    client = client_for(store, retry=retry)
+    csrf = re.search(r'name="csrf-token" content="([0-9a-f]+)"',
+                     client.get(f"/runs/{old.id}").text).group(1)
+    r = client.post(f"/api/runs/{old.id}/retry", headers={"X-CSRF-Token": csrf})
+    assert r.status_code == 200, r.text
+    new = client.get(f"/api/runs/{r.json()['id']}").json()["run"]
+    assert new["parent_run_id"] == old.id and new["attempt"] == 2
+    assert new["status"] == "FAILED" and "does not exist" in new["error"]
+    assert "retry of" in client.get(f"/runs/{new['id']}").text
+
+
 def test_exposed_server_needs_a_token_to_start(store: Store) -> None:
     with pytest.raises(ValueError, match="without a token"):
         create_app(store, StatusOptions(host="0.0.0.0"))

@@ -37,8 +37,10 @@ log = logging.getLogger(__name__)
 PACKAGE = Path(str(files("beamflow.status")))
 TEMPLATES = PACKAGE / "templates"
 STATIC = PACKAGE / "static"
-PAGE_SIZES = (25, 50, 100, 200)
 MAX_LIMIT = 500
+# What `beamflow runs retry` accepts too (beamflow.runs.retry_run): a new attempt of a run
+# that ended without a result.
+RETRYABLE = (RunStatus.FAILED, RunStatus.CANCELLED)
 
 # Retry a failed run: gets the run id, returns the new run (or its id). Raises ValueError or
 # StoreError when the run cannot be retried, any other exception when the backend fails.
@@ -197,7 +199,7 @@ def create_app(
             result=run.result,
             product_url=f"/files/{run.id}/product" if run.product else None,
             events=[views.EventView.of(e) for e in reversed(store.events(run.id, limit=50))],
-            can_retry=run.status == RunStatus.FAILED and retry is not None,
+            can_retry=run.status in RETRYABLE and retry is not None,
         )
 
     @app.exception_handler(StarletteHTTPException)
@@ -315,8 +317,10 @@ def create_app(
         if not guard.csrf_ok(request, form.get("csrf")):
             raise HTTPException(403, "retry refused: missing or wrong CSRF token (X-CSRF-Token)")
         run = get_run(run_id)
-        if run.status != RunStatus.FAILED:
-            raise HTTPException(409, f"run {run_id} is {run.status.value}; only failed runs retry")
+        if run.status not in RETRYABLE:
+            raise HTTPException(
+                409, f"run {run_id} is {run.status.value}; only failed or cancelled runs retry"
+            )
         if retry is None:
             raise HTTPException(501, "retry is not available on this server")
         try:
