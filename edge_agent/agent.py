@@ -89,40 +89,50 @@ def part_of(fraction: float | None) -> str:
     return f"{fraction:.3f}"
 
 
+# How a failure reads decides whether it is worth another attempt. Bad input is checked
+# first: it is never retried, whatever step it surfaced in.
 _BAD_INPUT = (
     "scanformaterror",
     "valueerror",
     "validationerror",
+    "incompatiblecheckpoint",
+    "does not match its schema",
     "invalid",
     "bad input",
     "not a readable",
     "refused",
-    "does not exist",
+    "permission_denied",
+    "permission denied",
 )
 _TRANSIENT = (
-    "lost",
-    "transfer",
-    "timeout",
+    "lost",  # RunLost (the process running it ended), WorkerLost (killed, out of memory)
+    "timeout",  # ActionTimeout, socket timeouts
     "timed out",
     "connection",
     "unavailable",
-    "token",
-    "temporar",
     "network",
-    "endpoint",
-    "actionunabletorun",
-    "busy",
+    "token",  # an expired or revoked token that a refresh fixes
+    "temporar",
+    "actionunabletorun",  # the provider could not start the action (endpoint offline, ...)
+    "endpoint is offline",
     "throttl",
+    "too many requests",
+    "busy",
+    "file_not_found",  # a file renamed by the detector's writer while it was copied
+    "vanished",
 )
 
 
 def is_transient(run: Run) -> bool:
-    """Faults worth a retry: a lost worker, transfers, timeouts, connectivity, an expired
-    token. Bad input (the reader's or the function's validation errors) is never retried,
-    even when it surfaced in a step whose name sounds transient."""
+    """Faults worth a retry: a lost run or worker, transfer and network faults, timeouts,
+    an expired token, an endpoint that could not take the task. Bad input (the reader's or
+    the function's validation errors, refused paths) is never retried; a reconstruction
+    that failed on good input (it diverged) is not either: the same input fails again."""
     text = f"{run.error_step or ''} {run.error or ''}".lower()
     if any(word in text for word in _BAD_INPUT):
         return False
+    if (run.error_step or "").startswith("Transfer"):
+        return True  # transfers are retried, as Globus Transfer retries its own faults
     return any(word in text for word in _TRANSIENT)
 
 
@@ -154,6 +164,10 @@ class EdgeAgent:
         self._last_rescan = float("-inf")
         self._next_attach = float("-inf")
         self._schedule_needed = True
+        # The local backend runs flows inside this process; a remote service keeps them.
+        self._runs_outlive_agent = bool(
+            getattr(self.backend, "runs_outlive_agent", self.backend.name != "local")
+        )
         self._max_poll = max(
             self.policy.poll_seconds, min(_MAX_POLL_SECONDS, 10 * self.policy.poll_seconds)
         )
@@ -168,9 +182,24 @@ class EdgeAgent:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    def prepare(self) -> None:
+        """Make sure the flow and function can be run. On the embedded backend registration
+        is local and idempotent, so the agent does it (a fresh `beamflow init` workspace
+        works at once); on Globus it is a deliberate step (`beamflow register`)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self._runs_outlive_agent:
+            return
+        for what, register in (
+            ("functions", self.backend.register_functions),
+            ("flows", self.backend.register_flows),
+        ):
+            changed = [r.name for r in register() if r.action != "unchanged"]
+            if changed:
+                log.info(f"registered {what}", extra={"fields": {"names": changed}})
+
     def run_forever(self) -> None:
         """Watch and process until :meth:`stop` (SIGTERM) is called."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.prepare()
         observer = start_observer(
             self.root, self.changes, self.policy.observer, self.policy.poll_seconds
         )
@@ -203,6 +232,7 @@ class EdgeAgent:
         before are finished too.
         """
         deadline = None if timeout is None else self.clock() + timeout
+        self.prepare()
         mine: set[str] = set()
         for path in find_scans(self.root):
             state = self._assess(path)
@@ -230,7 +260,7 @@ class EdgeAgent:
         """On a clean stop, runs that cannot outlive this process (the local backend runs
         flows inside it) go back to the queue without using up a retry; runs on a remote
         service go on and are re-attached at the next start."""
-        if not self._stop.is_set() or getattr(self.backend, "runs_outlive_agent", True):
+        if not self._stop.is_set() or self._runs_outlive_agent:
             return
         for run in self._active_runs():
             if run.id not in self._launched_here:
@@ -264,10 +294,11 @@ class EdgeAgent:
 
     # -- one pass --------------------------------------------------------------------------
     def tick(self) -> None:
-        self._discover()
-        self._check_scans()
-        self._schedule()
-        self._follow()
+        for phase in (self._discover, self._check_scans, self._schedule, self._follow):
+            try:
+                phase()
+            except Exception:  # noqa: BLE001 - one bad pass must not end a weeks-long daemon
+                log.exception("agent pass failed", extra={"fields": {"phase": phase.__name__}})
 
     def _discover(self) -> None:
         now = self.clock()
@@ -352,6 +383,8 @@ class EdgeAgent:
             )
         except DuplicateRun:
             return None
+        except run_path.RunInputError as exc:
+            return self._record_refused(state, part, fraction, params, exc)
         self.stats.queued += 1
         self._schedule_needed = True
         log.info(
@@ -366,6 +399,30 @@ class EdgeAgent:
                 }
             },
         )
+        return run
+
+    def _record_refused(
+        self, state: ScanState, part: str, fraction: float, params: dict, exc: Exception
+    ) -> Run | None:
+        """A scan part that cannot even be queued (the scan vanished, the configured
+        parameters are invalid) is recorded as a failed run once, visible with the reason,
+        instead of being tried again at every look."""
+        if not state.path.exists():
+            return None  # gone: nothing to record
+        try:
+            run = self.store.create_run(
+                scan=state.name, scan_path=str(state.path.resolve()), flow=self.policy.flow,
+                backend=self.backend.name, parameters=params,
+                dedupe_key=dedupe_key(state.path, part), fraction=fraction,
+            )  # fmt: skip
+        except DuplicateRun:
+            return None
+        run = self.store.update_run(
+            run.id, status=RunStatus.FAILED, error=str(exc), error_step="Queue"
+        )
+        self.stats.failed += 1
+        log.error("run refused", extra={"fields": {"run": run.id, "scan": state.name,
+                                                   "error": str(exc)}})  # fmt: skip
         return run
 
     def _ensure_partial(self, state: ScanState) -> None:
@@ -492,6 +549,12 @@ class EdgeAgent:
         except BackendError as exc:
             self._failed_to_start(run, exc)
             return
+        except Exception as exc:  # noqa: BLE001 - e.g. an SDK error the backend let through
+            log.exception("run could not start", extra={"fields": {"run": run.id}})
+            self._failed_to_start(
+                run, BackendError(f"{type(exc).__name__}: {exc}", transient=True, step="Start")
+            )
+            return
         self._retry_at.pop(run.id, None)
         self._launched_here.add(run.id)
         self.stats.started += 1
@@ -584,10 +647,22 @@ class EdgeAgent:
         try:
             run = run_path.sync_run(self.store, self.backend, run)
         except BackendError as exc:
-            poll.interval = min(poll.interval * 2, self._max_poll)
-            poll.due = now + poll.interval
-            log.warning("poll failed", extra={"fields": {"run": run.id, "error": str(exc),
-                                                         "next_poll_s": poll.interval}})
+            if not exc.transient and not self._runs_outlive_agent:
+                # The local backend does not know the run (its record is gone): it is lost,
+                # and handled like any lost run (retried within the budget). A remote
+                # service's refusal is only backed off: its run may well go on.
+                run = self.store.update_run(
+                    run.id, status=RunStatus.FAILED, error=f"lost: {exc}", error_step="Poll"
+                )
+                self._polls.pop(run.id, None)
+                self._launched_here.discard(run.id)
+                self._schedule_needed = True
+                self._finished(run)
+                return
+            self._poll_failed(run, poll, now, exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - anything unexpected: back off, try again
+            self._poll_failed(run, poll, now, exc)
             return
         if run.status != poll.status:
             poll.interval = self.policy.poll_seconds
@@ -600,6 +675,12 @@ class EdgeAgent:
             self._launched_here.discard(run.id)
             self._schedule_needed = True
             self._finished(run)
+
+    def _poll_failed(self, run: Run, poll: _Poll, now: float, exc: Exception) -> None:
+        poll.interval = min(poll.interval * 2, self._max_poll)
+        poll.due = now + poll.interval
+        log.warning("poll failed", extra={"fields": {"run": run.id, "error": str(exc),
+                                                     "next_poll_s": poll.interval}})
 
     def _finished(self, run: Run) -> None:
         if (
