@@ -489,15 +489,16 @@ def _report(store: Store, run, as_json: bool) -> None:  # noqa: ANN001
         print(json.dumps(data))
     else:
         style = _STATUS_STYLE[run.status]
-        console.print(f"run {run.id}  [{style}]{run.status}[/]  {run.scan}", highlight=False)
+        out = {"highlight": False, "soft_wrap": True}  # paths stay whole, one per line
+        console.print(f"run {run.id}  [{style}]{run.status}[/]  {run.scan}", **out)
         if run.backend_run_id:
-            console.print(f"  {run.backend} run  {run.backend_run_id}")
+            console.print(f"  {run.backend} run  {run.backend_run_id}", **out)
         for s in store.steps(run.id):
-            console.print(f"  step      {s.name}: {s.status} ({_duration(s.duration)})")
+            console.print(f"  step      {s.name}: {s.status} ({_duration(s.duration)})", **out)
         if run.product:
-            console.print(f"  product   {run.product}")
+            console.print(f"  product   {run.product}", **out)
         for p in run.previews:
-            console.print(f"  preview   {p}")
+            console.print(f"  preview   {p}", **out)
     if run.status == RunStatus.FAILED:
         fail(f"run {run.id} failed in {run.error_step or 'an unknown step'}: {run.error}")
 
@@ -681,7 +682,9 @@ def agent(
     settings = settings_from(config)
     setup_logging(log_level.upper())
     edge = EdgeAgent(settings)
+    # SIGTERM (systemd) and Ctrl-C both stop it cleanly, between passes.
     signal.signal(signal.SIGTERM, lambda *_: edge.stop())
+    signal.signal(signal.SIGINT, lambda *_: edge.stop())
     try:
         if once:
             ok = edge.run_once(timeout=timeout)

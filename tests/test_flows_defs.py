@@ -1,0 +1,224 @@
+"""The shipped flow definitions: valid for the service, strict input schemas, and the
+behaviour they promise (step and cause recorded on failure, results paths built right)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+import flows
+from beamflow.config import load_config, local_workspace_toml
+from beamflow.local.interpreter import ActionStatus, FlowRunner, ManualClock, RunContext
+from beamflow.local.validation import (
+    ACTION_ERRORS,
+    definition_warnings,
+    validate_definition,
+    validate_input,
+)
+from beamflow.runs import flow_input_for
+
+TRANSFER = "https://transfer.actions.globus.org/transfer"
+COMPUTE = "https://compute.actions.globus.org/v3"
+FUNCTION_ID = "44444444-4444-4444-8444-444444444444"
+
+
+@pytest.fixture
+def settings(tmp_path: Path):  # noqa: ANN201
+    for sub in ("beamline/detector/s1", "beamline/previews", "hpc", "state"):
+        (tmp_path / sub).mkdir(parents=True)
+    (tmp_path / "beamline/detector/s1/s1_master.h5").write_bytes(b"")
+    config = tmp_path / "beamflow.toml"
+    config.write_text(local_workspace_toml())
+    return load_config(config)
+
+
+def inputs(settings, flow: str) -> dict[str, Any]:  # noqa: ANN001
+    scan = settings.beamline.detector_dir / "s1"
+    return flow_input_for(settings, scan, {}, "s1-abcdef12", flow=flow, function_id=FUNCTION_ID)
+
+
+def test_the_shipped_flows() -> None:
+    assert flows.flow_names() == ["ptycho_reconstruct", "ptycho_shared_fs"]
+    with pytest.raises(flows.FlowNotFound, match="known: ptycho_reconstruct"):
+        flows.load_definition("nope")
+    with pytest.raises(flows.FlowNotFound):
+        flows.load_schema("../pyproject")
+
+
+@pytest.mark.parametrize("name", ["ptycho_reconstruct", "ptycho_shared_fs"])
+def test_definitions_are_valid_and_every_action_is_guarded(name: str) -> None:
+    definition = flows.load_definition(name)
+    assert validate_definition(definition) == []
+    assert definition_warnings(definition) == []
+    actions = {k: s for k, s in definition["States"].items() if s["Type"] == "Action"}
+    assert actions
+    for state_name, state in actions.items():
+        assert state["ActionUrl"] in (TRANSFER, COMPUTE)
+        assert state["ResultPath"].startswith("$.")  # never the default "$" (replaces all)
+        assert state["WaitTime"] >= 3600, f"{state_name}: WaitTime too short for real scans"
+        caught = {e for c in state["Catch"] for e in c["ErrorEquals"]}
+        assert caught == set(ACTION_ERRORS), state_name
+        # The catch leads to a state that records the step, then a Fail naming it.
+        record = definition["States"][state["Catch"][0]["Next"]]
+        assert record["Parameters"]["step"] == state_name
+        fail = definition["States"][record["Next"]]
+        assert fail["Type"] == "Fail" and state_name in fail["Error"]
+        assert state_name in fail["Cause"]
+        assert set(fail) <= {"Type", "Error", "Cause", "Comment"}  # static: what Globus takes
+
+
+def test_big_actions_wait_hours() -> None:
+    states = flows.load_definition("ptycho_reconstruct")["States"]
+    assert states["TransferScanToHPC"]["WaitTime"] >= 6 * 3600
+    assert states["Reconstruct"]["WaitTime"] >= 12 * 3600
+
+
+@pytest.mark.parametrize("name", ["ptycho_reconstruct", "ptycho_shared_fs"])
+def test_schemas_are_strict_json_schemas(name: str) -> None:
+    schema = flows.load_schema(name)
+    jsonschema.Draft7Validator.check_schema(schema)
+
+    def objects(node: Any) -> list[dict[str, Any]]:
+        found = []
+        if isinstance(node, dict):
+            if node.get("type") == "object":
+                found.append(node)
+            for value in node.values():
+                found += objects(value)
+        elif isinstance(node, list):
+            for value in node:
+                found += objects(value)
+        return found
+
+    for obj in objects(schema):
+        assert obj["additionalProperties"] is False
+        assert obj["required"], obj.get("title")
+
+
+@pytest.mark.parametrize("name", ["ptycho_reconstruct", "ptycho_shared_fs"])
+def test_the_input_beamflow_builds_is_accepted(settings, name: str) -> None:  # noqa: ANN001
+    assert validate_input(inputs(settings, name), flows.load_schema(name)) == []
+
+
+def _set(body: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    body = copy.deepcopy(body)
+    *parents, last = path.split(".")
+    node = body
+    for key in parents:
+        node = node[key]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return body
+
+
+_DELETE = object()
+BAD = [
+    ("surprise", "extra top-level key"),
+    ("beamline.surprise", "extra nested key"),
+    ("reconstruction.colour", "unknown parameter"),
+    ("beamline.collection_id", "not-a-uuid"),
+    ("compute.function_id", "1234"),
+    ("beamline.scan_path", "detector/s1"),  # relative
+    ("hpc.scan_path", "/raw/../../etc"),  # climbs out
+    ("compute.output_dir", "/x/.."),
+    ("compute.allowed_roots", []),
+    ("reconstruction.algorithm", "magic"),
+    ("reconstruction.iterations", 0),
+    ("reconstruction.device", "tpu"),
+    ("reconstruction.probe_modes", 17),
+    ("run_name", "a/b"),
+    ("run_name", ""),
+    ("scan_is_directory", "yes"),
+    ("run_name", _DELETE),
+    ("compute", _DELETE),
+    ("reconstruction.iterations", _DELETE),
+]
+
+
+@pytest.mark.parametrize(("path", "value"), BAD, ids=[f"{p}={v!r}" for p, v in BAD])
+def test_bad_inputs_are_rejected(settings, path: str, value: Any) -> None:  # noqa: ANN001
+    body = _set(inputs(settings, "ptycho_reconstruct"), path, value)
+    problems = validate_input(body, flows.load_schema("ptycho_reconstruct"))
+    assert problems, f"{path}={value!r} was accepted"
+
+
+class Recorder:
+    """A provider that records bodies and ends each action as scripted."""
+
+    def __init__(self, outcome: str = "SUCCEEDED", details: Any = None) -> None:
+        self.outcome = outcome
+        self.details = details if details is not None else {}
+        self.bodies: list[dict[str, Any]] = []
+
+    def start(self, body: dict[str, Any], context: RunContext) -> ActionStatus:
+        self.bodies.append(body)
+        return ActionStatus(action_id=str(uuid.uuid4()), status=self.outcome, details=self.details)
+
+    def status(self, action_id: str) -> ActionStatus:  # pragma: no cover - never ACTIVE
+        raise AssertionError
+
+    def cancel(self, action_id: str) -> ActionStatus:  # pragma: no cover
+        raise AssertionError
+
+
+def run_flow(settings, transfer: Recorder, compute: Recorder):  # noqa: ANN001, ANN201
+    runner = FlowRunner(
+        flows.load_definition("ptycho_reconstruct"),
+        {TRANSFER: transfer, COMPUTE: compute},
+        input_schema=flows.load_schema("ptycho_reconstruct"),
+        clock=ManualClock(),
+    )
+    return runner.run(inputs(settings, "ptycho_reconstruct"))
+
+
+def test_the_flow_moves_the_scan_and_the_results(settings) -> None:  # noqa: ANN001
+    transfer, compute = Recorder(), Recorder(details={"result": [{"iterations": 5}]})
+    result = run_flow(settings, transfer, compute)
+    assert result.status == "SUCCEEDED", result.error
+    body = inputs(settings, "ptycho_reconstruct")
+    raw, back = transfer.bodies
+    assert raw["source_endpoint"] == body["beamline"]["collection_id"]
+    assert raw["destination_endpoint"] == body["hpc"]["collection_id"]
+    assert raw["DATA"] == [
+        {
+            "source_path": "/detector/s1",
+            "destination_path": body["hpc"]["scan_path"],
+            "recursive": True,
+        }
+    ]
+    assert raw["verify_checksum"] is True and raw["label"] == "beamflow s1-abcdef12 scan to HPC"
+    assert len(raw["label"]) <= 128
+    assert back["source_endpoint"] == body["hpc"]["collection_id"]
+    results = body["beamline"]["results_path"]
+    assert results == "/previews/s1-abcdef12"
+    assert [(d["destination_path"], d["recursive"]) for d in back["DATA"]] == [
+        (results + "/product.h5", False),
+        (results + "/previews", True),
+    ]
+    task = compute.bodies[0]["tasks"][0]
+    assert task["function_id"] == FUNCTION_ID
+    assert task["kwargs"]["parameters"] == body["reconstruction"]
+    assert task["kwargs"]["scan"] == body["compute"]["scan_path"]
+    assert result.output["reconstruct"]["details"]["result"] == [{"iterations": 5}]
+
+
+def test_a_failed_step_is_named_with_its_cause(settings) -> None:  # noqa: ANN001
+    error = {"type": "ValueError", "message": "scan s1: no positions"}
+    transfer = Recorder()
+    compute = Recorder("FAILED", details={"error": error})
+    result = run_flow(settings, transfer, compute)
+    assert result.status == "FAILED"
+    assert result.error["Error"] == "ReconstructFailed"
+    failure = result.output["failure"]
+    assert failure["step"] == "Reconstruct"
+    assert failure["error"]["Error"] == "ActionFailedException"
+    assert json.loads(failure["error"]["Cause"])["details"]["error"] == error
+    assert len(transfer.bodies) == 1  # results were not transferred
