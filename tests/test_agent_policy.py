@@ -1,0 +1,381 @@
+"""The agent's decisions against a real run store and the real run path, with a scripted
+backend and a hand-driven clock: the queue and its limit, one run at a time per scan,
+progressive parts, retries (and none for bad input), aborted and broken scans, restarts."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+from watchdog.events import FileCreatedEvent
+
+from beamflow.backend import BackendError, FlowRunInfo
+from beamflow.cli import app
+from beamflow.config import Settings, load_config
+from beamflow.formats import Geometry
+from beamflow.formats.eiger import data_file_name, master_path, write_data_file, write_master
+from beamflow.registry import Registry, register_functions
+from beamflow.store import RunStatus, Store
+from edge_agent.agent import EdgeAgent, dedupe_key, is_transient
+from edge_agent.scans import find_scans, scan_files
+
+GEOMETRY = Geometry(energy_eV=8800.0, distance_m=2.0, detector_pixel_size_m=75e-6)
+
+
+class ScriptedBackend:
+    """A backend whose runs end when the test says so."""
+
+    name = "local"
+
+    def __init__(self, *, outlive: bool = True) -> None:
+        self.runs_outlive_agent = outlive
+        self.runs: dict[str, FlowRunInfo] = {}
+        self.bodies: dict[str, dict] = {}
+        self.start_faults: list[BackendError] = []
+        self.get_calls = 0
+        self.cancelled: list[str] = []
+
+    def register_functions(self, *, dry_run: bool = False) -> list:
+        return []
+
+    def register_flows(self, *, dry_run: bool = False) -> list:
+        return []
+
+    def start_run(self, flow: str, body: dict, *, label: str, tags: list[str]) -> str:
+        if self.start_faults:
+            raise self.start_faults.pop(0)
+        run_id = str(uuid.uuid4())
+        self.runs[run_id] = FlowRunInfo(backend_run_id=run_id, status=RunStatus.ACTIVE)
+        self.bodies[run_id] = body
+        return run_id
+
+    def get_run(self, backend_run_id: str) -> FlowRunInfo:
+        self.get_calls += 1
+        if backend_run_id not in self.runs:
+            raise BackendError(f"no run {backend_run_id}")
+        return self.runs[backend_run_id]
+
+    def end(self, backend_run_id: str, status: RunStatus, error: str | None = None,
+            step: str | None = None) -> None:
+        self.runs[backend_run_id] = FlowRunInfo(
+            backend_run_id=backend_run_id, status=status, error=error, error_step=step
+        )
+
+    def cancel_run(self, backend_run_id: str) -> None:
+        self.cancelled.append(backend_run_id)
+        self.end(backend_run_id, RunStatus.CANCELLED)
+
+    def close(self) -> None:
+        pass
+
+    def active(self) -> list[str]:
+        return [i for i, r in self.runs.items() if r.status == RunStatus.ACTIVE]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    result = CliRunner().invoke(app, ["init", str(tmp_path / "ws")])
+    assert result.exit_code == 0, result.output
+    settings = load_config(tmp_path / "ws" / "beamflow.toml")
+    register_functions(
+        Registry(settings.registry_path, "local"),
+        create=lambda name: str(uuid.uuid4()),
+        update=lambda name, function_id: function_id,
+    )
+    policy = settings.agent
+    policy.quiet_seconds = 1.0
+    policy.stall_timeout = 30.0
+    policy.rescan_seconds = 0.5
+    policy.poll_seconds = 1.0
+    policy.retry_backoff_seconds = 10.0
+    policy.max_retries = 2
+    policy.max_concurrent_runs = 2
+    return settings
+
+
+def make_agent(settings: Settings, backend: ScriptedBackend, clock: Clock) -> EdgeAgent:
+    return EdgeAgent(settings, store=Store(settings.store_path), backend=backend, clock=clock)
+
+
+def write_scan(root: Path, name: str, n: int = 8, files: int | None = None,
+               per_file: int = 2) -> Path:
+    """An Eiger-style scan promising ``n`` frames with the first ``files`` data files."""
+    master = master_path(root, name)
+    master.parent.mkdir(parents=True, exist_ok=True)
+    if not master.exists():
+        positions = np.stack([np.arange(n) * 2e-7, np.zeros(n)], axis=1)
+        write_master(master, geometry=GEOMETRY, frame_shape=(16, 16), positions_m=positions,
+                     frames_per_file=per_file)
+    total = -(-n // per_file) if files is None else files
+    for index in range(1, total + 1):
+        path = master.parent / data_file_name(name, index)
+        if not path.exists():
+            write_data_file(path, np.ones((per_file, 16, 16), np.uint32),
+                            1 + (index - 1) * per_file)
+    return master
+
+
+def step(agent: EdgeAgent, clock: Clock, seconds: float = 0.0, passes: int = 1) -> None:
+    """Let ``seconds`` pass (files age with the clock), then run the agent's loop, after
+    the filesystem events the watcher would have delivered for the files written."""
+    clock.now += seconds
+    for master in find_scans(agent.root):
+        agent.changes.on_any_event(FileCreatedEvent(str(master)))
+    for _ in range(passes):
+        agent.tick()
+
+
+def runs_of(store: Store, status: RunStatus | None = None) -> list:
+    return store.list_runs(status=status, limit=None, oldest_first=True)
+
+
+def test_queue_respects_the_concurrency_limit(settings: Settings) -> None:
+    backend, clock = ScriptedBackend(), Clock()
+    agent = make_agent(settings, backend, clock)
+    for i in range(5):
+        write_scan(settings.beamline.detector_dir, f"s{i}")
+    step(agent, clock, 2.0)
+    store = agent.store
+    assert len(runs_of(store)) == 5
+    assert len(runs_of(store, RunStatus.ACTIVE)) == 2 and len(backend.active()) == 2
+    finished = 0
+    while backend.active():
+        for run_id in backend.active()[:1]:
+            backend.end(run_id, RunStatus.SUCCEEDED)
+            finished += 1
+        step(agent, clock, 2.0, passes=2)
+        assert len(runs_of(store, RunStatus.ACTIVE)) <= 2
+    assert finished == 5
+    assert [r.status for r in runs_of(store)] == [RunStatus.SUCCEEDED] * 5
+    # Seen again later (a rescan, a restart), no scan gets a second run.
+    step(agent, clock, 60.0, passes=2)
+    assert len(runs_of(store)) == 5 and len(backend.runs) == 5
+
+
+def test_progressive_parts_run_one_at_a_time_per_scan(settings: Settings) -> None:
+    settings.agent.progressive = [0.5]
+    backend, clock = ScriptedBackend(), Clock()
+    agent = make_agent(settings, backend, clock)
+    root = settings.beamline.detector_dir
+    write_scan(root, "s1", n=8, files=1)  # 2 of 8 frames
+    step(agent, clock, 0.1)
+    assert runs_of(agent.store) == []
+    write_scan(root, "s1", n=8, files=2)  # 4 of 8: half
+    step(agent, clock, 0.1)
+    (partial,) = runs_of(agent.store)
+    assert partial.status == RunStatus.ACTIVE and partial.fraction == 0.5
+    assert partial.parameters["max_frames"] == 4
+    assert backend.bodies[partial.backend_run_id]["reconstruction"]["max_frames"] == 4
+    write_scan(root, "s1", n=8)  # complete
+    step(agent, clock, 2.0)
+    partial, final = runs_of(agent.store)
+    assert final.fraction == 1.0 and final.parameters["max_frames"] is None
+    assert final.status == RunStatus.QUEUED  # waits for the partial run of the same scan
+    # Both continue from the scan's one checkpoint directory.
+    body = backend.bodies[partial.backend_run_id]
+    backend.end(partial.backend_run_id, RunStatus.SUCCEEDED)
+    step(agent, clock, 2.0, passes=2)
+    final = agent.store.require_run(final.id)
+    assert final.status == RunStatus.ACTIVE
+    assert (backend.bodies[final.backend_run_id]["compute"]["checkpoint_dir"]
+            == body["compute"]["checkpoint_dir"])
+
+
+def test_a_partial_run_still_queued_when_more_frames_arrive_is_superseded(
+    settings: Settings,
+) -> None:
+    settings.agent.progressive = [0.25, 0.5]
+    settings.agent.max_concurrent_runs = 1
+    backend, clock = ScriptedBackend(), Clock()
+    agent = make_agent(settings, backend, clock)
+    root = settings.beamline.detector_dir
+    write_scan(root, "busy")
+    step(agent, clock, 2.0)  # takes the only slot
+    write_scan(root, "s1", n=8, files=1)  # 25 %
+    step(agent, clock, 0.1)
+    write_scan(root, "s1", n=8)  # complete before the 25 % run could start
+    step(agent, clock, 2.0)
+    parts = {r.fraction: r for r in agent.store.list_runs(scan="s1", limit=None)}
+    assert parts[0.25].status == RunStatus.CANCELLED and "superseded" in parts[0.25].error
+    assert parts[1.0].status == RunStatus.QUEUED
+    assert [e.code for e in agent.store.events(parts[0.25].id)] == ["Superseded"]
+
+
+def test_transient_failures_are_retried_with_backoff_then_given_up(settings: Settings) -> None:
+    backend, clock = ScriptedBackend(), Clock()
+    agent = make_agent(settings, backend, clock)
+    write_scan(settings.beamline.detector_dir, "s1")
+    step(agent, clock, 2.0)
+    (run,) = runs_of(agent.store)
+    for attempt in (1, 2, 3):
+        run = agent.store.require_run(run.id)
+        assert run.status == RunStatus.ACTIVE and run.attempt == attempt
+        backend.end(run.backend_run_id, RunStatus.FAILED, "RunLost: lost: the process ended")
+        step(agent, clock, 1.5)
+        run = agent.store.require_run(run.id)
+        if attempt == 3:
+            break
+        assert run.status == RunStatus.QUEUED and run.attempt == attempt + 1
+        step(agent, clock, agent.retry_delay(attempt) - 1.0)
+        assert agent.store.require_run(run.id).status == RunStatus.QUEUED  # backing off
+        step(agent, clock, 1.5)
+    assert run.status == RunStatus.FAILED and run.attempt == 3 == settings.agent.max_retries + 1
+    assert len(runs_of(agent.store)) == 1  # one record, three attempts
+    codes = [e.code for e in agent.store.events(run.id)]
+    assert codes.count("RetryScheduled") == 2
+
+
+def test_bad_input_is_not_retried(settings: Settings) -> None:
+    backend, clock = ScriptedBackend(), Clock()
+    agent = make_agent(settings, backend, clock)
+    write_scan(settings.beamline.detector_dir, "s1")
+    step(agent, clock, 2.0)
+    (run,) = runs_of(agent.store)
+    backend.end(run.backend_run_id, RunStatus.FAILED,
+                "the reconstruct function failed on the compute endpoint: ValueError: "
+                "scan s1: reconstruction failed: ScanFormatError: frames hold NaN", "Reconstruct")
+    step(agent, clock, 1.5)
+    run = agent.store.require_run(run.id)
+    assert run.status == RunStatus.FAILED and run.attempt == 1
+    assert run.error_step == "Reconstruct" and "NaN" in run.error
+    step(agent, clock, 100.0, passes=2)
+    assert len(backend.runs) == 1
+
+
+@pytest.mark.parametrize(("transient", "status", "attempt"), [
+    (True, RunStatus.ACTIVE, 2),
+    (False, RunStatus.FAILED, 1),
+])
+def test_start_failures(settings: Settings, transient: bool, status: RunStatus,
+                        attempt: int) -> None:
+    backend, clock = ScriptedBackend(), Clock()
+    backend.start_faults.append(BackendError("service unavailable", transient=transient,
+                                             step="Start"))
+    agent = make_agent(settings, backend, clock)
+    write_scan(settings.beamline.detector_dir, "s1")
+    step(agent, clock, 2.0)
+    step(agent, clock, agent.retry_delay(1) + 0.1)
+    (run,) = runs_of(agent.store)
+    assert (run.status, run.attempt) == (status, attempt)
+    if status == RunStatus.FAILED:
+        assert run.error_step == "Start" and "unavailable" in run.error
+
+
+def test_failure_classification() -> None:
+    from beamflow.store import Run
+
+    def run(error: str, step: str | None = None) -> Run:
+        return Run(id="r", scan="s", flow="f", backend="local", status=RunStatus.FAILED,
+                   created_at=0, updated_at=0, error=error, error_step=step)
+
+    assert is_transient(run("RunLost: lost: the process running it ended"))
+    assert is_transient(run("transfer failed: FILE_NOT_FOUND: source vanished",
+                            "TransferScanToHPC"))
+    assert is_transient(run("ActionTimeout: the action did not finish", "Reconstruct"))
+    assert not is_transient(run("ValueError: scan x: invalid arguments", "Reconstruct"))
+    assert not is_transient(run("PERMISSION_DENIED: outside the root; refused",
+                                "TransferScanToHPC"))
+    assert not is_transient(run("RuntimeError: reconstruction diverged", "Reconstruct"))
+
+
+def age(master: Path, seconds: float) -> None:
+    t = time.time() - seconds
+    for entry in scan_files(master):
+        os.utime(entry.path, (t, t))
+
+
+def test_an_aborted_scan_is_processed_with_its_frames_and_marked(settings: Settings) -> None:
+    backend, clock = ScriptedBackend(), Clock()
+    agent = make_agent(settings, backend, clock)
+    write_scan(settings.beamline.detector_dir, "s1", n=8, files=3)  # 6 of 8, then nothing
+    step(agent, clock, 2.0)
+    assert runs_of(agent.store) == []  # short, but not stalled yet: still being written
+    step(agent, clock, settings.agent.stall_timeout)
+    (run,) = runs_of(agent.store)
+    assert run.status == RunStatus.ACTIVE
+    assert run.parameters["aborted"] is True and run.parameters["max_frames"] == 6
+    assert backend.bodies[run.backend_run_id]["reconstruction"]["aborted"] is True
+    (event,) = [e for e in agent.store.events(run.id) if e.code == "ScanAborted"]
+    assert "6 of 8" in event.message
+
+
+def test_an_unreadable_scan_fails_at_once_naming_the_file(settings: Settings) -> None:
+    backend, clock = ScriptedBackend(), Clock()
+    agent = make_agent(settings, backend, clock)
+    scan_dir = settings.beamline.detector_dir / "bad"
+    scan_dir.mkdir()
+    (scan_dir / "bad_master.h5").write_bytes(b"not HDF5 at all")
+    write_scan(settings.beamline.detector_dir, "good")
+    step(agent, clock, 2.0)
+    bad = agent.store.get_run_by_key(dedupe_key(scan_dir / "bad_master.h5", "final"))
+    assert bad.status == RunStatus.FAILED and bad.error_step == "Readiness"
+    assert "bad_master.h5" in bad.error and "not an HDF5 file" in bad.error
+    assert len(backend.runs) == 1  # only the good scan went to the backend
+    (good,) = agent.store.list_runs(scan="good")
+    assert good.status == RunStatus.ACTIVE
+
+
+def test_a_restarted_agent_reattaches_and_starts_what_was_queued(settings: Settings) -> None:
+    settings.agent.max_concurrent_runs = 1
+    backend, clock = ScriptedBackend(), Clock()
+    first = make_agent(settings, backend, clock)
+    for name in ("a", "b"):
+        write_scan(settings.beamline.detector_dir, name)
+    step(first, clock, 2.0)
+    active, queued = runs_of(first.store)
+    assert (active.status, queued.status) == (RunStatus.ACTIVE, RunStatus.QUEUED)
+    del first  # "killed": nothing in memory survives
+
+    second = make_agent(settings, backend, clock)
+    step(second, clock, 0.1)
+    assert len(backend.runs) == 1  # re-attached to the run that is going, not restarted
+    backend.end(active.backend_run_id, RunStatus.SUCCEEDED)
+    step(second, clock, 2.0, passes=2)
+    assert second.store.require_run(active.id).status == RunStatus.SUCCEEDED
+    queued = second.store.require_run(queued.id)
+    assert queued.status == RunStatus.ACTIVE
+    backend.end(queued.backend_run_id, RunStatus.SUCCEEDED)
+    step(second, clock, 2.0, passes=2)
+    assert [r.status for r in runs_of(second.store)] == [RunStatus.SUCCEEDED] * 2
+    assert len(backend.runs) == 2
+
+
+def test_a_clean_stop_requeues_runs_that_live_in_the_agent(settings: Settings) -> None:
+    backend, clock = ScriptedBackend(outlive=False), Clock()
+    agent = make_agent(settings, backend, clock)
+    write_scan(settings.beamline.detector_dir, "s1")
+    step(agent, clock, 2.0)
+    (run,) = runs_of(agent.store)
+    agent.stop()
+    agent._shutdown()
+    run = agent.store.require_run(run.id)
+    assert run.status == RunStatus.QUEUED and run.attempt == 1 and run.backend_run_id is None
+    assert backend.cancelled and "Interrupted" in [e.code for e in agent.store.events(run.id)]
+    again = make_agent(settings, backend, clock)
+    step(again, clock, 0.1)
+    assert again.store.require_run(run.id).status == RunStatus.ACTIVE
+
+
+def test_polling_backs_off_while_nothing_changes(settings: Settings) -> None:
+    backend, clock = ScriptedBackend(), Clock()
+    agent = make_agent(settings, backend, clock)
+    write_scan(settings.beamline.detector_dir, "s1")
+    step(agent, clock, 2.0)
+    backend.get_calls = 0
+    for _ in range(600):  # ten minutes of a run that does not change, a pass a second
+        step(agent, clock, 1.0)
+    # Every second at first, then less and less often (capped at 10× poll_seconds).
+    assert 60 <= backend.get_calls <= 100
