@@ -401,3 +401,50 @@ def test_transfer_states_of_the_shipped_flow():
         "TransferScanToHPC",
         "TransferResultsToBeamline",
     }
+
+
+# -- the shared run path (beamflow.runs) on the Globus backend ----------------------------------
+def test_shared_run_path_starts_and_follows_a_globus_run(settings, tmp_path):
+    import jsonschema
+
+    from beamflow.runs import start_scan_run, sync_run
+    from beamflow.store import Store
+
+    scan = tmp_path / "beamline" / "detector" / "scan_017"
+    scan.mkdir(parents=True)
+    (scan / "scan_017_master.h5").write_bytes(b"")
+    flow_id = load_response(globus_sdk.SpecificFlowClient.run_flow).metadata["flow_id"]
+    _registered(settings, flow_id)
+    function_id = "11111111-1111-4111-8111-111111111111"
+    registry(settings).record("function", "reconstruct", function_id, "x")
+    store_tokens(settings, flow_ids=(flow_id,))
+    store = Store(settings.store_path)
+    with backend_for(settings) as backend:
+        run = start_scan_run(settings, store, backend, scan / "scan_017_master.h5")
+        sent = json.loads(get_last_request().body)
+        assert run.status == RunStatus.ACTIVE and run.backend_run_id == RUN_ID
+        # What the shared path builds is what the flow's schema accepts, sent unchanged.
+        jsonschema.validate(sent["body"], flows.load_schema(FLOW))
+        assert sent["body"]["compute"]["function_id"] == function_id
+        assert sent["body"]["beamline"]["scan_path"] == "/detector/scan_017"
+        assert "beamflow" in sent["tags"] and sent["label"]
+
+        summary = {"iterations": 100, "product_relative": "product.h5", "previews_relative": []}
+        output = {"reconstruct": {"status": "SUCCEEDED", "details": {"result": [summary]}}}
+        doc = {**_run_doc("SUCCEEDED", code="FlowSucceeded", output=output), "flow_id": flow_id}
+        register("flows", f"/runs/{RUN_ID}", doc)
+        _logs(
+            [
+                _entry("00:00", "ActionStarted", "TransferScanToHPC"),
+                _entry(
+                    "01:00", "ActionCompleted", "TransferScanToHPC", output={"status": "SUCCEEDED"}
+                ),
+                _entry("01:01", "ActionStarted", "Reconstruct"),
+                _entry("05:01", "ActionCompleted", "Reconstruct", output={"status": "SUCCEEDED"}),
+            ]
+        )
+        run = sync_run(store, backend, run)
+    assert run.status == RunStatus.SUCCEEDED and run.iteration == 100
+    steps = {s.name: s for s in store.steps(run.id)}
+    assert steps["Reconstruct"].duration == pytest.approx(240)
+    assert steps["TransferScanToHPC"].status == "SUCCEEDED"
