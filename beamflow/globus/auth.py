@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import stat
 import sys
 import time
@@ -102,7 +103,7 @@ def secure_token_file(path: Path) -> Path:
         os.close(fd)
     info = path.stat()
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        raise LoginRequired(
+        raise BackendError(
             f"{path}: the Globus token file belongs to another user (uid {info.st_uid}); "
             "set globus.token_storage to a file of your own"
         )
@@ -302,10 +303,22 @@ class GlobusAuth:
         self.is_service = bool(self.client_secret)
         self._transports: list[RequestsTransport] = []
         self._warned_at = -float("inf")
-        self.storage = SecureSQLiteTokenStorage(self.token_path)
+        try:
+            self.storage = SecureSQLiteTokenStorage(self.token_path)
+        except (OSError, ValueError, sqlite3.Error) as exc:
+            raise BackendError(
+                f"{self.token_path}: cannot open the Globus token file ({exc}); fix its "
+                "permissions, or set globus.token_storage to another path"
+            ) from None
         requirements = scope_requirements(settings, flow_ids)
         try:
             self.app = self._make_app(client_id, requirements)
+        except sqlite3.Error as exc:
+            self.storage.close()
+            raise BackendError(
+                f"{self.token_path}: the Globus token file is damaged ({exc}); delete it and "
+                "run `beamflow login`"
+            ) from None
         except BaseException:
             self.storage.close()
             raise
