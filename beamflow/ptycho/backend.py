@@ -1,0 +1,233 @@
+"""Array backends for the reconstruction engine: numpy (+ scipy.fft threads) or cupy (cuFFT).
+
+Everything in :mod:`beamflow.ptycho` is written once against an array module ``xp``; the few
+operations whose best implementation differs between CPU and GPU live here:
+
+* FFTs over the last two axes of a stack (unnormalised forward, ``1/M²`` inverse, like numpy):
+  ``scipy.fft`` with ``workers`` threads on CPU, cupy's cuFFT (plans cached by cupy) on GPU;
+* gathering object patches at integer corners, and scatter-adding patches back into an
+  object-sized accumulator;
+* host <-> device moves.
+
+This is the only module of the package that imports ``cupy`` or ``scipy.fft``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import scipy.fft as _sfft
+from numpy.lib.stride_tricks import sliding_window_view
+
+__all__ = ["Backend", "BackendError", "get_backend", "cpu_count", "cuda_available"]
+
+
+class BackendError(RuntimeError):
+    """The requested compute device cannot be used."""
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (honours affinity masks and cgroups' cpusets)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _import_cupy() -> ModuleType | None:
+    try:
+        import cupy  # noqa: PLC0415 - optional dependency, imported on demand
+    except Exception:  # ImportError, or a broken CUDA install raising at import
+        return None
+    return cupy
+
+
+def cuda_available() -> bool:
+    """True when cupy imports and at least one CUDA device is visible.
+
+    ``CUDA_VISIBLE_DEVICES`` is honoured by the CUDA runtime itself: an empty value or ``-1``
+    hides every device and this returns False.
+    """
+    cp = _import_cupy()
+    if cp is None:
+        return False
+    try:
+        return int(cp.cuda.runtime.getDeviceCount()) > 0
+    except Exception:
+        return False
+
+
+@dataclass
+class Backend:
+    """One compute device and the array module that drives it.
+
+    Attributes
+    ----------
+    name: ``"cpu"`` or ``"cuda:N"``.
+    xp: ``numpy`` or ``cupy``.
+    threads: host threads the engine may use to process chunks of a batch in parallel
+        (CPU: the CPUs available to the process; GPU: 1 — the device is the parallelism).
+    """
+
+    name: str
+    xp: ModuleType
+    threads: int = 1
+    _cupy: Any = field(default=None, repr=False)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self._cupy is not None
+
+    # -- host <-> device ----------------------------------------------------------------
+    def to_device(self, a: Any, dtype: Any = None) -> Any:
+        """Copy a host array to the device (no copy on CPU when dtype already matches)."""
+        if self.is_gpu:
+            return self._cupy.asarray(a, dtype=dtype)
+        return np.asarray(a, dtype=dtype)
+
+    def to_host(self, a: Any) -> np.ndarray:
+        """Return a host numpy array (the same object on CPU; a copy from the GPU)."""
+        if self.is_gpu and isinstance(a, self._cupy.ndarray):
+            return self._cupy.asnumpy(a)
+        return np.asarray(a)
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (for honest timings); a no-op on CPU."""
+        if self.is_gpu:
+            self._cupy.cuda.get_current_stream().synchronize()
+
+    # -- FFTs -----------------------------------------------------------------------------
+    def fft2(self, a: Any, workers: int | None = None) -> Any:
+        """Unnormalised forward FFT over the last two axes; may overwrite and return ``a``.
+
+        ``workers``: scipy.fft threads for this call (CPU); default all CPUs. Callers that
+        already run in several threads pass 1.
+        """
+        if self.is_gpu:
+            import cupyx.scipy.fft as cfft  # noqa: PLC0415
+
+            return cfft.fft2(a, axes=(-2, -1), overwrite_x=True)
+        return _sfft.fft2(a, axes=(-2, -1), overwrite_x=True, workers=workers or self.threads)
+
+    def ifft2(self, a: Any, workers: int | None = None) -> Any:
+        """Inverse FFT (normalised by 1/(M·M)) over the last two axes; may overwrite ``a``."""
+        if self.is_gpu:
+            import cupyx.scipy.fft as cfft  # noqa: PLC0415
+
+            return cfft.ifft2(a, axes=(-2, -1), overwrite_x=True)
+        return _sfft.ifft2(a, axes=(-2, -1), overwrite_x=True, workers=workers or self.threads)
+
+    # -- patches --------------------------------------------------------------------------
+    def gather(self, arr: Any, iy: np.ndarray, ix: np.ndarray, m: int, out: Any = None) -> Any:
+        """Patches ``arr[iy_j:iy_j+m, ix_j:ix_j+m]`` stacked to ``(b, m, m)`` (a copy).
+
+        ``iy``/``ix`` are host integer arrays of top-left corners, already inside ``arr``.
+        """
+        if self.is_gpu:
+            idx = self._flat_index(arr.shape[1], iy, ix, m, 1)
+            return self.xp.take(arr.ravel(), idx, out=out)
+        # fancy indexing of the (H-m+1, W-m+1, m, m) window view copies b contiguous-row
+        # blocks in one C loop: measured ~1.5x faster than slicing in a Python loop.
+        view = sliding_window_view(arr, (m, m))
+        if out is None:
+            return view[iy, ix]
+        out[...] = view[iy, ix]
+        return out
+
+    def scatter_add(self, acc: Any, patches: Any, iy: np.ndarray, ix: np.ndarray) -> None:
+        """``acc[iy_j:iy_j+m, ix_j:ix_j+m, ...] += patches[j]`` for every j (overlaps add).
+
+        ``acc`` is (H, W, *tail) and ``patches`` (b, m, m, *tail), same dtype.
+        CPU: a loop of b in-place slice adds. It beat ``np.add.at`` (1.5x), ``np.bincount``
+        on flat indices (4x) and ``np.add.at`` on a window view (7x) for 400 patches of
+        64x64 complex64 (see benchmarks/bench_engine.py --scatter). Packing several
+        accumulators in a trailing axis amortises the per-row cost of each slice add.
+        GPU: one atomic scatter-add kernel over flat indices.
+        """
+        m = patches.shape[1]
+        if self.is_gpu:
+            cp = self._cupy
+            tail = int(np.prod(acc.shape[2:], dtype=np.int64))
+            a = acc.reshape(acc.shape[0], acc.shape[1] * tail)
+            p = patches.reshape(patches.shape[0], m, m * tail)
+            if cp.iscomplexobj(a):  # atomics on the float32 halves
+                a = a.view(cp.float32)
+                p = p.view(cp.float32)
+                tail *= 2
+            idx = self._flat_index(a.shape[1], iy, ix * tail, m, tail)
+            import cupyx  # noqa: PLC0415
+
+            cupyx.scatter_add(a.ravel(), idx.ravel(), p.ravel())
+            return
+        for j in range(len(iy)):
+            y, x = int(iy[j]), int(ix[j])
+            acc[y : y + m, x : x + m] += patches[j]
+
+    def scatter_set(self, arr: Any, patches: Any, iy: np.ndarray, ix: np.ndarray) -> None:
+        """``arr[iy_j:iy_j+m, ix_j:ix_j+m] = patches[j]``; the patches must not overlap."""
+        m = patches.shape[1]
+        if self.is_gpu:
+            idx = self._flat_index(arr.shape[1], iy, ix, m, 1)
+            arr.ravel()[idx.ravel()] = patches.ravel()
+            return
+        for j in range(len(iy)):
+            y, x = int(iy[j]), int(ix[j])
+            arr[y : y + m, x : x + m] = patches[j]
+
+    def _flat_index(self, row_len: int, iy: np.ndarray, ix: np.ndarray, m: int, tail: int):
+        """Device int64 flat indices (b, m, m*tail) of patches in a row-major 2-D array."""
+        xp = self.xp
+        r = xp.arange(m, dtype=xp.int64)[:, None] * row_len
+        c = xp.arange(m * tail, dtype=xp.int64)[None, :]
+        base = xp.asarray(np.asarray(iy, np.int64) * row_len + np.asarray(ix, np.int64))
+        return base[:, None, None] + (r + c)[None]
+
+
+def get_backend(device: str = "auto", threads: int | None = None) -> Backend:
+    """Return the backend for ``device``: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+
+    ``"auto"`` picks CUDA when cupy imports and a device is visible (``CUDA_VISIBLE_DEVICES``
+    is honoured), else the CPU. ``"cuda"`` without a usable device raises
+    :class:`BackendError` saying why. ``threads`` caps the CPU threads (default: all CPUs
+    available to the process).
+    """
+    dev = (device or "auto").strip().lower()
+    if dev == "auto":
+        dev = "cuda" if cuda_available() else "cpu"
+    if dev == "cpu":
+        n = cpu_count() if threads is None else int(threads)
+        if n < 1:
+            raise BackendError(f"threads must be >= 1, got {threads}")
+        return Backend(name="cpu", xp=np, threads=n)
+    if dev == "cuda" or dev.startswith("cuda:"):
+        cp = _import_cupy()
+        if cp is None:
+            raise BackendError(
+                f"device {device!r} requested but cupy is not installed "
+                "(pip install 'beamflow[gpu]' for cupy-cuda12x)"
+            )
+        try:
+            count = int(cp.cuda.runtime.getDeviceCount())
+        except Exception as exc:
+            raise BackendError(f"device {device!r} requested but CUDA is unusable: {exc}") from exc
+        if count == 0:
+            vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+            hint = f" (CUDA_VISIBLE_DEVICES={vis!r})" if vis is not None else ""
+            raise BackendError(f"device {device!r} requested but no CUDA device is visible{hint}")
+        index = 0
+        if ":" in dev:
+            try:
+                index = int(dev.split(":", 1)[1])
+            except ValueError as exc:
+                raise BackendError(f"bad device {device!r}; expected cuda:N") from exc
+            if not 0 <= index < count:
+                raise BackendError(
+                    f"device {device!r} requested but only {count} CUDA device(s) are visible"
+                )
+        cp.cuda.Device(index).use()
+        return Backend(name=f"cuda:{index}", xp=cp, threads=1, _cupy=cp)
+    raise BackendError(f"unknown device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")

@@ -1,0 +1,608 @@
+"""The shared core of every algorithm: forward model, modulus constraint, update terms.
+
+Forward model (see /work/shared/PTYCHO_MATH.md): for position j with corner ``n_j`` (integer)
+and fractional offset ``δ_j = r_j − n_j`` (|δ| ≤ 1/2),
+
+    P_k,j = F⁻¹[ F[P_k] · exp(−2πi k·δ_j) ]      (probe mode k shifted by δ_j, exactly)
+    ψ_jk  = P_k,j · O[n_j : n_j + M]               Ψ_jk = F[ψ_jk]      I_j = Σ_k |Ψ_jk|²
+
+All complex arrays are complex64. The data enter as √I, ifftshifted once, with invalid pixels
+zeroed and excluded by the mask, so the hot loop never shifts or square-roots anything.
+
+The adjoint of the sub-pixel shift is applied wherever an update flows back to the probe:
+``Σ_j S_δj^H g_j = F⁻¹[ Σ_j conj(exp(−2πi k·δ_j)) · F[g_j] ]`` — one FFT per position and a
+single inverse FFT per batch. With the two exit-wave FFTs this makes four FFTs per position
+and mode per PIE iteration; on CPU the engine wins the time back by running the chunks of a
+batch in parallel threads (each FFT single-threaded, numpy releasing the GIL), with work
+arrays small enough to stay in cache.
+
+Denominators (preconditioners such as ``Σ_j |P_j|²``) use the shifted probe for the object
+and the unshifted object patches for the probe; they only scale steps, so this costs no
+exactness.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .backend import Backend
+from .positions import clip_steps, object_gradient, position_steps
+from .state import PtychoData, ReconState
+
+__all__ = ["Core", "Chunk"]
+
+# Positions per work chunk on CPU: (b, K, 64, 64) complex64 with b=16 is 0.5 MiB per array,
+# so a chunk's handful of arrays stays in L2/L3 between the elementwise passes.
+CPU_CHUNK = 16
+GPU_CHUNK = 4096
+# Sub-pixel phase ramps are cached per position on CPU (an outer product per chunk costs
+# numpy about half an FFT); above this size they are recomputed per chunk instead.
+RAMP_CACHE_BYTES = 256 * 2**20
+
+
+@dataclass
+class Chunk:
+    """One chunk of positions, prepared for the forward model."""
+
+    idx: np.ndarray  # (b,) position indices (host)
+    didx: Any  # the same on the device
+    iy: np.ndarray  # (b,) integer corners (host)
+    ix: np.ndarray
+    ramp: Any  # (b, M, M) complex64 exp(-2πi k·δ_j) (an owned copy), or None
+
+
+class Core:
+    """Device-side data, the current object/probe, and the operations algorithms share.
+
+    Algorithms call :meth:`map_parts` to run a function over the parts of a batch (one per
+    host thread on CPU) and, inside it, the forward/adjoint helpers below on chunks of
+    positions. Helpers document which of their arguments they overwrite: the hot path works
+    in place to keep numpy's memory traffic down.
+    """
+
+    def __init__(self, data: PtychoData, state: ReconState, backend: Backend):
+        self.backend = backend
+        self.xp = backend.xp
+        self.data = data
+        self.M = m = data.frame_size
+        self.K = state.probe.shape[0]
+        self.N = data.n_positions
+        self.H, self.W = data.object_shape
+        # Measured amplitudes: ifftshift once, zero invalid pixels (they may hold NaN).
+        mask_s = np.fft.ifftshift(data.mask)
+        sq = np.empty(data.intensities.shape, np.float32)
+        norm = 0.0
+        for s in range(0, self.N, 256):
+            blk = np.fft.ifftshift(data.intensities[s : s + 256], axes=(-2, -1))
+            blk[:, ~mask_s] = 0.0
+            norm += float(blk.sum(dtype=np.float64))
+            np.sqrt(blk, out=sq[s : s + 256])
+        self.sqrt_data = backend.to_device(sq)
+        del sq
+        self.mask = backend.to_device(mask_s.astype(np.float32))
+        self.norm = max(norm, float(np.finfo(np.float64).tiny))
+        max_amp = float(backend.to_host(self.sqrt_data.max()))
+        # Guards 0/0 in the modulus constraint; far below any measured amplitude.
+        self.eps = np.float32(1e-6 * max(max_amp, 1e-30))
+        self.kfreq = np.fft.fftfreq(m)  # cycles per pixel, FFT order
+        self.obj = backend.to_device(np.array(state.object, np.complex64, copy=True))
+        self.probe = backend.to_device(np.array(state.probe, np.complex64, copy=True))
+        self.nominal = data.positions_px.copy()
+        cache = (not backend.is_gpu) and self.N * m * m * 8 <= RAMP_CACHE_BYTES
+        self._ramps: np.ndarray | None = np.empty((self.N, m, m), np.complex64) if cache else None
+        self._ramp_frac = np.full((self.N, 2), np.nan)
+        self.chunk_size = GPU_CHUNK if backend.is_gpu else CPU_CHUNK
+        self._pool: ThreadPoolExecutor | None = None
+        self._acc: list[tuple[Any, Any]] = []
+        self._probe_hat = None
+        self._probe_int = None
+        self.set_positions(np.array(state.positions_px, np.float64, copy=True))
+
+    # -- positions --------------------------------------------------------------------------
+    def set_positions(self, pos: np.ndarray) -> None:
+        """Set the (N, 2) positions; split into integer corners and sub-pixel fractions."""
+        m = self.M
+        pos = np.asarray(pos, np.float64)
+        corner = np.rint(pos)
+        # Keep every window inside the object (position correction may push at the edge).
+        corner[:, 0] = np.clip(corner[:, 0], 0, self.H - m)
+        corner[:, 1] = np.clip(corner[:, 1], 0, self.W - m)
+        frac = np.clip(pos - corner, -0.5, 0.5)
+        self.pos = corner + frac
+        self.corner = corner.astype(np.int64)
+        self.frac = frac
+        self.subpixel = bool(np.any(frac != 0.0))
+        if self._ramps is not None and self.subpixel:
+            stale = np.flatnonzero(np.any(self._ramp_frac != frac, axis=1))
+            for s in range(0, len(stale), 256):
+                j = stale[s : s + 256]
+                self._ramps[j] = self._outer_ramps(frac[j], np)
+            self._ramp_frac[stale] = frac[stale]
+
+    def _outer_ramps(self, d: np.ndarray, xp: Any) -> Any:
+        """exp(−2πi (k_y δy + k_x δx)) for each row of d (b, 2) → (b, M, M) complex64."""
+        ey = np.exp(-2j * np.pi * np.outer(d[:, 0], self.kfreq)).astype(np.complex64)
+        ex = np.exp(-2j * np.pi * np.outer(d[:, 1], self.kfreq)).astype(np.complex64)
+        if xp is not np:
+            ey, ex = self.backend.to_device(ey), self.backend.to_device(ex)
+        return ey[:, :, None] * ex[:, None, :]
+
+    # -- chunks and threads -----------------------------------------------------------------
+    def chunk(self, idx: np.ndarray) -> Chunk:
+        idx = np.asarray(idx, np.int64)
+        ramp = None
+        if self.subpixel:
+            ramp = self._ramps[idx] if self._ramps is not None else self._outer_ramps(
+                self.frac[idx], self.xp)
+        didx = self.backend.to_device(idx) if self.backend.is_gpu else idx
+        return Chunk(idx=idx, didx=didx, iy=self.corner[idx, 0], ix=self.corner[idx, 1],
+                     ramp=ramp)
+
+    def split(self, idx: np.ndarray) -> list[np.ndarray]:
+        """Split a batch into one contiguous part per thread (deterministic)."""
+        t = min(self.backend.threads, len(idx))
+        return [p for p in np.array_split(np.asarray(idx, np.int64), max(t, 1)) if len(p)]
+
+    def map_parts(self, fn: Callable[[int, np.ndarray], Any], idx: np.ndarray) -> list[Any]:
+        """Run ``fn(part_number, part_indices)`` for each thread's part of ``idx``.
+
+        Part 0 runs in the calling thread. Results come back in part order, so every
+        reduction over parts is deterministic for a given thread count.
+        """
+        return self.map_list(fn, self.split(idx))
+
+    def map_list(self, fn: Callable[[int, Any], Any], items: Sequence[Any]) -> list[Any]:
+        if len(items) <= 1:
+            return [fn(0, p) for p in items]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                max_workers=max(1, self.backend.threads - 1), thread_name_prefix="ptycho"
+            )
+        futures = [self._pool.submit(fn, t, p) for t, p in enumerate(items) if t > 0]
+        first = fn(0, items[0])
+        return [first] + [f.result() for f in futures]
+
+    def subchunks(self, part: np.ndarray) -> list[np.ndarray]:
+        n = len(part)
+        k = max(1, math.ceil(n / self.chunk_size))
+        return [c for c in np.array_split(part, k) if len(c)]
+
+    @property
+    def fft_workers(self) -> int:
+        """FFT threads inside one part: 1 when parts already run in parallel threads."""
+        return 1 if self.backend.threads > 1 else self.backend.threads
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    # -- accumulators -----------------------------------------------------------------------
+    def accumulators(self, n: int) -> list[tuple[Any, Any]]:
+        """``n`` persistent object-sized (numerator complex64, denominator float32) pairs."""
+        xp = self.xp
+        while len(self._acc) < n:
+            self._acc.append((xp.zeros((self.H, self.W), np.complex64),
+                              xp.zeros((self.H, self.W), np.float32)))
+        return self._acc[:n]
+
+    def combine(self, accs: Sequence[tuple[Any, Any]], bb: tuple[slice, slice]) -> tuple[Any, Any]:
+        """Sum the parts' accumulators over the box ``bb`` (in part order)."""
+        num, den = accs[0][0][bb], accs[0][1][bb]
+        if len(accs) > 1:
+            num, den = num.copy(), den.copy()
+            for a in accs[1:]:
+                num += a[0][bb]
+                den += a[1][bb]
+        return num, den
+
+    def update_object(self, accs: Sequence[tuple[Any, Any]], bb: tuple[slice, slice],
+                      step: Callable[[Any, Any, float, tuple[slice, slice]], Any],
+                      target: Any = None, replace: bool = False) -> None:
+        """Apply an accumulated object update over the box ``bb``, in row slabs in parallel.
+
+        ``step(num, den, den_max, region)`` gets the summed numerator/denominator of a slab
+        (it may overwrite them) and the maximum of the whole denominator, and returns the
+        increment (or, with ``replace``, the new values) for ``target[region]`` (default:
+        the object).
+        """
+        tgt = self.obj if target is None else target
+        rows = np.array_split(np.arange(bb[0].start, bb[0].stop), self.backend.threads)
+        slabs = [(slice(int(r[0]), int(r[-1]) + 1), bb[1]) for r in rows if len(r)]
+        combined = self.map_list(lambda _t, sl: self.combine(accs, sl), slabs)
+        xp = self.xp
+        dmax = float(self.backend.to_host(xp.stack([d.max() for _, d in combined]).max()))
+
+        def apply(t: int, sl: tuple[slice, slice]) -> None:
+            num, den = combined[t]
+            upd = step(num, den, dmax, sl)
+            if replace:
+                tgt[sl] = upd
+            else:
+                tgt[sl] += upd
+
+        self.map_list(apply, slabs)
+
+    def bbox(self, idx: np.ndarray) -> tuple[slice, slice]:
+        """Object region covered by the windows of ``idx``."""
+        c = self.corner[idx]
+        y0, x0 = c.min(axis=0)
+        y1, x1 = c.max(axis=0) + self.M
+        return slice(int(y0), int(y1)), slice(int(x0), int(x1))
+
+    # -- forward model ----------------------------------------------------------------------
+    def probe_hat(self) -> Any:
+        """F[P] of the current probe (cached until :meth:`probe_changed`)."""
+        if self._probe_hat is None:
+            self._probe_hat = self.backend.fft2(self.probe.copy())
+        return self._probe_hat
+
+    def probe_intensity(self) -> Any:
+        """Σ_k |P_k|² (M, M) float32 of the current probe (cached)."""
+        if self._probe_int is None:
+            xp = self.xp
+            p = self.probe
+            self._probe_int = (xp.square(p.real) + xp.square(p.imag)).sum(axis=0)
+        return self._probe_int
+
+    def probe_changed(self) -> None:
+        self._probe_hat = None
+        self._probe_int = None
+
+    def prepare(self) -> None:
+        """Compute probe caches before threads read them."""
+        self.probe_hat()
+        self.probe_intensity()
+
+    def shifted_probe(self, c: Chunk, probe_hat: Any = None) -> Any:
+        """(b, K, M, M) probe modes shifted by each position's sub-pixel offset (owned).
+
+        Without sub-pixel offsets: the (1, K, M, M) probe itself (a view — do not modify).
+        """
+        if c.ramp is None:
+            return self.probe[None] if probe_hat is None else self.backend.ifft2(
+                probe_hat.copy())[None]
+        ph = self.probe_hat() if probe_hat is None else probe_hat
+        pd = (c.ramp * ph[0])[:, None] if ph.shape[0] == 1 else c.ramp[:, None] * ph[None]
+        return self.backend.ifft2(pd, workers=self.fft_workers)
+
+    def object_patches(self, c: Chunk, obj: Any = None) -> Any:
+        """(b, M, M) copies of the object windows."""
+        return self.backend.gather(self.obj if obj is None else obj, c.iy, c.ix, self.M)
+
+    def far_field(self, pd: Any, oj: Any) -> Any:
+        """Ψ = F[P_j · O_j] as a new (b, K, M, M) array."""
+        psi = pd * oj[:, None]
+        return self.backend.fft2(psi, workers=self.fft_workers)
+
+    def amplitude_residual(self, big_psi: Any, c: Chunk) -> tuple[Any, Any, Any]:
+        """Model amplitude and masked residual for a chunk.
+
+        Returns ``(amp, d, loss)``: amp = √(Σ_k |Ψ_k|²) (b, M, M); d = (√I − amp)·mask;
+        loss = Σ d² (a device scalar; the numerator of PTYCHO_MATH's loss).
+        """
+        xp = self.xp
+        if big_psi.shape[1] == 1:
+            amp = xp.abs(big_psi[:, 0])
+        else:
+            amp = xp.square(big_psi.real).sum(axis=1)
+            amp += xp.square(big_psi.imag).sum(axis=1)
+            xp.sqrt(amp, out=amp)
+        d = self.sqrt_data[c.didx]
+        xp.subtract(d, amp, out=d)
+        d *= self.mask
+        flat = d.reshape(-1)
+        loss = xp.dot(flat, flat)
+        return amp, d, loss
+
+    def modulus_projection(self, big_psi: Any, c: Chunk) -> Any:
+        """Turn Ψ in place into the far-field correction χ̂ = Ψ'−Ψ; return the loss.
+
+        Ψ' = Ψ·√I/√(Σ_k|Ψ_k|²) on valid pixels; invalid pixels are left free (χ̂ = 0).
+        """
+        amp, d, loss = self.amplitude_residual(big_psi, c)
+        amp += self.eps
+        d /= amp  # (√I − |Ψ|)/|Ψ| on valid pixels, 0 elsewhere
+        if big_psi.shape[1] == 1:
+            big_psi[:, 0] *= d
+        else:
+            big_psi *= d[:, None]
+        return loss
+
+    def back_to_real(self, big_chi: Any) -> Any:
+        return self.backend.ifft2(big_chi, workers=self.fft_workers)
+
+    # -- update terms -----------------------------------------------------------------------
+    def object_num(self, pd: Any, chi: Any, c: Chunk) -> Any:
+        """Σ_k conj(P_k,j)·χ_jk → (b, M, M). Conjugates an owned ``pd`` in place."""
+        xp = self.xp
+        # Unshifted: pd is the (1, K, M, M) probe itself, small and not ours to modify.
+        pdc = xp.conj(pd) if c.ramp is None else xp.conjugate(pd, out=pd)
+        if chi.shape[1] == 1:
+            return pdc[:, 0] * chi[:, 0]
+        return (pdc * chi).sum(axis=1)
+
+    def accumulate_object(self, acc: tuple[Any, Any], num: Any, c: Chunk,
+                          pd: Any = None) -> None:
+        """Scatter-add a chunk's object numerators and illumination into ``acc``.
+
+        The illumination Σ_k|P_k,j|² uses the shifted probes ``pd`` when given (DM needs
+        the exact least-squares denominator), else the unshifted probe intensity: for PIE
+        and LSQ-ML it only preconditions the step, and a constant patch saves computing
+        |P_j|² per position.
+        """
+        be, xp = self.backend, self.xp
+        be.scatter_add(acc[0], num, c.iy, c.ix)
+        if pd is not None and c.ramp is not None:
+            inten = (xp.square(pd.real) + xp.square(pd.imag)).sum(axis=1)
+        else:
+            inten = self.probe_intensity()
+            inten = xp.broadcast_to(inten, (len(c.idx),) + inten.shape)
+        be.scatter_add(acc[1], inten, c.iy, c.ix)
+
+    def probe_terms(self, oj: Any, chi: Any, c: Chunk, out_num: Any, out_den: Any) -> None:
+        """Accumulate Σ_j S_j^H[conj(O_j)·χ_jk] and Σ_j |O_j|².
+
+        With sub-pixel shifts the numerator is accumulated in the Fourier domain and
+        conjugated (:meth:`probe_from_terms` undoes both). Overwrites ``oj`` and ``chi``.
+        """
+        xp, be = self.xp, self.backend
+        b, m = oj.shape[0], self.M
+        ov = oj.view(np.float32).reshape(b, 2 * m * m)
+        sq = xp.einsum("jp,jp->p", ov, ov)
+        out_den += sq[0::2].reshape(m, m)
+        out_den += sq[1::2].reshape(m, m)
+        ocj = xp.conjugate(oj, out=oj)
+        if chi.shape[1] == 1:
+            chi[:, 0] *= ocj
+        else:
+            chi *= ocj[:, None]
+        g = chi
+        if c.ramp is not None:
+            # Σ_j conj(r_j)·F[g_j] = conj(Σ_j r_j·conj(F[g_j])): conjugate in place, no copy.
+            g = be.fft2(g, workers=self.fft_workers)
+            xp.conjugate(g, out=g)
+            if g.shape[1] == 1:
+                g[:, 0] *= c.ramp
+            else:
+                g *= c.ramp[:, None]
+        k = g.shape[1]
+        out_num.view(np.float32).reshape(k, m, 2 * m)[...] += g.view(np.float32).reshape(
+            b, k, m, 2 * m).sum(axis=0)
+
+    def probe_from_terms(self, num: Any) -> Any:
+        """Finish the probe adjoint from the summed terms (a new array)."""
+        if self.subpixel:
+            return self.backend.ifft2(self.xp.conj(num))
+        return num.copy()
+
+    # -- utilities --------------------------------------------------------------------------
+    def probe_intensity_max(self) -> float:
+        return float(self.probe_intensity().max())
+
+    def total(self, values: Sequence[Any]) -> float:
+        """Sum device scalars with one host transfer."""
+        if not values:
+            return 0.0
+        xp = self.xp
+        return float(self.backend.to_host(xp.sum(xp.stack([xp.asarray(v, xp.float64)
+                                                             for v in values]))))
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch selection
+# ---------------------------------------------------------------------------------------------
+def random_batches(rng: np.random.Generator, n: int, size: int) -> list[np.ndarray]:
+    """A random partition of range(n) into ceil(n/size) batches of near-equal size."""
+    perm = rng.permutation(n)
+    k = max(1, math.ceil(n / max(size, 1)))
+    return [b for b in np.array_split(perm, k) if len(b)]
+
+
+def overlap_neighbours(corner: np.ndarray, m: int) -> list[np.ndarray]:
+    """For each window, the indices of the other windows it overlaps (|Δy| < m and |Δx| < m).
+
+    A grid hash with cell size m limits candidates to the 3x3 neighbouring cells.
+    """
+    n = len(corner)
+    cells = corner // m
+    buckets: dict[tuple[int, int], list[int]] = {}
+    for j, (cy, cx) in enumerate(cells.tolist()):
+        buckets.setdefault((cy, cx), []).append(j)
+    arrays = {k: np.asarray(v, np.int64) for k, v in buckets.items()}
+    out: list[np.ndarray] = []
+    empty = np.zeros(0, np.int64)
+    for j in range(n):
+        cy, cx = int(cells[j, 0]), int(cells[j, 1])
+        cand = [arrays[k] for k in ((cy + a, cx + b) for a in (-1, 0, 1) for b in (-1, 0, 1))
+                if k in arrays]
+        c = np.concatenate(cand) if cand else empty
+        d = np.abs(corner[c] - corner[j])
+        out.append(c[(d[:, 0] < m) & (d[:, 1] < m) & (c != j)])
+    return out
+
+
+def sparse_batches(rng: np.random.Generator, neighbours: list[np.ndarray],
+                   max_size: int | None) -> list[np.ndarray]:
+    """Random sets of mutually non-overlapping windows (greedy colouring in random order).
+
+    Updating a set whose windows do not overlap at once is exactly the same as updating its
+    positions one after another, so PIE keeps its sequential semantics while the set's
+    FFTs run as one stack. Sets larger than ``max_size`` are split.
+    """
+    n = len(neighbours)
+    colour = np.full(n, -1, np.int64)
+    for j in rng.permutation(n).tolist():
+        used = colour[neighbours[j]]
+        used = used[used >= 0]
+        free = np.ones(len(used) + 1, bool)  # the first free colour is at most len(used)
+        free[used[used <= len(used)]] = False
+        colour[j] = int(np.argmax(free))
+    classes = [np.flatnonzero(colour == c) for c in range(int(colour.max()) + 1)]
+    batches: list[np.ndarray] = []
+    for cls in classes:
+        cls = rng.permutation(cls)
+        k = 1 if not max_size else max(1, math.ceil(len(cls) / max_size))
+        batches.extend(b for b in np.array_split(cls, k) if len(b))
+    order = rng.permutation(len(batches))
+    return [batches[i] for i in order]
+
+
+# ---------------------------------------------------------------------------------------------
+# Algorithm base and the PIE family
+# ---------------------------------------------------------------------------------------------
+class Algorithm:
+    """Base of the algorithms: batch selection, schedules, position-correction plumbing.
+
+    Subclasses implement :meth:`run_batch` (and may keep per-position memory in
+    :meth:`extras`). ``iterate`` in the engine calls :meth:`batches` then ``run_batch`` for
+    each batch and sums the returned losses.
+    """
+
+    name = "base"
+
+    def __init__(self, core: Core, params: Any):
+        self.core = core
+        self.params = params
+        self._neighbours: list[np.ndarray] | None = None
+        self._neighbours_key: bytes | None = None
+
+    # -- state ------------------------------------------------------------------------------
+    def extras(self) -> dict[str, np.ndarray]:
+        """Per-algorithm memory to checkpoint (host arrays)."""
+        return {}
+
+    def load_extras(self, extras: dict[str, np.ndarray]) -> None:
+        """Restore memory from :meth:`extras` (missing rows for new positions are rebuilt)."""
+
+    def modes_mixed(self, transform: Any) -> None:
+        """The probe modes were re-mixed (new = transform @ old); follow if needed."""
+
+    def end_iteration(self, it: int) -> None:
+        """Called after the last batch of iteration ``it``."""
+
+    # -- batches ----------------------------------------------------------------------------
+    def batches(self, rng: np.random.Generator) -> list[np.ndarray]:
+        p, n = self.params, self.core.N
+        sel = p.selection
+        if sel == "all":
+            return [np.arange(n, dtype=np.int64)]
+        if sel == "sparse":
+            key = self.core.corner.tobytes()
+            if key != self._neighbours_key:
+                self._neighbours = overlap_neighbours(self.core.corner, self.core.M)
+                self._neighbours_key = key
+            return sparse_batches(rng, self._neighbours, p.batch_size)
+        return random_batches(rng, n, p.batch_size_for(n))
+
+    # -- schedules --------------------------------------------------------------------------
+    def flags(self, it: int) -> tuple[bool, bool, bool]:
+        """(update object, update probe, correct positions) at iteration ``it`` (0-based)."""
+        p = self.params
+        return (
+            it >= p.object_update_start,
+            it >= p.probe_update_start,
+            bool(p.position_correction) and it >= p.position_correction_start,
+        )
+
+    def run_batch(self, idx: np.ndarray, it: int) -> list[Any]:  # pragma: no cover
+        raise NotImplementedError
+
+    # -- shared pieces ----------------------------------------------------------------------
+    def apply_position_steps(self, idx_parts: list[np.ndarray], steps: list[Any]) -> None:
+        """Add clipped position steps (device (b, 2) arrays per part) to the positions."""
+        core = self.core
+        if not steps:
+            return
+        st = np.concatenate([core.backend.to_host(s) for s in steps]).astype(np.float64)
+        idx = np.concatenate(idx_parts)
+        pos = core.pos.copy()
+        pos[idx] += clip_steps(st, self.params.position_step_limit_px)
+        core.set_positions(pos)
+
+
+class PIEFamily(Algorithm):
+    """ePIE/rPIE-style updates from a batch, sharing everything but the step rule.
+
+    For each batch: forward model and modulus projection for every position (chunks in
+    parallel threads), then
+
+        O ← O + object_step(Σ_j conj(P_j)χ_j, Σ_j |P_j|², max)
+        P ← P + probe_step(Σ_j S_j^H[conj(O_j)χ_j], Σ_j |O_j|², max)
+
+    both from the values before the batch. With ``sparse`` batches (no two windows overlap)
+    the object update is applied per window inside the chunk — identical to sequential PIE
+    for the object — and needs no object-sized accumulator.
+    """
+
+    def object_step(self, num: Any, den: Any, den_max: float) -> Any:  # pragma: no cover
+        """The object increment from Σconj(P)χ, Σ|P|² and its maximum (may overwrite
+        ``num``/``den``; in sparse mode ``den`` is the shared probe intensity — read only)."""
+        raise NotImplementedError
+
+    def probe_step(self, num: Any, den: Any, den_max: float) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+    def run_batch(self, idx: np.ndarray, it: int) -> list[Any]:
+        core, xp, be = self.core, self.core.xp, self.core.backend
+        upd_obj, upd_probe, pos_corr = self.flags(it)
+        sparse = self.params.selection == "sparse"
+        k, m = core.K, core.M
+        parts = core.split(idx)
+        accs = core.accumulators(len(parts)) if upd_obj and not sparse else None
+        bb = core.bbox(idx)
+        grads = object_gradient(core.obj, xp) if pos_corr else None
+        core.prepare()
+        pint = core.probe_intensity()
+        pmax = float(pint.max()) if sparse else 0.0
+
+        def work(t: int, part: np.ndarray):
+            if accs is not None:
+                accs[t][0][bb] = 0
+                accs[t][1][bb] = 0
+            pnum = xp.zeros((k, m, m), np.complex64) if upd_probe else None
+            pden = xp.zeros((m, m), np.float32) if upd_probe else None
+            losses, steps = [], []
+            for sub in core.subchunks(part):
+                c = core.chunk(sub)
+                pd = core.shifted_probe(c)
+                oj = core.object_patches(c)
+                big = core.far_field(pd, oj)
+                losses.append(core.modulus_projection(big, c))
+                chi = core.back_to_real(big)
+                if grads is not None:
+                    steps.append(position_steps(pd, be.gather(grads[0], c.iy, c.ix, m),
+                                                be.gather(grads[1], c.iy, c.ix, m), chi, xp))
+                if upd_obj:
+                    num = core.object_num(pd, chi, c)
+                    if sparse:
+                        num = self.object_step(num, pint, pmax)
+                        num += oj
+                        be.scatter_set(core.obj, num, c.iy, c.ix)
+                    else:
+                        core.accumulate_object(accs[t], num, c)
+                if upd_probe:
+                    core.probe_terms(oj, chi, c, pnum, pden)
+            return losses, pnum, pden, steps
+
+        results = core.map_parts(work, idx)
+        if accs is not None:
+            core.update_object(accs, bb, lambda num, den, dmax, _sl: self.object_step(
+                num, den, dmax))
+        if upd_probe:
+            pnum, pden = results[0][1], results[0][2]
+            for r in results[1:]:
+                pnum += r[1]
+                pden += r[2]
+            delta = core.probe_from_terms(pnum)
+            core.probe += self.probe_step(delta, pden, float(pden.max()))
+            core.probe_changed()
+        if pos_corr:
+            self.apply_position_steps(parts, [s for r in results for s in r[3]])
+        return [v for r in results for v in r[0]]

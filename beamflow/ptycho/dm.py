@@ -1,0 +1,158 @@
+"""DM — the difference map.
+
+P. Thibault, M. Dierolf, A. Menzel, O. Bunk, C. David & F. Pfeiffer, "High-resolution
+scanning X-ray diffraction microscopy", Science 321, 379 (2008); P. Thibault, M. Dierolf,
+O. Bunk, A. Menzel & F. Pfeiffer, "Probe retrieval in ptychographic coherent diffractive
+imaging", Ultramicroscopy 109, 338 (2009).
+
+All exit waves ψ_j are kept. With φ_j = P_j·O_j from the current overlap projection,
+
+    ψ_j ← ψ_j + Π_F(2φ_j − ψ_j) − φ_j
+
+and then the overlap projection refits object and probe to the new ψ:
+
+    O = (Σ_j conj(P_j) ψ_j + δ_O O) / (Σ_j |P_j|² + δ_O),
+    P = (Σ_j S_j^H[conj(O_j) ψ_j] + δ_P P) / (Σ_j |O_j|² + δ_P),
+
+with δ = (alpha, beta) × the largest denominator (the δ·O term keeps unscanned regions
+as they were instead of zeroing them). Choices made here:
+
+* The exit waves are stored in the far field, Ψ_j = F[ψ_j]; then the update is
+  Ψ_j ← Φ_j + c(2Φ_j − Ψ_j), where c(Z) = Π_F(Z) − Z, and costs no FFT beyond Φ_j = F[φ_j]
+  (which also gives the model's loss). Memory: N·K·M² complex64.
+* One alternation of Thibault's inner loop: the object is refitted first, then the probe
+  with the new object (refitting both from the same old pair is a Jacobi step on a
+  bilinear problem and lets the object/probe scale run away). The probe pass recomputes
+  ψ_j = F⁻¹[Ψ_j] rather than holding a second copy of all exit waves, so an iteration
+  costs five FFTs per position and mode.
+* ``batch_size`` only sets how many positions are processed at once; DM is global.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .core import Algorithm, Core
+from .positions import object_gradient, position_steps
+
+__all__ = ["DM"]
+
+
+class DM(Algorithm):
+    name = "dm"
+
+    def __init__(self, core: Core, params: Any):
+        super().__init__(core, params)
+        self.exit: Any = None
+
+    # -- memory -----------------------------------------------------------------------------
+    def load_extras(self, extras: dict[str, np.ndarray]) -> None:
+        core, xp = self.core, self.core.xp
+        shape = (core.N, core.K, core.M, core.M)
+        self.exit = xp.zeros(shape, np.complex64)
+        have = 0
+        ew = extras.get("dm_exit_waves")
+        if ew is not None:
+            ew = np.asarray(ew)
+            if ew.ndim != 4 or ew.shape[1:] != shape[1:] or ew.shape[0] > core.N:
+                raise ValueError(
+                    f"DM: extra 'dm_exit_waves' has shape {ew.shape}, expected up to {shape}"
+                )
+            have = ew.shape[0]
+            self.exit[:have] = core.backend.to_device(ew)
+        if have < core.N:  # fresh start, or frames appended: start from φ_j = P_j·O_j
+            for part in core.subchunks(np.arange(have, core.N)):
+                c = core.chunk(part)
+                self.exit[c.didx] = core.far_field(core.shifted_probe(c),
+                                                   core.object_patches(c))
+
+    def extras(self) -> dict[str, np.ndarray]:
+        return {"dm_exit_waves": np.array(self.core.backend.to_host(self.exit), copy=True)}
+
+    def modes_mixed(self, transform: Any) -> None:
+        xp = self.core.xp
+        t = xp.asarray(transform, np.complex64)
+        self.exit = xp.einsum("kl,nlij->nkij", t, self.exit).astype(np.complex64)
+
+    # -- iteration --------------------------------------------------------------------------
+    def run_batch(self, idx: np.ndarray, it: int) -> list[Any]:
+        core, xp, be = self.core, self.core.xp, self.core.backend
+        upd_obj, upd_probe, pos_corr = self.flags(it)
+        k, m = core.K, core.M
+        parts = core.split(idx)
+        accs = core.accumulators(len(parts)) if upd_obj else None
+        bb = core.bbox(idx)
+        grads = object_gradient(core.obj, xp) if pos_corr else None
+        core.prepare()
+
+        def exit_update(t: int, part: np.ndarray):
+            """ψ ← ψ + Π_F(2φ−ψ) − φ, and the object refit's sums from the new ψ."""
+            if accs is not None:
+                accs[t][0][bb] = 0
+                accs[t][1][bb] = 0
+            losses, steps = [], []
+            for sub in core.subchunks(part):
+                c = core.chunk(sub)
+                pd = core.shifted_probe(c)
+                oj = core.object_patches(c)
+                phi = pd * oj[:, None]
+                phi_keep = phi.copy() if grads is not None else None
+                big_phi = be.fft2(phi, workers=core.fft_workers)
+                losses.append(core.amplitude_residual(big_phi, c)[2])
+                z = self.exit[c.didx]  # a copy (fancy index)
+                z *= -1
+                z += big_phi
+                z += big_phi  # 2Φ − Ψ
+                core.modulus_projection(z, c)  # z ← Π_F(2Φ−Ψ) − (2Φ−Ψ)
+                z += big_phi  # Ψ + Π_F(2Φ−Ψ) − Φ
+                self.exit[c.didx] = z
+                if accs is None and grads is None:
+                    continue
+                psi = be.ifft2(z, workers=core.fft_workers)
+                if grads is not None:
+                    steps.append(position_steps(pd, be.gather(grads[0], c.iy, c.ix, m),
+                                                be.gather(grads[1], c.iy, c.ix, m),
+                                                psi - phi_keep, xp))
+                if accs is not None:
+                    core.accumulate_object(accs[t], core.object_num(pd, psi, c), c, pd)
+            return losses, steps
+
+        def probe_sums(t: int, part: np.ndarray):
+            """Σ_j S_j^H[conj(O_j) ψ_j] and Σ_j |O_j|² with the refitted object."""
+            pnum = xp.zeros((k, m, m), np.complex64)
+            pden = xp.zeros((m, m), np.float32)
+            for sub in core.subchunks(part):
+                c = core.chunk(sub)
+                psi = be.ifft2(self.exit[c.didx], workers=core.fft_workers)
+                core.probe_terms(core.object_patches(c), psi, c, pnum, pden)
+            return pnum, pden
+
+        results = core.map_parts(exit_update, idx)
+        if accs is not None:
+            alpha = self.params.alpha_value
+
+            def refit(num: Any, den: Any, dmax: float, sl: tuple[slice, slice]) -> Any:
+                delta = alpha * dmax
+                num += delta * core.obj[sl]
+                den += delta
+                num /= den
+                return num
+
+            core.update_object(accs, bb, refit, replace=True)
+        if upd_probe:
+            sums = core.map_parts(probe_sums, idx)
+            pnum, pden = sums[0]
+            for a, b in sums[1:]:
+                pnum += a
+                pden += b
+            delta = self.params.beta_value * float(pden.max())
+            new = core.probe_from_terms(pnum)
+            new += delta * core.probe
+            new /= pden + delta
+            core.probe = new.astype(np.complex64)
+            core.probe_changed()
+        if pos_corr:
+            self.apply_position_steps(parts, [s for r in results for s in r[1]])
+        return [v for r in results for v in r[0]]

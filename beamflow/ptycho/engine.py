@@ -1,0 +1,311 @@
+"""The reconstruction engine: initial guesses and the :class:`Reconstructor` loop.
+
+Typical use::
+
+    data = PtychoData(intensities, positions_px, object_shape, mask)
+    params = ReconParams(algorithm="rpie", iterations=100)
+    state = initial_state(data, params)                 # or ReconState.from_arrays(...)
+    with Reconstructor(data, state, get_backend("auto")) as rec:
+        state = rec.run(callback=lambda view, info: print(info))
+
+Continuing with more frames of the same scan::
+
+    data2 = data.append(new_frames, new_positions)
+    state.extend_positions(new_positions)
+    state = Reconstructor(data2, state).run(50)
+
+Randomness (the batch partition of each iteration) comes from a counter-based generator
+keyed by ``(rng_seed, rng_counter)`` — Philox seeded from that pair — and the counter is
+part of the state, so k iterations, a save/restore through ``to_host_arrays()``/``meta()``,
+and N−k more iterations reproduce an uninterrupted N-iteration run bit for bit (numpy
+backend, same thread count).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .backend import Backend, get_backend
+from .core import Algorithm, Core
+from .dm import DM
+from .epie import EPIE
+from .lsqml import LSQML
+from .modes import make_modes, orthogonalize_modes
+from .positions import remove_drift
+from .rpie import RPIE
+from .state import PtychoData, ReconParams, ReconState
+
+__all__ = ["ALGORITHMS", "Reconstructor", "StateView", "initial_state", "probe_from_data",
+           "scale_probe", "counter_rng"]
+
+ALGORITHMS: dict[str, type[Algorithm]] = {"epie": EPIE, "rpie": RPIE, "dm": DM, "lsqml": LSQML}
+
+# Stream offset for the RNG used by initial_state (so it never collides with iterations').
+_INIT_STREAM = 2**62
+
+
+def counter_rng(seed: int, counter: int) -> np.random.Generator:
+    """The generator for draw number ``counter`` of run ``seed`` (Philox, counter-based)."""
+    return np.random.Generator(np.random.Philox(np.random.SeedSequence([int(seed),
+                                                                         int(counter)])))
+
+
+def _mean_pattern(data: PtychoData) -> np.ndarray:
+    """Mean measured intensity (M, M), detector view, invalid pixels 0."""
+    acc = np.zeros(data.intensities.shape[1:], np.float64)
+    for s in range(0, data.n_positions, 256):
+        blk = data.intensities[s : s + 256]
+        acc += np.where(data.mask, blk, 0.0).sum(axis=0, dtype=np.float64)
+    return acc / data.n_positions
+
+
+def probe_from_data(data: PtychoData) -> np.ndarray:
+    """A probe guess from the mean diffraction amplitude √⟨I⟩ with a flat phase.
+
+    Its inverse FFT is a compact, centred, real-valued spot with about the probe's size
+    for a focused beam (PTYCHO_MATH.md, "Probe initial guesses"). (M, M) complex64.
+    """
+    amp = np.sqrt(_mean_pattern(data))
+    p = np.fft.fftshift(np.fft.ifft2(np.fft.ifftshift(amp)))
+    return p.astype(np.complex64)
+
+
+def scale_probe(probe: np.ndarray, data: PtychoData) -> np.ndarray:
+    """Scale the (K, M, M) modes so Σ_k Σ_valid |F[P_k]|² equals the mean counts per frame."""
+    target = float(_mean_pattern(data).sum())
+    far = np.fft.fftshift(np.fft.fft2(probe.astype(np.complex128)), axes=(-2, -1))
+    have = float((np.abs(far) ** 2)[:, data.mask].sum())
+    if have <= 0 or target <= 0:
+        return probe.astype(np.complex64)
+    return (probe * np.sqrt(target / have)).astype(np.complex64)
+
+
+def initial_state(data: PtychoData, params: ReconParams, probe: np.ndarray | None = None,
+                  obj: np.ndarray | None = None) -> ReconState:
+    """A fresh state: probe modes, object, nominal positions, iteration 0.
+
+    probe: None → :func:`probe_from_data`; else an (M, M) or (K0, M, M) complex array (e.g.
+    from ``beamflow.ptycho.probe``). With fewer than ``params.probe_modes`` modes, extra modes
+    are made from the first by a small perturbation; with more, the strongest are kept. The
+    modes are orthogonalised, ordered by power, and scaled so Σ|F[P]|² matches the mean
+    counts per frame (for an object of unit amplitude).
+    obj: None → ones; else an (H, W) complex array of ``data.object_shape``.
+    """
+    if not isinstance(params, ReconParams):
+        raise TypeError(f"params must be a ReconParams, got {type(params).__name__}")
+    m, k = data.frame_size, params.probe_modes
+    if probe is None:
+        p = probe_from_data(data)[None]
+    else:
+        p = np.asarray(probe)
+        if p.ndim == 2:
+            p = p[None]
+        if p.ndim != 3 or p.shape[1:] != (m, m):
+            raise ValueError(
+                f"initial_state: probe has shape {np.shape(probe)}, expected ({m}, {m}) or "
+                f"(modes, {m}, {m}) to match the {m}x{m} frames"
+            )
+        if not np.all(np.isfinite(p)):
+            raise ValueError("initial_state: probe contains non-finite values")
+        if not np.any(p):
+            raise ValueError("initial_state: probe is all zeros")
+        p = p.astype(np.complex64)
+    rng = counter_rng(params.seed, _INIT_STREAM)
+    if p.shape[0] > 1:
+        p = orthogonalize_modes(p)
+    if p.shape[0] > k:
+        p = p[:k]
+    elif p.shape[0] < k:
+        extra = make_modes(p[0], k - p.shape[0] + 1, rng)[1:]
+        p = orthogonalize_modes(np.concatenate([p, extra]).astype(np.complex64))
+    p = scale_probe(p, data)
+    h, w = data.object_shape
+    if obj is None:
+        o = np.ones((h, w), np.complex64)
+    else:
+        o = np.asarray(obj)
+        if o.shape != (h, w):
+            raise ValueError(
+                f"initial_state: object has shape {o.shape}, expected {(h, w)} "
+                "(data.object_shape)"
+            )
+        if not np.all(np.isfinite(o)):
+            raise ValueError("initial_state: object contains non-finite values")
+        o = o.astype(np.complex64)
+    return ReconState(object=o, probe=p, positions_px=data.positions_px.copy(), params=params,
+                      iteration=0, loss_history=[], rng_seed=params.seed, rng_counter=0)
+
+
+class StateView:
+    """What a callback sees: cheap scalars, and host copies on request."""
+
+    def __init__(self, rec: Reconstructor):
+        self._rec = rec
+
+    @property
+    def iteration(self) -> int:
+        return self._rec.iteration
+
+    @property
+    def loss_history(self) -> list[float]:
+        return list(self._rec.loss_history)
+
+    @property
+    def params(self) -> ReconParams:
+        return self._rec.params
+
+    @property
+    def device(self) -> str:
+        return self._rec.backend.name
+
+    def object(self) -> np.ndarray:
+        """Host copy of the current object (H, W) complex64."""
+        return np.array(self._rec.backend.to_host(self._rec.core.obj), copy=True)
+
+    def probe(self) -> np.ndarray:
+        """Host copy of the current probe modes (K, M, M) complex64."""
+        return np.array(self._rec.backend.to_host(self._rec.core.probe), copy=True)
+
+    def positions(self) -> np.ndarray:
+        return self._rec.core.pos.copy()
+
+    def snapshot(self) -> ReconState:
+        """The full state on the host (what a checkpoint stores)."""
+        return self._rec.snapshot()
+
+    def stop(self) -> None:
+        """Ask :meth:`Reconstructor.run` to return after this iteration."""
+        self._rec.stop()
+
+
+Callback = Callable[[StateView, dict[str, Any]], Any]
+
+
+class Reconstructor:
+    """Runs an algorithm on a backend, starting from (and producing) a :class:`ReconState`.
+
+    ``state.params.algorithm`` selects the algorithm. ``state.positions_px`` must have one
+    row per frame of ``data`` (after appending frames call ``state.extend_positions``).
+    The object/probe live on the backend's device while running; :meth:`snapshot` copies
+    them back. Use as a context manager (or call :meth:`close`) to release the thread pool.
+    """
+
+    def __init__(self, data: PtychoData, state: ReconState, backend: Backend | str = "auto"):
+        if isinstance(backend, str):
+            backend = get_backend(backend)
+        n = data.n_positions
+        if state.positions_px.shape[0] != n:
+            raise ValueError(
+                f"Reconstructor: the state has {state.positions_px.shape[0]} positions but the "
+                f"data has {n} frames; after PtychoData.append(...) call "
+                "state.extend_positions(new_positions_px)"
+            )
+        if tuple(state.object.shape) != tuple(data.object_shape):
+            raise ValueError(
+                f"Reconstructor: state object is {state.object.shape}, data.object_shape is "
+                f"{data.object_shape}"
+            )
+        if state.probe.shape[1:] != (data.frame_size, data.frame_size):
+            raise ValueError(
+                f"Reconstructor: probe is {state.probe.shape[1:]}, frames are "
+                f"{data.frame_size}x{data.frame_size}"
+            )
+        if state.probe.shape[0] != state.params.probe_modes:
+            raise ValueError(
+                f"Reconstructor: probe has {state.probe.shape[0]} modes but params.probe_modes="
+                f"{state.params.probe_modes}"
+            )
+        self.data = data
+        self.backend = backend
+        self.params = state.params
+        self.core = Core(data, state, backend)
+        self.algorithm: Algorithm = ALGORITHMS[self.params.algorithm](self.core, self.params)
+        self.algorithm.load_extras(state.extras)
+        self.iteration = int(state.iteration)
+        self.loss_history = list(state.loss_history)
+        self.rng_seed = int(state.rng_seed)
+        self.rng_counter = int(state.rng_counter)
+        self._stop = False
+        self.view = StateView(self)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def close(self) -> None:
+        self.core.close()
+
+    def __enter__(self) -> Reconstructor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def stop(self) -> None:
+        self._stop = True
+
+    # -- iterations -------------------------------------------------------------------------
+    def iterate(self) -> float:
+        """Run one iteration; return its normalised amplitude loss."""
+        core, p = self.core, self.params
+        it = self.iteration
+        rng = counter_rng(self.rng_seed, self.rng_counter)
+        self.rng_counter += 1
+        losses: list[Any] = []
+        for batch in self.algorithm.batches(rng):
+            losses.extend(self.algorithm.run_batch(batch, it))
+        self.algorithm.end_iteration(it)
+        loss = core.total(losses) / core.norm
+        if core.K > 1 and (it + 1) % p.orthogonalize_every == 0:
+            core.probe, transform = orthogonalize_modes(core.probe, core.xp, True)
+            core.probe_changed()
+            self.algorithm.modes_mixed(transform)
+        if self.algorithm.flags(it)[2]:
+            core.set_positions(remove_drift(core.pos, core.nominal))
+        if not np.isfinite(loss):
+            raise FloatingPointError(
+                f"reconstruction diverged at iteration {it + 1} ({p.algorithm}): loss is {loss}"
+            )
+        self.iteration += 1
+        self.loss_history.append(float(loss))
+        return float(loss)
+
+    def run(self, n_iterations: int | None = None, callback: Callback | None = None) -> ReconState:
+        """Run ``n_iterations`` (default: up to ``params.iterations`` in total).
+
+        ``callback(view, info)`` is called after every iteration with ``info`` =
+        ``{"iteration", "loss", "seconds"}`` (iteration = iterations completed so far);
+        ``view.snapshot()`` gives a host state, ``view.stop()`` ends the run early.
+        Returns the final state on the host.
+        """
+        n = max(0, self.params.iterations - self.iteration) if n_iterations is None else int(
+            n_iterations)
+        if n < 0:
+            raise ValueError(f"n_iterations must be >= 0, got {n_iterations}")
+        self._stop = False
+        for _ in range(n):
+            t0 = time.perf_counter()
+            loss = self.iterate()
+            self.backend.synchronize()
+            dt = time.perf_counter() - t0
+            if callback is not None:
+                callback(self.view, {"iteration": self.iteration, "loss": loss, "seconds": dt})
+            if self._stop:
+                break
+        return self.snapshot()
+
+    def snapshot(self) -> ReconState:
+        """A host copy of the complete state (object, probe, positions, RNG, extras)."""
+        be = self.backend
+        return ReconState(
+            object=np.array(be.to_host(self.core.obj), copy=True),
+            probe=np.array(be.to_host(self.core.probe), copy=True),
+            positions_px=self.core.pos.copy(),
+            params=self.params,
+            iteration=self.iteration,
+            loss_history=list(self.loss_history),
+            rng_seed=self.rng_seed,
+            rng_counter=self.rng_counter,
+            extras=self.algorithm.extras(),
+        )

@@ -1,0 +1,445 @@
+"""Parameters, measured data and reconstruction state of the ptychography engine.
+
+* :class:`ReconParams` — the algorithm and its settings (a pydantic model; bad values raise
+  ``pydantic.ValidationError`` with a message naming the field).
+* :class:`PtychoData` — the measurement on the host: intensities in detector view, valid-pixel
+  mask, scan positions in object pixels, object shape.
+* :class:`ReconState` — everything needed to continue a reconstruction bit-identically:
+  object, probe modes, (corrected) positions, iteration, loss history, parameters, the
+  counter-based RNG's seed and counter, and per-algorithm memory (``extras``, e.g. the
+  difference map's exit waves). ``to_host_arrays()`` + ``meta()`` is what checkpoints store;
+  ``ReconState.from_arrays(arrays, meta)`` restores it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["ReconParams", "PtychoData", "ReconState", "ALGORITHM_DEFAULTS", "STATE_FORMAT"]
+
+STATE_FORMAT = "beamflow.ptycho.state/1"
+
+Algorithm = Literal["epie", "rpie", "dm", "lsqml"]
+
+# Per-algorithm meaning and default of alpha/beta, batch size and batch selection.
+# (alpha, beta, batch_size, batch_selection, allowed alpha range, allowed beta range)
+ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
+    # ePIE: object and probe step sizes (Maiden & Rodenburg 2009).
+    "epie": {"alpha": 1.0, "beta": 1.0, "batch_size": None, "batch_selection": "sparse",
+             "alpha_range": (0.0, 2.0), "beta_range": (0.0, 2.0)},
+    # rPIE: object / probe regularisation weights of the max-denominator (Maiden et al. 2017).
+    "rpie": {"alpha": 0.1, "beta": 0.1, "batch_size": 32, "batch_selection": "random",
+             "alpha_range": (0.0, 1.0), "beta_range": (0.0, 1.0)},
+    # DM: object / probe Tikhonov weights, as fractions of the largest denominator.
+    "dm": {"alpha": 1e-3, "beta": 1e-3, "batch_size": None, "batch_selection": "all",
+           "alpha_range": (0.0, 1.0), "beta_range": (0.0, 1.0)},
+    # LSQ-ML: preconditioner regularisation (fraction of max illumination) and the damping
+    # of the least-squares step lengths (Odstrčil et al. 2018).
+    "lsqml": {"alpha": 0.1, "beta": 0.9, "batch_size": 32, "batch_selection": "random",
+              "alpha_range": (0.0, 1.0), "beta_range": (0.0, 1.0)},
+}
+
+
+class ReconParams(BaseModel):
+    """Settings of one reconstruction.
+
+    ``alpha``/``beta`` mean different things per algorithm (``None`` = the default):
+
+    ========  ============================================  =====================================
+    algo      alpha                                         beta
+    ========  ============================================  =====================================
+    epie      object step (0, 2], default 1                 probe step (0, 2], default 1
+    rpie      object regularisation (0, 1], default 0.1     probe regularisation (0, 1], 0.1
+    dm        object Tikhonov weight (x max) (0, 1], 1e-3   probe Tikhonov weight (0, 1], 1e-3
+    lsqml     preconditioner regularisation (0, 1], 0.1     step-length damping (0, 1], 0.9
+    ========  ============================================  =====================================
+
+    ``batch_size`` (``None`` = the algorithm's default) is the number of positions whose
+    updates are applied together. ``batch_selection``: ``"random"`` (a fresh random partition
+    every iteration), ``"sparse"`` (random sets of mutually non-overlapping positions, which
+    reproduces one-position-at-a-time PIE semantics exactly), ``"all"`` (one batch of every
+    position), or ``"auto"`` (ePIE: sparse; rPIE/LSQ-ML: random; DM: all — DM is a global
+    algorithm and its batch size only sets the chunk of positions processed at once).
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    algorithm: Algorithm = "rpie"
+    iterations: int = Field(100, ge=0, description="Target total iteration count.")
+    batch_size: int | None = Field(None, ge=1)
+    batch_selection: Literal["auto", "random", "sparse", "all"] = "auto"
+    probe_modes: int = Field(1, ge=1, le=64)
+    alpha: float | None = None
+    beta: float | None = None
+    probe_update_start: int = Field(0, ge=0, description="First iteration that updates the probe.")
+    object_update_start: int = Field(0, ge=0)
+    position_correction: bool = False
+    position_correction_start: int = Field(10, ge=0)
+    position_step_limit_px: float = Field(
+        0.5, gt=0, le=8, description="Largest position change per update, in object pixels."
+    )
+    noise_model: Literal["gaussian", "poisson"] = "gaussian"
+    orthogonalize_every: int = Field(
+        1, ge=1, description="Orthogonalise probe modes every N iterations (K > 1)."
+    )
+    seed: int = Field(0, ge=0, lt=2**63)
+
+    @model_validator(mode="after")
+    def _check_algorithm_values(self) -> ReconParams:
+        d = ALGORITHM_DEFAULTS[self.algorithm]
+        for name in ("alpha", "beta"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            lo, hi = d[f"{name}_range"]
+            if not (math.isfinite(value) and lo < value <= hi):
+                raise ValueError(
+                    f"{name}={value} is out of range for algorithm '{self.algorithm}': "
+                    f"expected {lo} < {name} <= {hi}"
+                )
+        if self.noise_model == "poisson" and self.algorithm != "lsqml":
+            raise ValueError(
+                f"noise_model='poisson' is only implemented by algorithm 'lsqml', "
+                f"not '{self.algorithm}'"
+            )
+        if self.algorithm == "dm" and self.batch_selection not in ("auto", "all"):
+            raise ValueError(
+                f"batch_selection='{self.batch_selection}' does not apply to 'dm': the "
+                "difference map updates from all positions at once (use 'auto' or 'all')"
+            )
+        return self
+
+    # -- resolved values ------------------------------------------------------------------
+    @property
+    def alpha_value(self) -> float:
+        """``alpha`` or the algorithm's default."""
+        return float(ALGORITHM_DEFAULTS[self.algorithm]["alpha"] if self.alpha is None
+                     else self.alpha)
+
+    @property
+    def beta_value(self) -> float:
+        """``beta`` or the algorithm's default."""
+        return float(ALGORITHM_DEFAULTS[self.algorithm]["beta"] if self.beta is None
+                     else self.beta)
+
+    @property
+    def selection(self) -> str:
+        """Batch selection with ``"auto"`` resolved for the algorithm."""
+        if self.batch_selection != "auto":
+            return self.batch_selection
+        return str(ALGORITHM_DEFAULTS[self.algorithm]["batch_selection"])
+
+    def batch_size_for(self, n_positions: int) -> int:
+        """Batch size with ``None`` resolved (DM and 'all': every position)."""
+        if self.selection == "all":
+            return max(1, n_positions)
+        b = self.batch_size or ALGORITHM_DEFAULTS[self.algorithm]["batch_size"]
+        return max(1, min(int(b or n_positions), n_positions))
+
+
+def _as_float_array(
+    name: str, a: Any, ndim: int, dtype: Any, check_finite: bool = True
+) -> np.ndarray:
+    try:
+        arr = np.asarray(a)
+    except Exception as exc:  # pragma: no cover - exotic inputs
+        raise ValueError(f"PtychoData.{name}: cannot convert to an array ({exc})") from exc
+    if arr.ndim != ndim:
+        raise ValueError(f"PtychoData.{name}: expected {ndim} dimensions, got shape {arr.shape}")
+    if np.iscomplexobj(arr):
+        raise ValueError(f"PtychoData.{name}: expected real values, got {arr.dtype}")
+    arr = np.ascontiguousarray(arr, dtype=dtype)
+    if check_finite and not np.all(np.isfinite(arr)):
+        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+        raise ValueError(f"PtychoData.{name}: {bad} non-finite value(s) (NaN or inf)")
+    return arr
+
+
+def _check_valid_pixels(what: str, inten: np.ndarray, mask: np.ndarray) -> None:
+    """Valid pixels must be finite and >= 0; invalid ones may hold anything (NaN included).
+
+    Checked in blocks of frames so a large scan needs no full-size temporary.
+    """
+    for start in range(0, inten.shape[0], 256):
+        block = inten[start : start + 256][:, mask]
+        finite = np.isfinite(block)
+        if not finite.all():
+            j = start + int(np.flatnonzero(~finite.all(axis=1))[0])
+            raise ValueError(
+                f"{what}: non-finite value (NaN or inf) on a valid pixel of frame {j}; "
+                "mark such pixels invalid in the mask"
+            )
+        lo = float(block.min()) if block.size else 0.0
+        if lo < 0:
+            j = start + int(np.flatnonzero((block < 0).any(axis=1))[0])
+            raise ValueError(
+                f"{what}: negative value {lo:g} on a valid pixel (frame {j}); clip the data "
+                "or mark those pixels invalid in the mask"
+            )
+
+
+@dataclass
+class PtychoData:
+    """The measured data of one scan, on the host.
+
+    intensities: (N, M, M) float32 counts in detector view (zero frequency in the centre,
+        as a detector records it; the engine ``ifftshift``s once when moving to the device).
+    mask: (M, M) bool, True where a pixel is valid (default: all); invalid pixels carry no
+        constraint and may hold anything, NaN included (their values are never used). Valid
+        pixels must be finite and >= 0.
+    positions_px: (N, 2) float64 (y, x) of each probe window's top-left corner in object
+        pixels, sub-pixel. The window of position j covers object rows
+        ``round(y_j) .. round(y_j)+M-1`` (and likewise columns); the fractional remainder is
+        applied exactly by Fourier-shifting the probe.
+    object_shape: (H, W) of the object array; every window must lie inside it.
+    """
+
+    intensities: np.ndarray
+    positions_px: np.ndarray
+    object_shape: tuple[int, int]
+    mask: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        inten = _as_float_array("intensities", self.intensities, 3, np.float32, False)
+        n, m1, m2 = inten.shape
+        if m1 != m2:
+            raise ValueError(f"PtychoData.intensities: frames must be square, got {m1}x{m2}")
+        if m1 < 2:
+            raise ValueError(f"PtychoData.intensities: frames of {m1}x{m2} px are too small")
+        if n == 0:
+            raise ValueError("PtychoData.intensities: no frames")
+        pos = _as_float_array("positions_px", self.positions_px, 2, np.float64)
+        if pos.shape != (n, 2):
+            raise ValueError(
+                f"PtychoData.positions_px: expected shape ({n}, 2) for {n} frames, got {pos.shape}"
+            )
+        if self.mask is None:
+            mask = np.ones((m1, m1), dtype=bool)
+        else:
+            mask = np.asarray(self.mask)
+            if mask.shape != (m1, m1):
+                raise ValueError(
+                    f"PtychoData.mask: expected shape ({m1}, {m1}) like the frames, "
+                    f"got {mask.shape}"
+                )
+            mask = np.ascontiguousarray(mask, dtype=bool)
+        if not mask.any():
+            raise ValueError("PtychoData.mask: no valid pixel")
+        _check_valid_pixels("PtychoData.intensities", inten, mask)
+        try:
+            h, w = (int(v) for v in self.object_shape)
+        except Exception as exc:
+            raise ValueError(
+                f"PtychoData.object_shape: expected (H, W), got {self.object_shape!r}"
+            ) from exc
+        self.intensities, self.positions_px, self.mask = inten, pos, mask
+        self.object_shape = (h, w)
+        self._check_positions(pos)
+
+    def _check_positions(self, pos: np.ndarray) -> None:
+        h, w = self.object_shape
+        m = self.frame_size
+        if h < m or w < m:
+            raise ValueError(
+                f"PtychoData.object_shape: {h}x{w} is smaller than the {m}x{m} probe window"
+            )
+        corner = np.rint(pos)
+        bad = (corner[:, 0] < 0) | (corner[:, 1] < 0) | (corner[:, 0] + m > h) | (
+            corner[:, 1] + m > w
+        )
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"PtychoData.positions_px: {int(bad.sum())} probe window(s) fall outside the "
+                f"{h}x{w} object (first: frame {j} at (y, x) = ({pos[j, 0]:.2f}, "
+                f"{pos[j, 1]:.2f}) with a {m} px window); enlarge object_shape or shift the "
+                "positions"
+            )
+
+    @property
+    def n_positions(self) -> int:
+        return int(self.intensities.shape[0])
+
+    @property
+    def frame_size(self) -> int:
+        return int(self.intensities.shape[-1])
+
+    def append(self, intensities: np.ndarray, positions_px: np.ndarray) -> PtychoData:
+        """A new PtychoData with more frames (and their positions) of the same scan appended.
+
+        The mask and object shape are kept; the new windows must fit in the object.
+        """
+        inten = _as_float_array("intensities", intensities, 3, np.float32, False)
+        if inten.shape[1:] != self.intensities.shape[1:]:
+            raise ValueError(
+                f"PtychoData.append: new frames are {inten.shape[1:]}, expected "
+                f"{self.intensities.shape[1:]}"
+            )
+        _check_valid_pixels("PtychoData.append intensities", inten, self.mask)
+        pos = _as_float_array("positions_px", positions_px, 2, np.float64)
+        if pos.shape != (inten.shape[0], 2):
+            raise ValueError(
+                f"PtychoData.append: expected positions of shape ({inten.shape[0]}, 2), "
+                f"got {pos.shape}"
+            )
+        return PtychoData(
+            intensities=np.concatenate([self.intensities, inten]),
+            positions_px=np.concatenate([self.positions_px, pos]),
+            object_shape=self.object_shape,
+            mask=self.mask,
+        )
+
+    def fingerprint(self, n_frames: int | None = None) -> str:
+        """sha256 (hex) of the first ``n_frames`` frames (default: all), their positions and
+        the mask — to check that a checkpoint belongs to (a prefix of) this data."""
+        n = self.n_positions if n_frames is None else int(n_frames)
+        if not 0 <= n <= self.n_positions:
+            raise ValueError(f"fingerprint: n_frames={n_frames} not in 0..{self.n_positions}")
+        h = hashlib.sha256()
+        h.update(f"{n}:{self.frame_size}:{self.object_shape}".encode())
+        h.update(self.mask.tobytes())
+        h.update(self.positions_px[:n].tobytes())
+        h.update(memoryview(self.intensities[:n]).cast("B"))
+        return h.hexdigest()
+
+
+@dataclass
+class ReconState:
+    """The complete state of a reconstruction (host numpy arrays).
+
+    object: (H, W) complex64. probe: (K, M, M) complex64 (K incoherent modes, by power).
+    positions_px: (N, 2) float64, the current (possibly corrected) positions.
+    iteration: iterations completed. loss_history: one normalised amplitude loss per
+    iteration. params: the ReconParams. rng_seed / rng_counter: the counter-based RNG
+    (batch order of iteration i comes from (seed, counter)). extras: per-algorithm memory
+    (e.g. ``dm_exit_waves``) needed to continue bit-identically.
+    """
+
+    object: np.ndarray
+    probe: np.ndarray
+    positions_px: np.ndarray
+    params: ReconParams
+    iteration: int = 0
+    loss_history: list[float] = field(default_factory=list)
+    rng_seed: int = 0
+    rng_counter: int = 0
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.object = np.ascontiguousarray(self.object, dtype=np.complex64)
+        probe = np.asarray(self.probe)
+        if probe.ndim == 2:
+            probe = probe[None]
+        self.probe = np.ascontiguousarray(probe, dtype=np.complex64)
+        self.positions_px = np.ascontiguousarray(self.positions_px, dtype=np.float64)
+        if self.object.ndim != 2:
+            raise ValueError(f"ReconState.object: expected (H, W), got shape {self.object.shape}")
+        if self.probe.ndim != 3 or self.probe.shape[1] != self.probe.shape[2]:
+            raise ValueError(
+                f"ReconState.probe: expected (K, M, M), got shape {self.probe.shape}"
+            )
+        if self.positions_px.ndim != 2 or self.positions_px.shape[1] != 2:
+            raise ValueError(
+                f"ReconState.positions_px: expected (N, 2), got shape {self.positions_px.shape}"
+            )
+        self.loss_history = [float(v) for v in self.loss_history]
+
+    @property
+    def n_modes(self) -> int:
+        return int(self.probe.shape[0])
+
+    def to_host_arrays(self) -> dict[str, np.ndarray]:
+        """Named arrays for a checkpoint (object, probe, positions, loss history, extras)."""
+        arrays = {
+            "object": self.object,
+            "probe": self.probe,
+            "positions_px": self.positions_px,
+            "loss_history": np.asarray(self.loss_history, dtype=np.float64),
+        }
+        for k, v in self.extras.items():
+            arrays[f"extra_{k}"] = np.asarray(v)
+        return arrays
+
+    def meta(self) -> dict[str, Any]:
+        """JSON-able metadata for a checkpoint (everything that is not an array)."""
+        return {
+            "format": STATE_FORMAT,
+            "iteration": int(self.iteration),
+            "rng_seed": int(self.rng_seed),
+            "rng_counter": int(self.rng_counter),
+            "params": self.params.model_dump(mode="json"),
+            "n_positions": int(self.positions_px.shape[0]),
+            "object_shape": [int(v) for v in self.object.shape],
+            "probe_shape": [int(v) for v in self.probe.shape],
+            "extras": sorted(self.extras),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> ReconState:
+        """Rebuild a state from ``to_host_arrays()`` + ``meta()`` (e.g. a checkpoint)."""
+        fmt = meta.get("format")
+        if fmt != STATE_FORMAT:
+            raise ValueError(f"ReconState.from_arrays: meta 'format' is {fmt!r}, "
+                             f"expected {STATE_FORMAT!r}")
+        for key in ("object", "probe", "positions_px"):
+            if key not in arrays:
+                raise ValueError(f"ReconState.from_arrays: array {key!r} is missing")
+        for key in ("iteration", "rng_seed", "rng_counter", "params"):
+            if key not in meta:
+                raise ValueError(f"ReconState.from_arrays: meta key {key!r} is missing")
+        params = ReconParams.model_validate(meta["params"])
+        extras = {}
+        for name in meta.get("extras", []):
+            key = f"extra_{name}"
+            if key not in arrays:
+                raise ValueError(f"ReconState.from_arrays: array {key!r} is missing")
+            extras[name] = np.asarray(arrays[key])
+        state = cls(
+            object=np.asarray(arrays["object"]),
+            probe=np.asarray(arrays["probe"]),
+            positions_px=np.asarray(arrays["positions_px"]),
+            params=params,
+            iteration=int(meta["iteration"]),
+            loss_history=list(np.asarray(arrays.get("loss_history", []), dtype=np.float64)),
+            rng_seed=int(meta["rng_seed"]),
+            rng_counter=int(meta["rng_counter"]),
+            extras=extras,
+        )
+        expect = meta.get("object_shape")
+        if expect is not None and list(state.object.shape) != list(expect):
+            raise ValueError(
+                f"ReconState.from_arrays: 'object' has shape {state.object.shape}, "
+                f"meta says {expect}"
+            )
+        return state
+
+    def extend_positions(self, new_positions_px: np.ndarray) -> ReconState:
+        """Append positions for frames appended to the data (they start at nominal).
+
+        Algorithm memory that is per position (DM exit waves) is extended by the engine
+        when it next starts. Returns ``self``.
+        """
+        new = np.asarray(new_positions_px, dtype=np.float64).reshape(-1, 2)
+        if not np.all(np.isfinite(new)):
+            raise ValueError("ReconState.extend_positions: non-finite positions")
+        self.positions_px = np.concatenate([self.positions_px, new])
+        return self
+
+    def copy(self) -> ReconState:
+        return ReconState(
+            object=self.object.copy(),
+            probe=self.probe.copy(),
+            positions_px=self.positions_px.copy(),
+            params=self.params.model_copy(),
+            iteration=self.iteration,
+            loss_history=list(self.loss_history),
+            rng_seed=self.rng_seed,
+            rng_counter=self.rng_counter,
+            extras={k: v.copy() for k, v in self.extras.items()},
+        )
