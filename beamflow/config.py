@@ -78,6 +78,11 @@ class Globus(_Section):
     token_storage: Path | None = Field(
         default=None, description="SQLite token file; default <state_dir>/tokens.db"
     )
+    data_access_collections: list[str] | None = Field(
+        default=None,
+        description="mapped collections that need a data_access consent (default: the "
+        "beamline and HPC collections; [] when both are guest collections)",
+    )
 
 
 class Reconstruction(_Section):
@@ -300,6 +305,8 @@ state_dir = "state"
 client_id = "FILL: Globus Auth app client id (app registered at app.globus.org)"
 # client_secret: never in this file for shared machines; use BEAMFLOW_GLOBUS__CLIENT_SECRET
 # for the unattended agent (a confidential client / service account).
+# data_access_collections = []        # mapped collections needing data_access consent;
+#                                      # default both collection ids, [] for guest collections
 
 [beamline]
 collection_id = "FILL: UUID of the beamline's Globus collection"
@@ -331,6 +338,7 @@ rescan_seconds = 60.0
 observer = "polling"                   # detector file systems are often NFS/GPFS
 max_concurrent_runs = 8
 max_retries = 3
+poll_seconds = 15.0                    # each poll is a Flows API call: keep it gentle
 progressive = [0.25, 0.5]
 
 [status]
