@@ -469,10 +469,14 @@ class TransferTask:
     def _mkdir(self, path: Path) -> None:
         try:
             path.mkdir(parents=True, exist_ok=True)
-        except FileExistsError:
+        except (FileExistsError, NotADirectoryError):
             raise TransferFault(
-                "NOT_A_DIRECTORY", f"destination {path} exists and is not a directory", path
+                "NOT_A_DIRECTORY",
+                f"destination {path} (or a directory above it) exists and is not a directory",
+                path,
             ) from None
+        except OSError as exc:
+            raise self._os_fault(exc, path) from None
         real = path.resolve()
         if not _inside(real, self._dst_root):
             raise TransferFault(
