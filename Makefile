@@ -34,11 +34,10 @@ test: $(STAMP) browser
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 
+# Simulated beamline, edge agent, local flows, reconstruction and the status page, live;
+# serves the page until Ctrl-C. DEMO_ARGS="--exit" returns when the runs are done.
 demo: $(STAMP)
-	rm -rf demo-workspace
-	$(BIN)/beamflow init demo-workspace
-	$(BIN)/beamflow simulate demo-workspace/beamline/detector --name demo_scan --positions 200 --seed 1
-	$(BIN)/beamflow reconstruct demo-workspace/beamline/detector/demo_scan --out demo-workspace/beamline/previews/demo_scan --iterations 50
+	$(BIN)/beamflow demo --workspace demo-workspace $(DEMO_ARGS)
 
 bench: $(STAMP)
 	@for b in benchmarks/bench_*.py; do $(BIN)/python $$b; done

@@ -174,7 +174,7 @@ def summary_table(store: Store, settings: Settings, scans: _Scans, names: list[s
             ok = False
             continue
         ok &= run.status == RunStatus.SUCCEEDED
-        iterations = str(run.result.get("iterations", "-"))
+        iterations = "-" if run.iteration is None else str(run.iteration)
         nrmse = "-"
         if run.status == RunStatus.SUCCEEDED and run.product:
             try:
