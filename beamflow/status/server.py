@@ -70,6 +70,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def _check_free(host: str, port: int) -> None:
+    """Say plainly that the port is taken (uvicorn would only log it from its thread)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise RuntimeError(f"cannot serve the status page on {host}:{port}: {exc}") from None
+
+
 def make_server(app: FastAPI, host: str, port: int, *, log_level: str = "info") -> uvicorn.Server:
     config = uvicorn.Config(
         app,
@@ -90,6 +101,7 @@ def serve_in_thread(
 ) -> Iterator[str]:
     """Serve ``app`` in a daemon thread; yields the base URL, stops the server on exit."""
     port = port or free_port(host)
+    _check_free(host, port)
     server = make_server(app, host, port, log_level="warning")
     thread = threading.Thread(target=server.run, name="beamflow-status", daemon=True)
     thread.start()

@@ -164,7 +164,7 @@
       a.href = r.url;
       cScan.appendChild(a);
       const sub = [];
-      if (r.fraction) sub.push(Math.round(r.fraction * 100) + "% of frames");
+      if (r.fraction && r.fraction < 1) sub.push(Math.round(r.fraction * 100) + "% of frames");
       if (r.attempt > 1) sub.push("attempt " + r.attempt);
       cScan.appendChild(el("div", "sub", sub.join(" · ")));
       const err = r.error ? (r.error_step ? r.error_step + ": " : "") + r.error : "";
@@ -412,6 +412,10 @@
 
       const errBox = document.getElementById("run-error");
       errBox.hidden = !r.error;
+      errBox.className = "callout " + (r.status === "FAILED" ? "error" : "note");
+      document.getElementById("run-error-icon").replaceChildren(icon(ICON[r.status] || "failed"));
+      document.getElementById("run-error-title").textContent =
+        r.status === "FAILED" ? "Failed" : r.status === "CANCELLED" ? "Cancelled" : "Note";
       document.getElementById("run-error-step").textContent = r.error_step ? " in step " + r.error_step : "";
       document.getElementById("run-error-text").textContent = r.error || "";
 
