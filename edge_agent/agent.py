@@ -168,8 +168,13 @@ class EdgeAgent:
         self._runs_outlive_agent = bool(
             getattr(self.backend, "runs_outlive_agent", self.backend.name != "local")
         )
-        self._max_poll = max(
-            self.policy.poll_seconds, min(_MAX_POLL_SECONDS, 10 * self.policy.poll_seconds)
+        # Polls of a remote service back off (its runs take minutes to hours, and its API
+        # is shared); polls of an in-process run are local reads and stay at poll_seconds,
+        # so a run's end is noticed at once and the next one starts.
+        self._max_poll = (
+            max(self.policy.poll_seconds, min(_MAX_POLL_SECONDS, 10 * self.policy.poll_seconds))
+            if self._runs_outlive_agent
+            else self.policy.poll_seconds
         )
 
     # -- lifecycle -------------------------------------------------------------------------
