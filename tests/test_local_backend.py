@@ -253,6 +253,13 @@ def test_cancel_from_another_backend_object_stops_the_run(
     scan = Path(settings.beamline.detector_dir) / "s1"
     run = runs.start_scan_run(settings, store, backend, scan, params=FOREVER)
     wait_for_step(backend, run.backend_run_id, "Reconstruct")
+    # While it runs, the store shows how far the reconstruction got.
+    deadline = time.monotonic() + 30
+    while not (run := runs.sync_run(store, backend, run)).iteration:
+        assert time.monotonic() < deadline, "no iteration progress reported"
+        time.sleep(0.1)
+    assert run.iterations_total == FOREVER["iterations"]
+    assert run.current_step == "Reconstruct" and run.status == RunStatus.ACTIVE
     # As `beamflow runs cancel` does from another process: only the record is shared.
     other = LocalBackend(settings)
     run = runs.cancel_run(settings, run.id, store=store, backend=other)
@@ -277,3 +284,17 @@ def test_closing_the_backend_leaves_running_runs_marked_lost(settings: Settings)
         os.getpid()
         == json.loads((settings.state_dir / "local_runs" / f"{run_id}.json").read_text())["pid"]
     )
+
+
+def test_shared_filesystem_flow_writes_results_in_place(
+    settings: Settings,
+    backend,
+    store: Store,  # noqa: ANN001
+) -> None:
+    scan = Path(settings.beamline.detector_dir) / "s1"
+    run = runs.start_scan_run(settings, store, backend, scan, params=FAST, flow=runs.SHARED_FS_FLOW)
+    run = runs.follow_run(store, backend, run, poll_seconds=0.05)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert [s.name for s in store.steps(run.id)] == ["Reconstruct"]
+    assert run.product and Path(run.product).is_file()
+    assert Path(run.product).parent == Path(settings.beamline.preview_dir) / run.result["run_name"]
