@@ -632,10 +632,10 @@ def _register(kind: str, backend_name: str | None, dry_run: bool, config: Path |
     finally:
         backend.close()
     if dry_run:
-        err_console.print(f"dry run on {backend.name}: nothing registered")
+        err_console.print(f"dry run on {backend.name}: nothing registered; each line says what "
+                          "registering would do")  # fmt: skip
     for r in results:
-        action = r.action if not dry_run or r.action == "unchanged" else f"would-be-{r.action}"
-        print(f"{action} {r.name} {r.id or '-'}")
+        print(f"{r.action} {r.name} {r.id or '-'}")
 
 
 @register_app.command("functions")

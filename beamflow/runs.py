@@ -531,7 +531,6 @@ def retry_run(
     Without ``backend`` one is opened and a background thread follows the new run until it
     ends (the status page's retry button), then closes it; with one, following is the
     caller's (``beamflow runs retry --wait``)."""
-    own_store = store is None
     store = store or Store(settings.store_path)
     old = store.get_run(run_id)
     if old is None:
@@ -563,10 +562,9 @@ def retry_run(
         backend.close()
         return new
 
-    def follow(run: Run = new, backend: Backend = backend) -> None:
-        follower_store = Store(settings.store_path) if not own_store else store
+    def follow(run: Run = new, backend: Backend = backend, store: Store = store) -> None:
         try:
-            follow_run(follower_store, backend, run)
+            follow_run(store, backend, run)  # the store keeps one connection per thread
         except Exception:  # noqa: BLE001 - the run is recorded; following is best effort
             pass
         finally:

@@ -47,6 +47,7 @@ from beamflow.registry import (
     RegistryError,
     atomic_write_json,
     content_checksum,
+    load_function,
     register_flows,
     register_functions,
 )
@@ -150,14 +151,18 @@ class LocalBackend:
 
     # -- registration ------------------------------------------------------------------------
     def register_functions(self, *, dry_run: bool = False) -> list[RegistrationResult]:
-        # A local function id only names functions/NAME.py; an update keeps the id.
+        # A local function id only names functions/NAME.py; an update keeps the id. The
+        # function must load (and be callable) before it is registered.
+        def create(name: str) -> str:
+            load_function(name)
+            return str(uuid.uuid4())
+
+        def update(name: str, function_id: str) -> str:
+            load_function(name)
+            return function_id
+
         try:
-            return register_functions(
-                self.registry,
-                create=lambda name: str(uuid.uuid4()),
-                update=lambda name, function_id: function_id,
-                dry_run=dry_run,
-            )
+            return register_functions(self.registry, create=create, update=update, dry_run=dry_run)
         except RegistryError as exc:
             raise BackendError(str(exc)) from None
 
