@@ -222,3 +222,61 @@ def test_a_failed_step_is_named_with_its_cause(settings) -> None:  # noqa: ANN00
     assert failure["error"]["Error"] == "ActionFailedException"
     assert json.loads(failure["error"]["Cause"])["details"]["error"] == error
     assert len(transfer.bodies) == 1  # results were not transferred
+
+
+# -- the inputs beamflow builds (beamflow.runs) --------------------------------------------------
+def test_flow_input_maps_local_paths_to_collection_paths(settings, tmp_path: Path) -> None:  # noqa: ANN001
+    from beamflow.runs import RunInputError, parse_param
+
+    master = settings.beamline.detector_dir / "s1" / "s1_master.h5"
+    body = flow_input_for(settings, master, {}, "r1", function_id=FUNCTION_ID)
+    # A master file moves with its directory (the data files sit next to it).
+    assert body["scan_is_directory"] is True
+    assert body["beamline"]["scan_path"] == "/detector/s1"
+    assert body["hpc"]["scan_path"].endswith("/raw/s1")
+    assert body["compute"]["scan_path"].endswith("/raw/s1/s1_master.h5")
+    hpc_root = str(settings.hpc.collection_root)
+    assert body["compute"]["output_dir"] == hpc_root + body["hpc"]["results_path"]
+    assert body["compute"]["allowed_roots"] == [str(settings.hpc.scratch_dir)]
+    # Runs of one scan share its checkpoints; each has its own results.
+    other = flow_input_for(settings, master, {}, "r2", function_id=FUNCTION_ID)
+    assert other["compute"]["checkpoint_dir"] == body["compute"]["checkpoint_dir"]
+    assert other["compute"]["output_dir"] != body["compute"]["output_dir"]
+
+    cxi = settings.beamline.detector_dir / "one.cxi"
+    cxi.write_bytes(b"")
+    single = flow_input_for(settings, cxi, {}, "r3", function_id=FUNCTION_ID)
+    assert single["scan_is_directory"] is False
+    assert single["hpc"]["scan_path"].endswith("/raw/one.cxi")
+
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    with pytest.raises(RunInputError, match="outside the beamline collection root"):
+        flow_input_for(settings, outside, {}, "r4", function_id=FUNCTION_ID)
+    with pytest.raises(RunInputError, match="register functions"):
+        flow_input_for(settings, master, {}, "r5")
+    with pytest.raises(RunInputError, match="unknown parameter 'colour'"):
+        flow_input_for(settings, master, {"colour": 1}, "r6", function_id=FUNCTION_ID)
+    with pytest.raises(RunInputError, match="iterations"):
+        flow_input_for(settings, master, {"iterations": -1}, "r7", function_id=FUNCTION_ID)
+
+    assert parse_param("iterations=50") == ("iterations", 50)
+    assert parse_param("resume=false") == ("resume", False)
+    assert parse_param("device=cuda") == ("device", "cuda")
+    with pytest.raises(RunInputError, match="KEY=VALUE"):
+        parse_param("iterations")
+
+
+def test_failure_causes_are_read_out_of_action_documents() -> None:
+    from beamflow.runs import error_text
+
+    def caught(details: dict[str, Any], error: str = "ActionFailedException") -> dict:
+        return {"Error": error, "Cause": json.dumps({"status": "FAILED", "details": details})}
+
+    compute = caught({"error": {"type": "ValueError", "message": "scan s1: no positions"}})
+    assert error_text(compute) == "ActionFailedException: ValueError: scan s1: no positions"
+    transfer = caught({"fatal_error": {"code": "FILE_NOT_FOUND", "description": "gone"}})
+    assert error_text(transfer) == "ActionFailedException: FILE_NOT_FOUND: gone"
+    refused = {"Error": "ActionUnableToRun", "Cause": json.dumps({"description": "bad endpoint"})}
+    assert error_text(refused) == "ActionUnableToRun: bad endpoint"
+    assert error_text({"Error": "ActionTimeout", "Cause": "plain"}) == "ActionTimeout: plain"
