@@ -107,9 +107,21 @@ def slot_environments(workers: int, gpus: Sequence[str]) -> list[dict[str, str]]
 
 
 # -- the worker process ----------------------------------------------------------------------
+def _exit_with_parent(parent: int, every: float = 0.5) -> None:
+    while os.getppid() == parent:
+        time.sleep(every)
+    os._exit(1)
+
+
 def _worker_main(conn: Connection, env: dict[str, str]) -> None:
     """A worker: run (module, name, args, kwargs) messages until told to stop."""
     os.environ.update(env)
+    # A worker never outlives the process that started it: killed with -9, that process
+    # (the agent) is restarted and runs the task again; an orphan would compute the same
+    # scan twice, into the same checkpoints.
+    threading.Thread(
+        target=_exit_with_parent, args=(os.getppid(),), name="parent-watch", daemon=True
+    ).start()
     while True:
         try:
             message = conn.recv()
