@@ -35,7 +35,10 @@ pytestmark = [
 ]
 
 
-def write_previews(directory: Path, seed: int, iterations: int = 100) -> list[Path]:
+KINDS = ("object_phase", "object_amplitude", "probe", "convergence")
+
+
+def draw_previews(directory: Path, seed: int, iterations: int = 100) -> list[Path]:
     """Previews like the reconstruction writes: phase, amplitude, probe, convergence."""
     import matplotlib
 
@@ -71,10 +74,22 @@ def write_previews(directory: Path, seed: int, iterations: int = 100) -> list[Pa
     return out
 
 
-def seed_store(store: Store, previews_root: Path) -> dict[str, Run]:
-    """A morning at the beamline: finished scans, a failure, a live run, a queue."""
+PREVIEW_SETS = {"lamella_A_0001": (0, 100), "lamella_A_0002": (1, 100),
+                "siemens_star_0007": (2, 100), "catalyst_0042": (5, 30),
+                "ptychotomo_0107": (2, 72)}
+
+
+def seed_store(store: Store, previews_root: Path, bank: Path | None = None) -> dict[str, Run]:
+    """A morning at the beamline: finished scans, a failure, a live run, a queue. Previews
+    are copied from ``bank`` when given (drawing them is the slow part)."""
     now = time.time()
     runs: dict[str, Run] = {}
+
+    def write_previews(directory: Path, seed: int, iterations: int = 100) -> list[Path]:
+        if bank is None:
+            return draw_previews(directory, seed, iterations)
+        shutil.copytree(bank / directory.name, directory)
+        return [directory / f"{k}.png" for k in KINDS]
 
     def run(key: str, scan: str, status: RunStatus, age: float, **fields) -> Run:
         r = store.create_run(scan=scan, flow="ptycho_reconstruct", backend="local",
@@ -133,16 +148,24 @@ class Retry:
                                      status=RunStatus.QUEUED)
 
 
+@pytest.fixture(scope="module")
+def bank(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("preview-bank")
+    for scan, (seed, iterations) in PREVIEW_SETS.items():
+        draw_previews(root / scan, seed, iterations)
+    return root
+
+
 @pytest.fixture
-def site(tmp_path: Path) -> Iterator[tuple[str, Store, dict[str, Run]]]:
+def site(tmp_path: Path, bank: Path) -> Iterator[tuple[str, Store, dict[str, Run]]]:
     store = Store(tmp_path / "state" / "runs.sqlite")
-    runs = seed_store(store, tmp_path / "beamline" / "previews")
+    runs = seed_store(store, tmp_path / "beamline" / "previews", bank)
     app = create_app(store, StatusOptions(poll_seconds=0.4), retry=Retry(store))
     with serve_in_thread(app) as base:
         yield base, store, runs
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 
@@ -257,7 +280,7 @@ def test_run_page_previews_load_and_refresh(site, browser, tmp_path: Path) -> No
 
     # A progressive run delivers a new phase preview: the image follows, same document.
     phase = Path(store.require_run(live.id).previews[0])
-    write_previews(phase.parent, seed=9, iterations=60)
+    draw_previews(phase.parent, seed=9, iterations=60)
     later = time.time() + 3
     os.utime(phase, (later, later))
     store.update_run(live.id, iteration=60)
