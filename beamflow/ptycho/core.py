@@ -41,6 +41,9 @@ __all__ = ["Core", "Chunk"]
 # so a chunk's handful of arrays stays in L2/L3 between the elementwise passes.
 CPU_CHUNK = 16
 GPU_CHUNK = 4096
+MIN_PART = 4
+# Object updates smaller than this run in the calling thread (a handoff costs ~50 µs).
+PARALLEL_UPDATE_PX = 2**16
 # Sub-pixel phase ramps are cached per position on CPU (an outer product per chunk costs
 # numpy about half an FFT); above this size they are recomputed per chunk instead.
 RAMP_CACHE_BYTES = 256 * 2**20
@@ -145,8 +148,12 @@ class Core:
                      ramp=ramp)
 
     def split(self, idx: np.ndarray) -> list[np.ndarray]:
-        """Split a batch into one contiguous part per thread (deterministic)."""
-        t = min(self.backend.threads, len(idx))
+        """Split a batch into one contiguous part per thread (deterministic).
+
+        Parts have at least ``MIN_PART`` positions: handing two windows to another thread
+        costs more than it saves.
+        """
+        t = min(self.backend.threads, len(idx) // MIN_PART)
         return [p for p in np.array_split(np.asarray(idx, np.int64), max(t, 1)) if len(p)]
 
     def map_parts(self, fn: Callable[[int, np.ndarray], Any], idx: np.ndarray) -> list[Any]:
@@ -213,7 +220,9 @@ class Core:
         the object).
         """
         tgt = self.obj if target is None else target
-        rows = np.array_split(np.arange(bb[0].start, bb[0].stop), self.backend.threads)
+        area = (bb[0].stop - bb[0].start) * (bb[1].stop - bb[1].start)
+        n = self.backend.threads if area >= PARALLEL_UPDATE_PX else 1
+        rows = np.array_split(np.arange(bb[0].start, bb[0].stop), n)
         slabs = [(slice(int(r[0]), int(r[-1]) + 1), bb[1]) for r in rows if len(r)]
         combined = self.map_list(lambda _t, sl: self.combine(accs, sl), slabs)
         xp = self.xp

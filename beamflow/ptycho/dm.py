@@ -97,10 +97,17 @@ class DM(Algorithm):
                 c = core.chunk(sub)
                 pd = core.shifted_probe(c)
                 oj = core.object_patches(c)
-                phi = pd * oj[:, None]
-                phi_keep = phi.copy() if grads is not None else None
-                big_phi = be.fft2(phi, workers=core.fft_workers)
-                losses.append(core.amplitude_residual(big_phi, c)[2])
+                big_phi = core.far_field(pd, oj)
+                if grads is not None:
+                    # Positions follow the model's own modulus correction Π_F(φ)−φ (the DM
+                    # update ψ_new − φ carries the iterate's memory, not a data residual).
+                    chi = big_phi.copy()
+                    losses.append(core.modulus_projection(chi, c))
+                    chi = be.ifft2(chi, workers=core.fft_workers)
+                    steps.append(position_steps(pd, be.gather(grads[0], c.iy, c.ix, m),
+                                                be.gather(grads[1], c.iy, c.ix, m), chi, xp))
+                else:
+                    losses.append(core.amplitude_residual(big_phi, c)[2])
                 z = self.exit[c.didx]  # a copy (fancy index)
                 z *= -1
                 z += big_phi
@@ -108,14 +115,8 @@ class DM(Algorithm):
                 core.modulus_projection(z, c)  # z ← Π_F(2Φ−Ψ) − (2Φ−Ψ)
                 z += big_phi  # Ψ + Π_F(2Φ−Ψ) − Φ
                 self.exit[c.didx] = z
-                if accs is None and grads is None:
-                    continue
-                psi = be.ifft2(z, workers=core.fft_workers)
-                if grads is not None:
-                    steps.append(position_steps(pd, be.gather(grads[0], c.iy, c.ix, m),
-                                                be.gather(grads[1], c.iy, c.ix, m),
-                                                psi - phi_keep, xp))
                 if accs is not None:
+                    psi = be.ifft2(z, workers=core.fft_workers)
                     core.accumulate_object(accs[t], core.object_num(pd, psi, c), c, pd)
             return losses, steps
 

@@ -60,12 +60,12 @@ class ReconParams(BaseModel):
     lsqml     preconditioner regularisation (0, 1], 0.1     step-length damping (0, 1], 0.9
     ========  ============================================  =====================================
 
-    ``batch_size`` (``None`` = the algorithm's default) is the number of positions whose
-    updates are applied together. ``batch_selection``: ``"random"`` (a fresh random partition
-    every iteration), ``"sparse"`` (random sets of mutually non-overlapping positions, which
-    reproduces one-position-at-a-time PIE semantics exactly), ``"all"`` (one batch of every
-    position), or ``"auto"`` (ePIE: sparse; rPIE/LSQ-ML: random; DM: all — DM is a global
-    algorithm and its batch size only sets the chunk of positions processed at once).
+    ``batch_size`` (``None`` = the algorithm's default, see :meth:`batch_size_for`) is the
+    number of positions whose updates are applied together. ``batch_selection``:
+    ``"random"`` (a fresh random partition every iteration), ``"sparse"`` (random sets of
+    mutually non-overlapping positions, which reproduces one-position-at-a-time PIE
+    semantics exactly), ``"all"`` (one batch of every position), or ``"auto"`` (ePIE:
+    sparse; rPIE/LSQ-ML: random; DM: all — DM is a global algorithm).
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -136,10 +136,19 @@ class ReconParams(BaseModel):
         return str(ALGORITHM_DEFAULTS[self.algorithm]["batch_selection"])
 
     def batch_size_for(self, n_positions: int) -> int:
-        """Batch size with ``None`` resolved (DM and 'all': every position)."""
+        """Batch size with ``None`` resolved (DM and 'all': every position).
+
+        The default for random batches is the power of two nearest N/12, within 4..64: about
+        a dozen updates per iteration (32 for 400 positions), fewer and larger batches for
+        big scans where per-batch overheads would dominate.
+        """
         if self.selection == "all":
             return max(1, n_positions)
-        b = self.batch_size or ALGORITHM_DEFAULTS[self.algorithm]["batch_size"]
+        b = self.batch_size
+        if b is None:
+            b = ALGORITHM_DEFAULTS[self.algorithm]["batch_size"]
+            if b is not None:
+                b = int(min(64, max(4, 2 ** round(math.log2(max(n_positions, 1) / 12)))))
         return max(1, min(int(b or n_positions), n_positions))
 
 

@@ -1,0 +1,418 @@
+"""Tests of the reconstruction engine (beamflow.ptycho core): convergence of every algorithm,
+exact sub-pixel positions, masked pixels, probe modes, parameters, bit-identical resume.
+
+The scans are small (32x32 px frames, 50-80 positions) and simulated here with an
+independent forward model: each object window is Fourier-shifted by the position's
+sub-pixel fraction (with a margin) — the engine instead shifts the probe.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pydantic
+import pytest
+
+from beamflow.ptycho import (
+    BackendError,
+    PtychoData,
+    ReconParams,
+    ReconState,
+    Reconstructor,
+    get_backend,
+    initial_state,
+)
+from beamflow.ptycho.core import overlap_neighbours, sparse_batches
+from beamflow.ptycho.engine import counter_rng
+from beamflow.ptycho.modes import orthogonalize_modes
+
+M = 32
+
+
+# ------------------------------------------------------------------------------------------
+# helpers
+# ------------------------------------------------------------------------------------------
+def _smooth(rng, shape, sigma):
+    f = np.fft.fft2(rng.standard_normal(shape))
+    k2 = np.fft.fftfreq(shape[0])[:, None] ** 2 + np.fft.fftfreq(shape[1])[None] ** 2
+    r = np.real(np.fft.ifft2(f * np.exp(-2 * (np.pi * sigma) ** 2 * k2)))
+    return (r - r.mean()) / r.std()
+
+
+def make_probe(m=M, defocus=12.0, width=5.0):
+    k = np.fft.fftshift(np.fft.fftfreq(m))
+    k2 = k[:, None] ** 2 + k[None] ** 2
+    pupil = (np.sqrt(k2) < 0.2) * np.exp(1j * defocus * m * k2)
+    p = np.fft.fftshift(np.fft.ifft2(np.fft.ifftshift(pupil)))
+    r2 = (np.arange(m) - m / 2 + 0.5) ** 2
+    p = p * np.exp(-(r2[:, None] + r2[None]) / (2 * width**2))
+    return (p / np.abs(p).max()).astype(np.complex64)
+
+
+def simulate(n=60, photons=1e6, modes=None, seed=0, poisson=True, step=3.2):
+    """A Fermat-spiral scan with sub-pixel positions; returns a dict of arrays."""
+    rng = np.random.default_rng(seed)
+    probes = make_probe()[None] if modes is None else np.asarray(modes)
+    i = np.arange(n)
+    pos = np.stack([np.sin(i * 2.39996), np.cos(i * 2.39996)], 1) * (step * np.sqrt(i))[:, None]
+    q = 6
+    pos = pos - pos.min(0) + q + 1.5 + rng.uniform(-0.5, 0.5, (n, 2))
+    h = int(np.ceil(pos[:, 0].max())) + M + q + 2
+    w = int(np.ceil(pos[:, 1].max())) + M + q + 2
+    obj = ((0.8 + 0.15 * np.tanh(_smooth(rng, (h, w), 1.5)))
+           * np.exp(0.7j * np.tanh(_smooth(rng, (h, w), 1.2)))).astype(np.complex64)
+    kf = np.fft.fftfreq(M + 2 * q)
+    inten = np.zeros((n, M, M))
+    for j, (py, px) in enumerate(pos):
+        ny, nx = int(np.rint(py)), int(np.rint(px))
+        win = obj[ny - q : ny + M + q, nx - q : nx + M + q].astype(np.complex128)
+        ramp = np.exp(2j * np.pi * (kf[:, None] * (py - ny) + kf[None] * (px - nx)))
+        sub = np.fft.ifft2(np.fft.fft2(win) * ramp)[q : q + M, q : q + M]
+        for p in probes:
+            inten[j] += np.abs(np.fft.fft2(p * sub)) ** 2
+    scale = photons / inten.sum(axis=(1, 2)).mean()
+    inten *= scale
+    if poisson:
+        inten = rng.poisson(inten).astype(np.float64)
+    return {
+        "intensities": np.fft.fftshift(inten, axes=(-2, -1)).astype(np.float32),
+        "positions": pos,
+        "object": obj,
+        "probe": (probes * np.sqrt(scale)).astype(np.complex64),
+        "shape": (h, w),
+    }
+
+
+def data_of(sim, positions=None, mask=None, intensities=None):
+    return PtychoData(sim["intensities"] if intensities is None else intensities,
+                      sim["positions"] if positions is None else positions, sim["shape"],
+                      mask)
+
+
+def region(sim, frac=0.4):
+    ill = np.zeros(sim["shape"])
+    pint = (np.abs(sim["probe"]) ** 2).sum(axis=0)
+    for py, px in sim["positions"]:
+        ny, nx = int(round(py)), int(round(px))
+        ill[ny : ny + M, nx : nx + M] += pint
+    return ill > frac * ill.max()
+
+
+def nrmse(rec, true, where):
+    """Complex NRMSE after the optimal complex scalar (global phase and scale)."""
+    a, b = rec[where].astype(np.complex128), true[where].astype(np.complex128)
+    c = np.vdot(a, b) / np.vdot(a, a)
+    return float(np.linalg.norm(c * a - b) / np.linalg.norm(b))
+
+
+def reconstruct(data, iterations, **kw):
+    params = ReconParams(iterations=iterations, **kw)
+    state = initial_state(data, params)
+    with Reconstructor(data, state, get_backend("cpu")) as rec:
+        return rec.run()
+
+
+@pytest.fixture(scope="module")
+def scan():
+    return simulate()
+
+
+# ------------------------------------------------------------------------------------------
+# convergence
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("algorithm", "extra", "iterations", "bound"),
+    [
+        ("epie", {}, 40, 0.12),
+        ("rpie", {}, 40, 0.10),
+        ("dm", {}, 40, 0.15),
+        ("lsqml", {}, 40, 0.10),
+        ("lsqml", {"noise_model": "poisson"}, 40, 0.10),
+    ],
+)
+def test_algorithm_converges(scan, algorithm, extra, iterations, bound):
+    data = data_of(scan)
+    state = reconstruct(data, iterations, algorithm=algorithm, **extra)
+    loss = state.loss_history
+    assert len(loss) == iterations and state.iteration == iterations
+    assert loss[-1] < loss[0] / 10, f"{algorithm}: loss {loss[0]:.3g} -> {loss[-1]:.3g}"
+    err = nrmse(state.object, scan["object"], region(scan))
+    assert err < bound, f"{algorithm}: object NRMSE {err:.3f} >= {bound}"
+    assert state.object.dtype == np.complex64 and state.probe.dtype == np.complex64
+
+
+def test_subpixel_positions_matter():
+    sim = simulate(photons=1e8, poisson=False)
+    exact = reconstruct(data_of(sim), 40, algorithm="rpie")
+    rounded = reconstruct(data_of(sim, positions=np.round(sim["positions"])), 40,
+                          algorithm="rpie")
+    where = region(sim)
+    e_exact = nrmse(exact.object, sim["object"], where)
+    e_round = nrmse(rounded.object, sim["object"], where)
+    assert e_exact < 0.6 * e_round, (e_exact, e_round)
+    assert exact.loss_history[-1] < 0.5 * rounded.loss_history[-1]
+
+
+def test_masked_pixels_are_free(scan):
+    rng = np.random.default_rng(3)
+    mask = rng.random((M, M)) > 0.1
+    mask[M // 2 - 2 : M // 2 + 2, M // 2 - 2 : M // 2 + 2] = False  # a beam stop on the DC
+    garbage = scan["intensities"].copy()
+    garbage[:, ~mask] = rng.uniform(0, 1e9, (garbage.shape[0], int((~mask).sum())))
+    other = garbage.copy()
+    other[:, ~mask] = np.nan  # invalid pixels may hold anything, NaN included
+    a = reconstruct(data_of(scan, mask=mask, intensities=garbage), 40, algorithm="rpie")
+    b = reconstruct(data_of(scan, mask=mask, intensities=other), 40, algorithm="rpie")
+    np.testing.assert_array_equal(a.object, b.object)  # masked values are never read
+    assert a.loss_history[-1] < a.loss_history[0] / 10
+    assert nrmse(a.object, scan["object"], region(scan)) < 0.12
+
+
+def test_two_probe_modes():
+    p1 = make_probe()
+    p2 = make_probe(defocus=-8.0, width=4.0)
+    p2 = p2 - np.vdot(p1, p2) / np.vdot(p1, p1) * p1  # an incoherent, orthogonal 2nd mode
+    p2 *= np.sqrt(0.35 * (np.abs(p1) ** 2).sum() / (np.abs(p2) ** 2).sum())
+    sim = simulate(modes=np.stack([p1, p2]), n=70, photons=1e7)
+    data = data_of(sim)
+    one = reconstruct(data, 50, algorithm="rpie", probe_modes=1)
+    two = reconstruct(data, 50, algorithm="rpie", probe_modes=2)
+    assert two.probe.shape == (2, M, M)
+    assert two.loss_history[-1] < 0.5 * one.loss_history[-1]
+    assert nrmse(two.object, sim["object"], region(sim)) < 0.12
+    powers = (np.abs(two.probe) ** 2).sum(axis=(1, 2))
+    assert powers[0] > powers[1] > 0.1 * powers[0]  # ordered by power, second mode found
+    overlap = abs(np.vdot(two.probe[0], two.probe[1])) / np.prod(np.sqrt(powers))
+    assert overlap < 1e-3  # orthogonal
+
+
+@pytest.mark.parametrize("algorithm", ["rpie", "lsqml", "dm"])
+def test_position_correction_reduces_position_errors(algorithm):
+    sim = simulate(n=70, photons=1e7)
+    rng = np.random.default_rng(5)
+    err0 = rng.uniform(-1.2, 1.2, sim["positions"].shape)
+    err0 -= err0.mean(axis=0)  # a pure translation is invisible; errors have zero mean
+    data = data_of(sim, positions=sim["positions"] + err0)
+    state = reconstruct(data, 60, algorithm=algorithm, position_correction=True,
+                        position_correction_start=5)
+    err1 = state.positions_px - sim["positions"]
+    err1 -= err1.mean(axis=0)
+    rms0, rms1 = np.sqrt((err0**2).mean()), np.sqrt((err1**2).mean())
+    assert rms1 < 0.5 * rms0, (rms0, rms1)
+
+
+# ------------------------------------------------------------------------------------------
+# continuation
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"algorithm": "rpie"},
+        {"algorithm": "epie"},
+        {"algorithm": "dm", "probe_modes": 2},
+        {"algorithm": "lsqml", "noise_model": "poisson"},
+        {"algorithm": "rpie", "probe_modes": 2, "position_correction": True,
+         "position_correction_start": 2, "probe_update_start": 1, "orthogonalize_every": 2},
+    ],
+    ids=["rpie", "epie", "dm-2modes", "lsqml-poisson", "rpie-modes-poscorr"],
+)
+def test_resume_is_bit_identical(scan, extra):
+    data = data_of(scan)
+    params = ReconParams(iterations=8, **extra)
+    with Reconstructor(data, initial_state(data, params), "cpu") as rec:
+        straight = rec.run()
+    with Reconstructor(data, initial_state(data, params), "cpu") as rec:
+        part = rec.run(3)
+    # what a checkpoint stores: named arrays + JSON metadata
+    arrays = {k: np.array(v, copy=True) for k, v in part.to_host_arrays().items()}
+    meta = json.loads(json.dumps(part.meta()))
+    restored = ReconState.from_arrays(arrays, meta)
+    with Reconstructor(data, restored, "cpu") as rec:
+        resumed = rec.run()
+    assert resumed.iteration == straight.iteration == 8
+    np.testing.assert_array_equal(resumed.object, straight.object)
+    np.testing.assert_array_equal(resumed.probe, straight.probe)
+    np.testing.assert_array_equal(resumed.positions_px, straight.positions_px)
+    assert resumed.loss_history == straight.loss_history
+    assert resumed.rng_counter == straight.rng_counter
+    for k in straight.extras:
+        np.testing.assert_array_equal(resumed.extras[k], straight.extras[k])
+
+
+@pytest.mark.parametrize("algorithm", ["rpie", "dm"])
+def test_append_frames_and_continue(scan, algorithm):
+    full = data_of(scan)
+    first = PtychoData(full.intensities[:40], full.positions_px[:40], full.object_shape)
+    params = ReconParams(algorithm=algorithm, iterations=10)
+    with Reconstructor(first, initial_state(first, params), "cpu") as rec:
+        state = rec.run()
+    more = first.append(full.intensities[40:], full.positions_px[40:])
+    assert more.n_positions == full.n_positions
+    with pytest.raises(ValueError, match="extend_positions"):
+        Reconstructor(more, state, "cpu")
+    state.extend_positions(full.positions_px[40:])
+    np.testing.assert_array_equal(state.positions_px[40:], full.positions_px[40:])
+    state.params = state.params.model_copy(update={"iterations": 30})
+    with Reconstructor(more, state, "cpu") as rec:
+        final = rec.run()
+    assert final.iteration == 30 and len(final.loss_history) == 30
+    assert final.loss_history[-1] < final.loss_history[10]
+    if algorithm == "dm":
+        assert final.extras["dm_exit_waves"].shape[0] == full.n_positions
+    assert nrmse(final.object, scan["object"], region(scan)) < 0.15
+
+
+def test_callback_snapshot_and_stop(scan):
+    data = data_of(scan)
+    seen = []
+
+    def cb(view, info):
+        assert set(info) >= {"iteration", "loss", "seconds"}
+        snap = view.snapshot()
+        assert snap.iteration == info["iteration"] == view.iteration
+        assert snap.loss_history[-1] == info["loss"]
+        seen.append(info["iteration"])
+        if info["iteration"] == 4:
+            view.stop()
+
+    params = ReconParams(algorithm="rpie", iterations=10)
+    with Reconstructor(data, initial_state(data, params), "cpu") as rec:
+        state = rec.run(callback=cb)
+    assert seen == [1, 2, 3, 4] and state.iteration == 4
+
+
+# ------------------------------------------------------------------------------------------
+# parameters, inputs, helpers
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"algorithm": "pie"}, "algorithm"),
+        ({"iterations": -1}, "iterations"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"probe_modes": 0}, "probe_modes"),
+        ({"algorithm": "rpie", "alpha": 1.5}, "alpha=1.5 is out of range for algorithm 'rpie'"),
+        ({"algorithm": "epie", "beta": 0.0}, "beta=0.0 is out of range"),
+        ({"algorithm": "dm", "alpha": float("nan")}, "alpha=nan"),
+        ({"algorithm": "rpie", "noise_model": "poisson"}, "only implemented by algorithm"),
+        ({"algorithm": "dm", "batch_selection": "sparse"}, "does not apply to 'dm'"),
+        ({"orthogonalize_every": 0}, "orthogonalize_every"),
+        ({"colour": 3}, "colour"),
+    ],
+)
+def test_bad_parameters_fail_clearly(kwargs, needle):
+    with pytest.raises(pydantic.ValidationError, match=needle):
+        ReconParams(**kwargs)
+
+
+def test_bad_data_fails_clearly(scan):
+    inten, pos, shape = scan["intensities"], scan["positions"], scan["shape"]
+    with pytest.raises(ValueError, match="positions_px: expected shape"):
+        PtychoData(inten, pos[:-1], shape)
+    with pytest.raises(ValueError, match="outside the"):
+        PtychoData(inten, pos + shape[0], shape)
+    bad = inten.copy()
+    bad[3, 5, 5] = np.nan
+    with pytest.raises(ValueError, match="non-finite value .* frame 3"):
+        PtychoData(bad, pos, shape)
+    with pytest.raises(ValueError, match="mask: expected shape"):
+        PtychoData(inten, pos, shape, mask=np.ones((M + 1, M), bool))
+    with pytest.raises(ValueError, match="negative value"):
+        PtychoData(-inten - 1, pos, shape)
+    data = data_of(scan)
+    params = ReconParams(probe_modes=2)
+    with pytest.raises(ValueError, match="probe has shape"):
+        initial_state(data, params, probe=np.ones((M + 2, M + 2), np.complex64))
+    state = initial_state(data, params)
+    state.params = ReconParams(probe_modes=1)
+    with pytest.raises(ValueError, match="probe_modes"):
+        Reconstructor(data, state, "cpu")
+    with pytest.raises(ValueError, match="meta 'format'"):
+        ReconState.from_arrays(state.to_host_arrays(), {"format": "other"})
+    meta = state.meta()
+    arrays = state.to_host_arrays()
+    del arrays["probe"]
+    with pytest.raises(ValueError, match="array 'probe' is missing"):
+        ReconState.from_arrays(arrays, meta)
+
+
+def test_backend_selection(monkeypatch):
+    cpu = get_backend("cpu")
+    assert cpu.name == "cpu" and cpu.xp is np and cpu.threads >= 1
+    with pytest.raises(BackendError, match="unknown device"):
+        get_backend("tpu")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    # "auto" falls back to the CPU when no device is visible; "cuda" says why it cannot.
+    from beamflow.ptycho import backend as bmod
+
+    if not bmod.cuda_available():
+        assert get_backend("auto").name == "cpu"
+        with pytest.raises(BackendError, match="cuda"):
+            get_backend("cuda")
+
+
+def test_gather_and_scatter_match_naive():
+    be = get_backend("cpu")
+    rng = np.random.default_rng(0)
+    obj = (rng.random((50, 60)) + 1j * rng.random((50, 60))).astype(np.complex64)
+    iy, ix = rng.integers(0, 50 - 8, 20), rng.integers(0, 60 - 8, 20)
+    patches = be.gather(obj, iy, ix, 8)
+    for j in range(20):
+        np.testing.assert_array_equal(patches[j], obj[iy[j] : iy[j] + 8, ix[j] : ix[j] + 8])
+    acc = np.zeros_like(obj)
+    be.scatter_add(acc, patches, iy, ix)
+    ref = np.zeros(obj.shape, np.complex128)
+    for j in range(20):
+        ref[iy[j] : iy[j] + 8, ix[j] : ix[j] + 8] += patches[j]
+    np.testing.assert_allclose(acc, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_batches_do_not_overlap(scan):
+    corner = np.rint(scan["positions"]).astype(np.int64)
+    nb = overlap_neighbours(corner, M)
+    batches = sparse_batches(counter_rng(0, 0), nb, max_size=None)
+    allidx = np.sort(np.concatenate(batches))
+    np.testing.assert_array_equal(allidx, np.arange(len(corner)))
+    for b in batches:
+        d = np.abs(corner[b][:, None, :] - corner[b][None, :, :])
+        overlap = (d[..., 0] < M) & (d[..., 1] < M)
+        assert overlap.sum() == len(b)  # only each window with itself
+
+
+def test_orthogonalize_modes_keeps_coherence_function():
+    rng = np.random.default_rng(1)
+    p = (rng.standard_normal((3, 8, 8)) + 1j * rng.standard_normal((3, 8, 8))).astype(
+        np.complex64)
+    q, t = orthogonalize_modes(p, np, return_transform=True)
+    a, b = p.reshape(3, -1).astype(np.complex128), q.reshape(3, -1).astype(np.complex128)
+    np.testing.assert_allclose(a.conj().T @ a, b.conj().T @ b, atol=1e-3)
+    gram = b.conj() @ b.T
+    np.testing.assert_allclose(gram - np.diag(np.diag(gram)), 0, atol=1e-3)
+    assert np.all(np.diff(np.real(np.diag(gram))) <= 0)
+    np.testing.assert_allclose(t @ a, b, atol=1e-3)
+
+
+def test_initial_state_probe_scaling_and_modes(scan):
+    data = data_of(scan)
+    state = initial_state(data, ReconParams(probe_modes=3))
+    assert state.probe.shape == (3, M, M)
+    far = np.abs(np.fft.fft2(state.probe.astype(np.complex128))) ** 2
+    counts = data.intensities.sum(axis=(1, 2)).mean()
+    assert far.sum() == pytest.approx(counts, rel=1e-3)
+    given = initial_state(data, ReconParams(), probe=scan["probe"][0] * 7)
+    assert np.allclose(np.abs(given.probe[0]) / np.abs(given.probe[0]).max(),
+                       np.abs(scan["probe"][0]) / np.abs(scan["probe"][0]).max(), atol=1e-4)
+    np.testing.assert_array_equal(given.object, np.ones(scan["shape"], np.complex64))
+
+
+def test_threads_agree_with_single_thread(scan):
+    data = data_of(scan)
+    params = ReconParams(algorithm="rpie", iterations=5)
+    out = []
+    for threads in (1, 3):
+        with Reconstructor(data, initial_state(data, params),
+                           get_backend("cpu", threads=threads)) as rec:
+            out.append(rec.run())
+    np.testing.assert_allclose(out[0].object, out[1].object, rtol=0, atol=2e-4)
+    np.testing.assert_allclose(out[0].loss_history, out[1].loss_history, rtol=1e-4)
