@@ -697,19 +697,6 @@ def agent(
 
 
 # -- serve -----------------------------------------------------------------------------------
-def _status_retry(settings: Settings):  # noqa: ANN202 - RetryFn | None
-    """The shared run path for the page's retry button (None while it is not installed)."""
-    try:
-        from beamflow.runs import retry_run
-    except ImportError:
-        return None
-
-    def retry(run_id: str):  # noqa: ANN202 - Run
-        return retry_run(settings, run_id)
-
-    return retry
-
-
 @app.command()
 def serve(
     host: Annotated[
@@ -723,13 +710,16 @@ def serve(
     config: ConfigOption = None,
 ) -> None:
     """Status page and JSON API (/api/runs, /api/runs/{id}, /healthz): live runs, previews."""
+    from functools import partial
+
+    from beamflow.runs import retry_run
     from beamflow.status.server import StatusConfigError, build_app, make_server
 
     settings = settings_from(config)
     host = host or settings.status.host
     port = port or settings.status.port
     try:
-        status_app = build_app(settings, host=host, retry=_status_retry(settings))
+        status_app = build_app(settings, host=host, retry=partial(retry_run, settings))
     except StatusConfigError as exc:
         fail(str(exc))
     shown = f"[{host}]" if ":" in host else host

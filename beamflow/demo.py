@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from rich.console import Console, Group
@@ -22,6 +23,7 @@ from rich.table import Table
 from beamflow.backend import get_backend
 from beamflow.config import CONFIG_NAME, Settings, load_config, local_workspace_toml
 from beamflow.formats import read_product
+from beamflow.runs import retry_run
 from beamflow.simulate import read_ground_truth, score_product, simulate_scan
 from beamflow.status.server import build_app, free_port, serve_in_thread
 from beamflow.store import Run, RunStatus, Store
@@ -203,7 +205,7 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> bool:
     names = [f"demo_scan_{i + 1:03d}" for i in range(options.scans)]
     scans = _Scans()
     port = options.port or free_port(settings.status.host)
-    app = build_app(settings, host=settings.status.host)
+    app = build_app(settings, host=settings.status.host, retry=partial(retry_run, settings))
     with serve_in_thread(app, settings.status.host, port) as url:
         edge = EdgeAgent(settings, store=store)
         agent_thread = threading.Thread(target=edge.run_forever, name="agent", daemon=True)

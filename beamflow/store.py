@@ -336,6 +336,16 @@ class Store:
         where, args = self._filters(status, scan)
         return self._connect().execute(f"SELECT COUNT(*) FROM runs {where}", args).fetchone()[0]
 
+    def count_by_status(self, *, scan: str | None = None) -> dict[str, int]:
+        """Runs per status (every status present, zeros included), in one query."""
+        where, args = self._filters(None, scan)
+        rows = self._connect().execute(
+            f"SELECT status, COUNT(*) FROM runs {where} GROUP BY status", args
+        )
+        counts = {s.value: 0 for s in RunStatus}
+        counts.update({status: n for status, n in rows})
+        return counts
+
     def update_run(self, run_id: str, **fields: Any) -> Run:
         """Change fields of a run. Status changes stamp started_at/finished_at on the way."""
         unknown = set(fields) - _UPDATABLE

@@ -176,7 +176,7 @@ def create_app(
         scan = (scan or "").strip() or None
         runs = store.list_runs(status=statuses or None, scan=scan, limit=limit, offset=offset)
         # Counts by status (for the summary chips) honour the scan filter, not the status one.
-        counts = {s.value: store.count_runs(status=s, scan=scan) for s in RunStatus}
+        counts = store.count_by_status(scan=scan)
         total = (
             sum(counts[s.value] for s in statuses) if statuses else sum(counts.values())
         )
@@ -338,7 +338,7 @@ def create_app(
     @app.get("/healthz")
     def healthz(request: Request) -> JSONResponse:
         try:
-            counts = {s.value: store.count_runs(status=s) for s in RunStatus}
+            counts = store.count_by_status()
         except Exception as exc:  # a broken or locked store is what this endpoint reports
             return JSONResponse({"ok": False, "error": f"store {store.path}: {exc}"}, 503)
         body: dict[str, Any] = {"ok": True, "version": __version__}
