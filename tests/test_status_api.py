@@ -431,7 +431,9 @@ def test_retry_goes_through_the_shared_run_path(
 ) -> None:
     # What `beamflow serve` wires: beamflow.runs.retry_run with the configuration. The scan
     # file is gone, so the new attempt fails at once, with the reason, linked to the old run.
-    from beamflow.cli import _status_retry
+    from functools import partial
+
+    from beamflow.runs import retry_run
 
     settings = Settings(state_dir=tmp_path / "state")
     store = Store(settings.store_path)
@@ -439,9 +441,7 @@ def test_retry_goes_through_the_shared_run_path(
     old = store.create_run(scan="gone", flow="ptycho_reconstruct", backend="local",
                            scan_path=str(missing))
     store.update_run(old.id, status=RunStatus.FAILED, error="boom", error_step="Reconstruct")
-    retry = _status_retry(settings)
-    assert retry is not None
-    client = client_for(store, retry=retry)
+    client = client_for(store, retry=partial(retry_run, settings))
     csrf = re.search(r'name="csrf-token" content="([0-9a-f]+)"',
                      client.get(f"/runs/{old.id}").text).group(1)
     r = client.post(f"/api/runs/{old.id}/retry", headers={"X-CSRF-Token": csrf})
