@@ -278,7 +278,7 @@ class EdgeAgent:
                                                                            "error": str(exc)}})
             self.store.update_run(
                 run.id, status=RunStatus.QUEUED, backend_run_id=None, started_at=None,
-                finished_at=None, current_step=None,
+                finished_at=None, current_step=None, iteration=None,
             )  # fmt: skip
             self.store.add_event(
                 run.id, "Interrupted", "the agent stopped; the run starts again at its next start",
@@ -608,6 +608,8 @@ class EdgeAgent:
             finished_at=None,
             error=None,
             error_step=None,
+            current_step=None,
+            iteration=None,
         )
         self.store.add_event(
             run.id,

@@ -1,0 +1,207 @@
+"""`beamflow agent` killed with -9 at several points and restarted: every scan ends processed
+exactly once (one run each, SUCCEEDED, nothing lost); SIGTERM stops it cleanly, exit 0."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from beamflow.cli import app
+from beamflow.simulate import simulate_scan
+from beamflow.store import Run, RunStatus, Store
+
+BEAMFLOW = Path(sys.executable).with_name("beamflow")
+SCANS = ("k1", "k2", "k3")
+ENV = {
+    "BEAMFLOW_RECONSTRUCTION__ITERATIONS": "3",
+    "BEAMFLOW_RECONSTRUCTION__CHECKPOINT_EVERY": "1",
+    "BEAMFLOW_RECONSTRUCTION__DEVICE": "cpu",
+    "BEAMFLOW_AGENT__QUIET_SECONDS": "0.3",
+    "BEAMFLOW_AGENT__POLL_SECONDS": "0.2",
+    "BEAMFLOW_AGENT__RESCAN_SECONDS": "2",
+    "BEAMFLOW_AGENT__RETRY_BACKOFF_SECONDS": "0.2",
+    "BEAMFLOW_AGENT__MAX_RETRIES": "6",
+    "BEAMFLOW_AGENT__MAX_CONCURRENT_RUNS": "1",
+}
+
+
+class Agent:
+    """`beamflow agent` as systemd runs it: a process of its own, JSON logs on stderr."""
+
+    def __init__(self, workspace: Path, log: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log.open("ab")
+        self.proc = subprocess.Popen(
+            [str(BEAMFLOW), "agent", "--config", str(workspace / "beamflow.toml")],
+            stdout=self.log, stderr=self.log, env={**os.environ, **ENV, **(env or {})},
+        )  # fmt: skip
+
+    def kill(self) -> list[int]:
+        """SIGKILL; the pids of its child processes still alive a few seconds later."""
+        children = children_of(self.proc.pid)
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+        self.log.close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(alive(p) for p in children):
+            time.sleep(0.1)
+        return [p for p in children if alive(p)]
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.log.close()
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_until(store: Store, what: str, check: Callable[[list[Run]], bool],
+               timeout: float = 120.0, log: Path | None = None) -> list[Run]:
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = store.list_runs(limit=None, oldest_first=True)
+        if check(runs):
+            return runs
+        if time.monotonic() > deadline:
+            table = [(r.scan, r.status.value, r.current_step, r.attempt, r.error) for r in runs]
+            tail = log.read_text()[-3000:] if log else ""
+            pytest.fail(f"timed out waiting for {what}; runs: {table}\nlog: {tail}")
+        time.sleep(0.05)
+
+
+def in_step(step: str) -> Callable[[list[Run]], bool]:
+    return lambda runs: any(
+        r.status == RunStatus.ACTIVE and r.current_step == step for r in runs
+    )
+
+
+def succeeded(count: int) -> Callable[[list[Run]], bool]:
+    return lambda runs: sum(r.status == RunStatus.SUCCEEDED for r in runs) >= count
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    result = CliRunner().invoke(app, ["init", str(root)])
+    assert result.exit_code == 0, result.output
+    staging = tmp_path / "staging"
+    for name in SCANS:  # whole scans, moved in at once, waiting for the agent
+        master = simulate_scan(staging, name, positions=30, probe_size=32, frames_per_file=10,
+                               photons=1e5)
+        shutil.move(master.parent, root / "beamline" / "detector" / name)
+    return root
+
+
+@pytest.mark.slow
+def test_kill_9_at_any_point_then_restart_processes_every_scan_exactly_once(
+    workspace: Path,
+) -> None:
+    store = Store(workspace / "state" / "runs.sqlite")
+    log = workspace / "agent.log"
+    # Kill points, in the order the work reaches them; each kill is followed by a restart.
+    kill_points: list[tuple[str, Callable[[list[Run]], bool]]] = [
+        ("a run was just recorded", lambda runs: bool(runs)),
+        ("raw data being transferred", in_step("TransferScanToHPC")),
+        ("reconstructing", in_step("Reconstruct")),
+        ("results coming back", in_step("TransferResultsToBeamline")),
+        ("right after a run succeeded", succeeded(1)),
+    ]
+    for what, point in kill_points:
+        agent = Agent(workspace, log)
+        wait_until(store, what, point, log=log)
+        # Nothing it started goes on computing behind the restarted agent's back.
+        assert agent.kill() == [], f"orphans after kill -9 ({what})"
+
+    # SIGTERM in the middle of a run: a clean, prompt exit; the run goes back to the queue.
+    agent = Agent(workspace, log)
+    wait_until(store, "reconstructing", in_step("Reconstruct"), log=log)
+    assert agent.terminate() == 0
+    assert not any(r.status == RunStatus.ACTIVE for r in store.list_runs(limit=None))
+
+    agent = Agent(workspace, log)
+    runs = wait_until(store, "every scan done",
+                      lambda runs: len(runs) >= len(SCANS)
+                      and all(r.status.finished for r in runs), log=log)  # fmt: skip
+    assert agent.terminate() == 0
+
+    # Exactly once: one run per scan, each SUCCEEDED, each with a product on the beamline.
+    assert sorted(r.scan for r in runs) == sorted(SCANS)
+    for run in runs:
+        assert run.status == RunStatus.SUCCEEDED, (run.scan, run.error)
+        assert run.product and Path(run.product).is_file()
+        assert run.dedupe_key.endswith("#final")
+    # The kills hit runs in flight: those were found lost at restart and run again.
+    retried = [r for r in runs if r.attempt > 1]
+    assert retried
+    messages = [e.message for r in retried for e in store.events(r.id)]
+    assert any("lost" in m for m in messages)
+    assert any(e.code == "Interrupted" for r in runs for e in store.events(r.id))
+    assert "agent stopped" in log.read_text()
+
+
+def test_kill_9_mid_reconstruction_leaves_no_orphan_and_sigterm_is_prompt(
+    workspace: Path,
+) -> None:
+    """A reconstruction far too long to end by itself: after kill -9 of the agent its
+    worker goes too (else it would compute on beside the retry); SIGTERM mid-run stops the
+    agent and its worker cleanly, the run waiting in the queue for the next start."""
+    import json
+
+    for name in SCANS[1:]:
+        shutil.rmtree(workspace / "beamline" / "detector" / name)
+    store = Store(workspace / "state" / "runs.sqlite")
+    log = workspace / "agent.log"
+    long_run = {"BEAMFLOW_RECONSTRUCTION__ITERATIONS": "1000000"}
+
+    def computing(attempt: int) -> Callable[[list[Run]], bool]:
+        return lambda runs: any(r.attempt == attempt and r.status == RunStatus.ACTIVE
+                                and r.current_step == "Reconstruct" and (r.iteration or 0) >= 1
+                                for r in runs)
+
+    agent = Agent(workspace, log, long_run)
+    wait_until(store, "iterations under way", computing(1), log=log)
+    assert agent.kill() == []
+
+    agent = Agent(workspace, log, long_run)
+    wait_until(store, "the retry's iterations under way", computing(2), log=log)
+    children = children_of(agent.proc.pid)
+    assert agent.terminate(timeout=60) == 0
+    assert not [p for p in children if alive(p)]
+    (run,) = store.list_runs()
+    assert run.status == RunStatus.QUEUED and run.attempt == 2
+    assert store.events(run.id)[-1].code == "Interrupted"
+
+    records = [json.loads(line) for line in log.read_text().splitlines()
+               if line.startswith("{")]
+    assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)
+    assert records[-1]["message"] == "agent stopped"
+    assert any(r["message"] == "run re-attached" for r in records)
