@@ -141,12 +141,6 @@ def test_kill_9_at_any_point_then_restart_processes_every_scan_exactly_once(
         # Nothing it started goes on computing behind the restarted agent's back.
         assert agent.kill() == [], f"orphans after kill -9 ({what})"
 
-    # SIGTERM in the middle of a run: a clean, prompt exit; the run goes back to the queue.
-    agent = Agent(workspace, log)
-    wait_until(store, "reconstructing", in_step("Reconstruct"), log=log)
-    assert agent.terminate() == 0
-    assert not any(r.status == RunStatus.ACTIVE for r in store.list_runs(limit=None))
-
     agent = Agent(workspace, log)
     runs = wait_until(store, "every scan done",
                       lambda runs: len(runs) >= len(SCANS)
@@ -164,7 +158,6 @@ def test_kill_9_at_any_point_then_restart_processes_every_scan_exactly_once(
     assert retried
     messages = [e.message for r in retried for e in store.events(r.id)]
     assert any("lost" in m for m in messages)
-    assert any(e.code == "Interrupted" for r in runs for e in store.events(r.id))
     assert "agent stopped" in log.read_text()
 
 
