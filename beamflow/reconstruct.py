@@ -101,6 +101,9 @@ class ReconstructJob(BaseModel):
     l1_dir: Path | None = Field(default=None, description=f"node-local base dir (or ${L1_ENV})")
     l1_every: int | None = Field(default=1, ge=1)
     l1_seconds: float | None = Field(default=None, gt=0)
+    checkpoint_max_overhead: float | None = Field(
+        default=0.04, gt=0, le=1, description="CPU budget of the checkpoint writers per level "
+        "(fraction of elapsed time); a due checkpoint waits until it fits. None: no limit")
     preview_every: int = Field(default=10, ge=0, description="0: previews only at the end")
     preview_min_seconds: float = Field(
         default=2.0, ge=0, description="at most one preview refresh per this many seconds")
@@ -144,6 +147,7 @@ class ReconstructJob(BaseModel):
     def policy(self) -> CheckpointPolicy:
         l1 = self.l1_path()
         return CheckpointPolicy(
+            max_overhead=self.checkpoint_max_overhead,
             l1=None if l1 is None else LevelConfig(
                 dir=l1, every_iterations=self.l1_every, every_seconds=self.l1_seconds, keep=2),
             l2=LevelConfig(dir=self.l2_dir, every_iterations=self.checkpoint_every or None,

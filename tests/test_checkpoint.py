@@ -328,7 +328,8 @@ def test_maybe_save_defers_a_busy_level_instead_of_copying(tmp_path: Path) -> No
         if level == "L2" and step == "temp_written":
             gate.wait(10)
 
-    pol = CheckpointPolicy(l1=LevelConfig(dir=tmp_path / "l1", every_iterations=1),
+    pol = CheckpointPolicy(max_overhead=None,
+                           l1=LevelConfig(dir=tmp_path / "l1", every_iterations=1),
                            l2=LevelConfig(dir=tmp_path / "l2", every_iterations=1))
     asked = []
     with Checkpointer(pol, hook=hook) as ck:
@@ -347,6 +348,7 @@ def test_maybe_save_defers_a_busy_level_instead_of_copying(tmp_path: Path) -> No
 def test_maybe_save_policy_iterations_and_seconds(tmp_path: Path) -> None:
     now = [0.0]
     pol = CheckpointPolicy(
+        max_overhead=None,
         l1=LevelConfig(dir=tmp_path / "l1", every_iterations=3),
         l2=LevelConfig(dir=tmp_path / "l2", every_seconds=10.0),
     )
@@ -368,7 +370,8 @@ def test_maybe_save_policy_iterations_and_seconds(tmp_path: Path) -> None:
 
 
 def test_finalize_writes_every_level_once(tmp_path: Path) -> None:
-    pol = CheckpointPolicy(l1=LevelConfig(dir=tmp_path / "l1", every_iterations=1),
+    pol = CheckpointPolicy(max_overhead=None,
+                           l1=LevelConfig(dir=tmp_path / "l1", every_iterations=1),
                            l2=LevelConfig(dir=tmp_path / "l2", every_iterations=100))
     with Checkpointer(pol) as ck:
         for it in range(1, 6):
@@ -400,7 +403,7 @@ def test_full_or_readonly_l2_keeps_running_and_reports(tmp_path: Path, fault: st
     else:
         hook = _enospc_on_l2
     seen = []
-    pol = CheckpointPolicy(l1=LevelConfig(dir=l1, every_iterations=1),
+    pol = CheckpointPolicy(max_overhead=None, l1=LevelConfig(dir=l1, every_iterations=1),
                            l2=LevelConfig(dir=l2, every_iterations=2))
     try:
         with Checkpointer(pol, hook=hook, on_error=seen.append) as ck:
@@ -488,7 +491,7 @@ def test_writers_run_at_idle_priority_and_a_starving_one_is_lifted(tmp_path: Pat
                 threading.Event().wait(0.01)  # a write that makes no progress
             policies.append(os.sched_getscheduler(0))
 
-    pol = CheckpointPolicy(l1=LevelConfig(dir=tmp_path, every_iterations=1))
+    pol = CheckpointPolicy(max_overhead=None, l1=LevelConfig(dir=tmp_path, every_iterations=1))
     with Checkpointer(pol, hook=hook, starvation_s=0.05) as ck:
         assert ck.maybe_save(1, lambda: {"x": np.zeros(2)}) == {"L1"}
         for it in range(2, 1000):  # the reconstruction goes on; the level is due again
@@ -498,3 +501,16 @@ def test_writers_run_at_idle_priority_and_a_starving_one_is_lifted(tmp_path: Pat
             threading.Event().wait(0.01)
         release.set()
     assert policies == [os.SCHED_IDLE, os.SCHED_OTHER]
+
+
+def test_cpu_budget_spaces_out_policy_saves_but_not_explicit_ones(tmp_path: Path) -> None:
+    pol = CheckpointPolicy(l1=LevelConfig(dir=tmp_path, every_iterations=1),
+                           max_overhead=1e-9)  # any write exhausts the budget for ages
+    with Checkpointer(pol) as ck:
+        assert ck.maybe_save(1, lambda: {"x": np.full(2, 1)}) == {"L1"}
+        ck.flush()
+        assert ck.maybe_save(2, lambda: {"x": np.full(2, 2)}) == set()
+        assert ck.maybe_save(3, lambda: {"x": np.full(2, 3)}) == set()
+        ck.save(4, {"x": np.full(2, 4)})  # explicit (final, SIGTERM): always written
+    assert ck.stats.deferred == 2
+    assert [it for it, _ in list_checkpoints(tmp_path)] == [4, 1]

@@ -30,6 +30,11 @@ class CheckpointPolicy(BaseModel):
 
     l1: LevelConfig | None = None
     l2: LevelConfig | None = None
+    max_overhead: float | None = Field(
+        default=0.04, gt=0, le=1,
+        description="CPU the writers of a level may use, as a fraction of elapsed time: a "
+        "level due sooner than that allows stays due until it does (then the freshest "
+        "state is saved). None: no limit.")
 
     @model_validator(mode="after")
     def _distinct_dirs(self) -> CheckpointPolicy:

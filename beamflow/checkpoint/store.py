@@ -273,7 +273,7 @@ def commit(
     step("latest_renamed", directory / LATEST_NAME)
     _fsync_dir(directory)
     apply_retention(directory, keep=keep, current_iteration=int(iteration),
-                    protect=[final, *protect])
+                    protect=[final, *protect], latest_file=name)
     step("committed", final)
     return record
 
@@ -302,23 +302,27 @@ def list_checkpoints(directory: Path | str) -> list[tuple[int, Path]]:
 
 
 def apply_retention(directory: Path | str, *, keep: int, current_iteration: int | None = None,
-                    protect: Iterable[Path] = ()) -> list[Path]:
+                    protect: Iterable[Path] = (), latest_file: str | None = None) -> list[Path]:
     """Keep the newest `keep` checkpoints; never delete protected files or LATEST's target.
 
     Files from iterations after `current_iteration` belong to an abandoned line of history
     (for example a corrupt newer file that a resume skipped), and older copies of
     `current_iteration` itself are superseded; both are removed so that a later fallback
-    cannot pick them.
+    cannot pick them. `latest_file`: the name LATEST.json holds, when the caller knows it.
     """
     directory = Path(directory)
-    protected = {Path(p).resolve() for p in protect}
-    rec = read_latest_record(directory, quiet=True)
-    if rec is not None:
-        protected.add(rec.path(directory).resolve())
+    # checkpoint files live directly in `directory`: compare names (no realpath per file)
+    protected = {Path(p).name for p in protect
+                 if Path(p).parent.resolve() == directory.resolve()}
+    if latest_file is None:
+        rec = read_latest_record(directory, quiet=True)
+        latest_file = rec.file if rec is not None else None
+    if latest_file is not None:
+        protected.add(latest_file)
     kept = 0
     removed = []
     for it, path in list_checkpoints(directory):
-        if path.resolve() in protected:
+        if path.name in protected:
             kept += 1
             continue
         if current_iteration is not None and it >= current_iteration:

@@ -8,9 +8,12 @@ write is in flight and at most one snapshot waits; a newer snapshot REPLACES the
 so memory stays bounded and the caller never waits on disk. Levels are independent: a slow
 shared filesystem (L2) never holds up the node-local level (L1).
 
-`maybe_save` snapshots a level only when its writer is idle; otherwise the level stays due
-and the next iteration tries again, so a write always carries the freshest state and the
-caller pays no copy for snapshots that would be dropped.
+`maybe_save` snapshots a level only when its writer is idle and its CPU budget allows
+(`CheckpointPolicy.max_overhead`: after a write that cost c CPU-seconds, the level waits
+c / max_overhead seconds from the write's start — the adaptive frequency of CheckFreq,
+Mohan et al., FAST'21); otherwise the level stays due and the next iteration tries again,
+so a write always carries the freshest state and the caller pays no copy for snapshots
+that would be dropped. Explicit `save()` calls are never held back.
 
 The writer threads run at idle CPU priority (Linux SCHED_IDLE) so that they use the cycles
 the reconstruction leaves free rather than competing with it. So that a saturated machine
@@ -87,11 +90,12 @@ class CheckpointError:
 class CheckpointStats:
     snapshots: int = 0
     replaced: int = 0  # waiting snapshots dropped (per level) because a newer one arrived
-    deferred: int = 0  # due levels not snapshotted by maybe_save because their writer was busy
+    deferred: int = 0  # due levels maybe_save held back (writer busy, or over the CPU budget)
     commits: int = 0
     failures: int = 0
     snapshot_seconds: float = 0.0  # time spent on the caller's thread
-    write_seconds: float = 0.0  # time spent by the writer threads (serialize + commit)
+    write_seconds: float = 0.0  # wall time of the writer threads (serialize + commit)
+    write_cpu_seconds: float = 0.0  # CPU time of the writer threads (what they take from others)
     bytes_written: int = 0
 
 
@@ -159,6 +163,7 @@ class Checkpointer:
         self._tids: dict[str, int] = {}
         self._boosted: set[str] = set()
         self._busy_since: dict[str, float] = {}
+        self._not_before: dict[str, float] = {}  # monotonic time the budget allows next
         self.starvation_s = starvation_s
         self._closed = False
         for name, cfg in self.levels.items():
@@ -208,8 +213,10 @@ class Checkpointer:
         due = self.due_levels(iteration)
         if not due:
             return due
+        now = time.monotonic()
         with self._cv:
-            ready = {n for n in due if not self._busy[n] and self._pending[n] is None}
+            ready = {n for n in due if not self._busy[n] and self._pending[n] is None
+                     and now >= self._not_before.get(n, 0.0)}
         self.stats.deferred += len(due) - len(ready)
         for name in due - ready:
             if self._overdue(name) and name not in self._boosted:
@@ -357,6 +364,8 @@ class Checkpointer:
 
     def _write(self, name: str, snap: _Snapshot) -> None:
         t0 = time.perf_counter()
+        start = time.monotonic()
+        c0 = time.thread_time()
         cfg = self.levels[name]
         hook: CommitHook | None = None
         if self.hook is not None:
@@ -374,8 +383,12 @@ class Checkpointer:
             self._record(name, cfg, snap.iteration, e)
             return
         finally:
+            cost = time.thread_time() - c0
             with self._cv:
                 self.stats.write_seconds += time.perf_counter() - t0
+                self.stats.write_cpu_seconds += cost
+                if self.policy.max_overhead is not None:
+                    self._not_before[name] = start + cost / self.policy.max_overhead
         with self._cv:
             self.committed[name] = rec
             self._protect.pop(name, None)
