@@ -320,6 +320,9 @@ class TransferTask:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
+            # The 20 MiB of copy buffers go with the task's end: finished tasks are kept
+            # (keep_finished) for their documents, and a daemon runs thousands of them.
+            self._buffers = []
         with self._lock:
             self.completion_time = time.time()
             self.status = status
