@@ -177,10 +177,11 @@ def probe_guess(true_probe: np.ndarray, target: float = 0.6) -> tuple[np.ndarray
     k2 = k[:, None] ** 2 + k[None] ** 2
     full = np.ones((m, m), bool)
     best = (true_probe, 0.0)
-    for dz in np.linspace(0, 60, 241):
+    for dz in np.linspace(0, 60, 1201):
         g = np.fft.ifft2(np.fft.fft2(true_probe) * np.exp(1j * dz * m * k2))
         e = nrmse(g, true_probe, full)
-        best = (g.astype(np.complex64), e)
+        if abs(e - target) < abs(best[1] - target):
+            best = (g.astype(np.complex64), e)
         if e >= target:
             break
     return best

@@ -162,8 +162,10 @@ def test_masked_pixels_are_free(scan):
     garbage[:, ~mask] = rng.uniform(0, 1e9, (garbage.shape[0], int((~mask).sum())))
     other = garbage.copy()
     other[:, ~mask] = np.nan  # invalid pixels may hold anything, NaN included
-    a = reconstruct(data_of(scan, mask=mask, intensities=garbage), 40, algorithm="rpie")
-    b = reconstruct(data_of(scan, mask=mask, intensities=other), 40, algorithm="rpie")
+    a = reconstruct(data_of(scan, mask=mask, intensities=garbage), 40, algorithm="rpie",
+                    batch_size=4)
+    b = reconstruct(data_of(scan, mask=mask, intensities=other), 40, algorithm="rpie",
+                    batch_size=4)
     np.testing.assert_array_equal(a.object, b.object)  # masked values are never read
     assert a.loss_history[-1] < a.loss_history[0] / 10
     assert nrmse(a.object, scan["object"], region(scan)) < 0.12
@@ -176,8 +178,8 @@ def test_two_probe_modes():
     p2 *= np.sqrt(0.35 * (np.abs(p1) ** 2).sum() / (np.abs(p2) ** 2).sum())
     sim = simulate(modes=np.stack([p1, p2]), n=70, photons=1e7)
     data = data_of(sim)
-    one = reconstruct(data, 50, algorithm="rpie", probe_modes=1)
-    two = reconstruct(data, 50, algorithm="rpie", probe_modes=2)
+    one = reconstruct(data, 50, algorithm="rpie", probe_modes=1, batch_size=4)
+    two = reconstruct(data, 50, algorithm="rpie", probe_modes=2, batch_size=4)
     assert two.probe.shape == (2, M, M)
     assert two.loss_history[-1] < 0.5 * one.loss_history[-1]
     assert nrmse(two.object, sim["object"], region(sim)) < 0.12

@@ -44,9 +44,10 @@ GPU_CHUNK = 4096
 MIN_PART = 4
 # Object updates smaller than this run in the calling thread (a handoff costs ~50 µs).
 PARALLEL_UPDATE_PX = 2**16
-# Sub-pixel phase ramps are cached per position on CPU (an outer product per chunk costs
-# numpy about half an FFT); above this size they are recomputed per chunk instead.
-RAMP_CACHE_BYTES = 256 * 2**20
+# Sub-pixel phase ramps are cached per position on CPU: gathering them costs a third of
+# numpy's broadcast outer product. Above this size (bigger scans, where holding ~2x the frames
+# again would break the memory budget) they are recomputed per chunk instead.
+RAMP_CACHE_BYTES = 64 * 2**20
 
 
 @dataclass
@@ -72,7 +73,7 @@ class Core:
     def __init__(self, data: PtychoData, state: ReconState, backend: Backend):
         self.backend = backend
         self.xp = backend.xp
-        self.data = data
+        # No reference to data is kept: after this the caller may free the intensities.
         self.M = m = data.frame_size
         self.K = state.probe.shape[0]
         self.N = data.n_positions
@@ -89,6 +90,7 @@ class Core:
         self.sqrt_data = backend.to_device(sq)
         del sq
         self.mask = backend.to_device(mask_s.astype(np.float32))
+        self.full_mask = bool(mask_s.all())
         self.norm = max(norm, float(np.finfo(np.float64).tiny))
         max_amp = float(backend.to_host(self.sqrt_data.max()))
         # Guards 0/0 in the modulus constraint; far below any measured amplitude.
@@ -305,9 +307,11 @@ class Core:
             xp.sqrt(amp, out=amp)
         d = self.sqrt_data[c.didx]
         xp.subtract(d, amp, out=d)
-        d *= self.mask
-        flat = d.reshape(-1)
-        loss = xp.dot(flat, flat)
+        if not self.full_mask:
+            d *= self.mask
+        # Not xp.dot: OpenBLAS threads its dot product, and its spinning workers would
+        # compete with the engine's own threads.
+        loss = xp.square(d).sum()
         return amp, d, loss
 
     def modulus_projection(self, big_psi: Any, c: Chunk) -> Any:
@@ -414,6 +418,32 @@ def random_batches(rng: np.random.Generator, n: int, size: int) -> list[np.ndarr
     return [b for b in np.array_split(perm, k) if len(b)]
 
 
+def _spread_bits(v: np.ndarray) -> np.ndarray:
+    """Spread the low 16 bits of v to the even bit positions (for a Morton key)."""
+    v = v.astype(np.uint64) & np.uint64(0xFFFF)
+    for shift, mask in ((8, 0x00FF00FF), (4, 0x0F0F0F0F), (2, 0x33333333), (1, 0x55555555)):
+        v = (v | (v << np.uint64(shift))) & np.uint64(mask)
+    return v
+
+
+def compact_batches(rng: np.random.Generator, corner: np.ndarray, m: int,
+                    size: int) -> list[np.ndarray]:
+    """Spatially compact batches: positions in Z-order of (m/2)-pixel cells, cut into runs
+    of ``size`` starting at a random offset, in random order.
+
+    A compact batch touches a small box of the object, so the per-batch object update costs
+    little even on a large object (random batches each span the whole field of view).
+    """
+    n = len(corner)
+    cell = np.maximum(corner, 0) // max(1, m // 2)
+    key = _spread_bits(cell[:, 0]) << np.uint64(1) | _spread_bits(cell[:, 1])
+    order = np.lexsort((rng.random(n), key))
+    offset = int(rng.integers(0, max(1, min(size, n))))
+    cuts = list(range(offset, n, max(1, size)))
+    batches = [b for b in np.split(order, cuts) if len(b)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
 def overlap_neighbours(corner: np.ndarray, m: int) -> list[np.ndarray]:
     """For each window, the indices of the other windows it overlaps (|Δy| < m and |Δx| < m).
 
@@ -498,8 +528,17 @@ class Algorithm:
 
     # -- batches ----------------------------------------------------------------------------
     def batches(self, rng: np.random.Generator) -> list[np.ndarray]:
-        p, n = self.params, self.core.N
+        p, core = self.params, self.core
+        n = core.N
         sel = p.selection
+        # Random batches each span the whole object, so every batch pays an update over all
+        # of it; when that outweighs the batch's own windows, "auto" goes compact.
+        windows_px = 2 * p.batch_size_for(n) * core.M**2
+        object_px = core.H * core.W
+        if sel == "random" and p.batch_selection == "auto" and object_px > windows_px:
+            sel = "compact"
+        if sel == "compact":
+            return compact_batches(rng, core.corner, core.M, p.batch_size_for(n))
         if sel == "all":
             return [np.arange(n, dtype=np.int64)]
         if sel == "sparse":
@@ -591,7 +630,7 @@ class PIEFamily(Algorithm):
                 if upd_obj:
                     num = core.object_num(pd, chi, c)
                     if sparse:
-                        num = self.object_step(num, pint, pmax)
+                        num = self.object_step(num, pint.copy(), pmax)
                         num += oj
                         be.scatter_set(core.obj, num, c.iy, c.ix)
                     else:

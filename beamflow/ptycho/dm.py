@@ -138,7 +138,8 @@ class DM(Algorithm):
                 delta = alpha * dmax
                 num += delta * core.obj[sl]
                 den += delta
-                num /= den
+                xp.reciprocal(den, out=den)
+                num *= den
                 return num
 
             core.update_object(accs, bb, refit, replace=True)

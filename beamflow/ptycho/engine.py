@@ -192,6 +192,10 @@ class Reconstructor:
     row per frame of ``data`` (after appending frames call ``state.extend_positions``).
     The object/probe live on the backend's device while running; :meth:`snapshot` copies
     them back. Use as a context manager (or call :meth:`close`) to release the thread pool.
+
+    Memory: the measured amplitudes √I (float32, ifftshifted) live on the device; the
+    Reconstructor keeps no reference to ``data``, so a caller that drops its PtychoData
+    after construction holds about one copy of the frames, not two.
     """
 
     def __init__(self, data: PtychoData, state: ReconState, backend: Backend | str = "auto"):
@@ -219,7 +223,6 @@ class Reconstructor:
                 f"Reconstructor: probe has {state.probe.shape[0]} modes but params.probe_modes="
                 f"{state.params.probe_modes}"
             )
-        self.data = data
         self.backend = backend
         self.params = state.params
         self.core = Core(data, state, backend)

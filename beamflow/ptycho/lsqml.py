@@ -105,7 +105,8 @@ class LSQML(Algorithm):
 
             def direction(num: Any, den: Any, dmax: float, _sl: Any) -> Any:
                 den += alpha * dmax
-                num /= den
+                xp.reciprocal(den, out=den)
+                num *= den
                 return num
 
             core.update_object(accs[: len(parts)], bb, direction, target=d_obj, replace=True)

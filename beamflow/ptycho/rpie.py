@@ -25,7 +25,12 @@ class RPIE(PIEFamily):
 
     def object_step(self, num: Any, den: Any, den_max: float) -> Any:
         a = self.params.alpha_value
-        num /= (1.0 - a) * den + a * den_max
+        den *= 1.0 - a
+        den += a * den_max
+        # num/den for complex/real is a complex division in numpy: a real reciprocal and a
+        # multiply are 2x faster.
+        self.core.xp.reciprocal(den, out=den)
+        num *= den
         return num
 
     def probe_step(self, num: Any, den: Any, den_max: float) -> Any:

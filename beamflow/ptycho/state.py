@@ -62,10 +62,12 @@ class ReconParams(BaseModel):
 
     ``batch_size`` (``None`` = the algorithm's default, see :meth:`batch_size_for`) is the
     number of positions whose updates are applied together. ``batch_selection``:
-    ``"random"`` (a fresh random partition every iteration), ``"sparse"`` (random sets of
-    mutually non-overlapping positions, which reproduces one-position-at-a-time PIE
-    semantics exactly), ``"all"`` (one batch of every position), or ``"auto"`` (ePIE:
-    sparse; rPIE/LSQ-ML: random; DM: all — DM is a global algorithm).
+    ``"random"`` (a fresh random partition every iteration), ``"compact"`` (spatially
+    clustered batches at a random offset, in random order: cheap object updates on large
+    objects), ``"sparse"`` (random sets of mutually non-overlapping positions, which
+    reproduces one-position-at-a-time PIE semantics exactly), ``"all"`` (one batch of every
+    position), or ``"auto"`` (ePIE: sparse; rPIE/LSQ-ML: random, or compact when the object
+    is larger than twice the batch's windows; DM: all — DM is a global algorithm).
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -73,7 +75,7 @@ class ReconParams(BaseModel):
     algorithm: Algorithm = "rpie"
     iterations: int = Field(100, ge=0, description="Target total iteration count.")
     batch_size: int | None = Field(None, ge=1)
-    batch_selection: Literal["auto", "random", "sparse", "all"] = "auto"
+    batch_selection: Literal["auto", "random", "compact", "sparse", "all"] = "auto"
     probe_modes: int = Field(1, ge=1, le=64)
     alpha: float | None = None
     beta: float | None = None
@@ -138,9 +140,10 @@ class ReconParams(BaseModel):
     def batch_size_for(self, n_positions: int) -> int:
         """Batch size with ``None`` resolved (DM and 'all': every position).
 
-        The default for random batches is the power of two nearest N/12, within 4..64: about
-        a dozen updates per iteration (32 for 400 positions), fewer and larger batches for
-        big scans where per-batch overheads would dominate.
+        The default for random/compact batches is the power of two nearest N/6, within
+        4..128: about six updates per iteration (64 for 400 positions) — as good per
+        iteration as smaller batches on our test scans (benchmarks/bench_engine.py
+        --quality) and cheaper, since every batch pays fixed costs.
         """
         if self.selection == "all":
             return max(1, n_positions)
@@ -148,7 +151,7 @@ class ReconParams(BaseModel):
         if b is None:
             b = ALGORITHM_DEFAULTS[self.algorithm]["batch_size"]
             if b is not None:
-                b = int(min(64, max(4, 2 ** round(math.log2(max(n_positions, 1) / 12)))))
+                b = int(min(128, max(4, 2 ** round(math.log2(max(n_positions, 1) / 6)))))
         return max(1, min(int(b or n_positions), n_positions))
 
 
