@@ -389,9 +389,24 @@ def runs_show(
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
-    """One run: status, steps with timings, error, previews, product."""
-    store = open_store(settings_from(config))
+    """One run: status, steps with timings, error, previews, product.
+
+    An unfinished run is brought up to date from its backend first (nobody else may be
+    following it, e.g. a Globus run started with `runs start` without --wait)."""
+    settings = settings_from(config)
+    store = open_store(settings)
     run = _find_run(store, run_id)
+    if not run.status.finished and run.backend_run_id and run.backend == settings.backend:
+        from beamflow.backend import BackendError, get_backend
+        from beamflow.runs import sync_run
+
+        backend = get_backend(settings)
+        try:
+            run = sync_run(store, backend, run)
+        except BackendError as exc:
+            err_console.print(f"[yellow]warning:[/] could not refresh from {run.backend}: {exc}")
+        finally:
+            backend.close()
     steps = store.steps(run.id)
     if as_json:
         data = run.model_dump(mode="json")

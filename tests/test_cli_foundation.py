@@ -85,3 +85,15 @@ def test_help_everywhere(command: list[str]) -> None:
     result = runner.invoke(app, [*command, "--help"])
     assert result.exit_code == 0
     assert "Usage" in result.output
+
+
+def test_runs_show_refreshes_an_unfinished_run_from_its_backend(workspace: Path) -> None:
+    config = str(workspace / "beamflow.toml")
+    store = Store(load_config(workspace / "beamflow.toml").store_path)
+    run = store.create_run(scan="scan_8", flow="ptycho_reconstruct", backend="local")
+    store.update_run(run.id, status="ACTIVE", backend_run_id="no-such-local-run")
+    result = runner.invoke(app, ["runs", "show", run.id, "-c", config])
+    # The local backend has no record of that run: the run is shown, with the reason it
+    # could not be refreshed.
+    assert result.exit_code == 0, result.output
+    assert "could not refresh" in result.output and "no local run" in result.output
