@@ -11,19 +11,26 @@ zeroed and excluded by the mask, so the hot loop never shifts or square-roots an
 
 The adjoint of the sub-pixel shift is applied wherever an update flows back to the probe:
 ``Σ_j S_δj^H g_j = F⁻¹[ Σ_j conj(exp(−2πi k·δ_j)) · F[g_j] ]`` — one FFT per position and a
-single inverse FFT per batch. With the two exit-wave FFTs this makes four FFTs per position
-and mode per PIE iteration; on CPU the engine wins the time back by running the chunks of a
-batch in parallel threads (each FFT single-threaded, numpy releasing the GIL), with work
-arrays small enough to stay in cache.
+single inverse FFT per batch. With the two exit-wave FFTs and the shifted probe this makes
+four FFTs per position and mode per PIE iteration (the FFT floor counts two); on CPU the
+engine wins the time back by running the parts of a batch in parallel threads (each FFT
+single-threaded, numpy releasing the GIL) on chunks small enough to stay in cache, working
+in place, and keeping BLAS (whose own threads would compete) out of the loop.
 
-Denominators (preconditioners such as ``Σ_j |P_j|²``) use the shifted probe for the object
-and the unshifted object patches for the probe; they only scale steps, so this costs no
-exactness.
+Denominators of PIE and LSQ-ML (preconditioners such as ``Σ_j |P_j|²``) use the unshifted
+probe intensity and object patches: they only scale steps, so this costs no exactness. DM's
+object refit is a least-squares projection and uses the shifted probes' intensities.
+
+Numpy details that matter here (measured, 16 windows of 64x64): broadcasting with a short
+inner axis pays ~0.15 µs per row, so outer products and window copies are row-bound; complex
+divided by real is a complex division (multiply by a real reciprocal instead); an in-place
+conjugate costs half an allocation-and-conjugate.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -173,6 +180,8 @@ class Core:
             self._pool = ThreadPoolExecutor(
                 max_workers=max(1, self.backend.threads - 1), thread_name_prefix="ptycho"
             )
+            # Release the workers even if the owner forgets close().
+            weakref.finalize(self, self._pool.shutdown, wait=False)
         futures = [self._pool.submit(fn, t, p) for t, p in enumerate(items) if t > 0]
         first = fn(0, items[0])
         return [first] + [f.result() for f in futures]
