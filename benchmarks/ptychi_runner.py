@@ -174,6 +174,7 @@ def main() -> None:
                 "iterations": args.iterations,
                 "batch_size": args.batch,
                 "seconds_per_iteration": steady[len(steady) // 2],
+                "min_seconds_per_iteration": steady[0],
                 "first_iteration_seconds": epoch_s[0],
                 "total_seconds": sum(epoch_s),
                 "setup_seconds": setup_s,
