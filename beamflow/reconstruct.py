@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 #: environment variable naming a node-local directory for the L1 checkpoint level
 L1_ENV = "BEAMFLOW_CHECKPOINT_L1_DIR"
 JOB_FORMAT = "beamflow.reconstruct/1"
-_READ_CHUNK = 256  # frames read (and hashed) at a time
+_READ_CHUNK = 32  # frames read (and hashed) at a time: small transients, not 2x the frames
 
 
 class ReconstructError(Exception):
@@ -205,6 +205,21 @@ def _data_digest(scan: Scan, frames: np.ndarray, n: int) -> str:
     return h.hexdigest()
 
 
+def _release_freed_memory() -> None:
+    """Hand freed heap memory back to the OS (glibc only; a no-op elsewhere).
+
+    Setup makes frame-block temporaries; glibc keeps such freed blocks in the heap (its mmap
+    threshold adapts upwards), so they would sit under the engine's large allocations and
+    raise the peak RSS by tens of MB.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _read_frames(scan: Scan) -> np.ndarray:
     """All frames into one preallocated float32 array (read in chunks: no second copy)."""
     n = scan.n_frames
@@ -337,9 +352,15 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
                                          hint="use --no-resume to start over") from None
         for d in compat.soft:
             log.info("resuming with a changed setting: %s", d)
-        job_meta = ckpt.meta["job"]
-        frame = _Frame.model_validate(job_meta["frame"])
-        state = ReconState.from_arrays(ckpt.arrays, ckpt.meta["state"])
+        job_meta = ckpt.meta.get("job") or {}
+        if job_meta.get("format") != JOB_FORMAT:
+            raise ReconstructError(f"{ckpt.path}: not a checkpoint of this reconstruction job "
+                                   f"(format {job_meta.get('format')!r}); use --no-resume")
+        try:
+            frame = _Frame.model_validate(job_meta["frame"])
+            state = ReconState.from_arrays(ckpt.arrays, ckpt.meta["state"])
+        except (KeyError, ValueError) as e:
+            raise ReconstructError(f"{ckpt.path}: cannot restore the state: {e}") from e
         state.params = params  # soft settings may change; the hard ones were checked
         resumed_from = ckpt.iteration
         since = int(job_meta["data_since_iteration"])
@@ -375,6 +396,8 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
         state.params = run_params
 
     fingerprint = _fingerprint(scan, params, loaded, job, n)
+    del loaded  # the frames stay referenced by `data` only (and the engine's copy)
+    _release_freed_memory()
     backend = get_backend(job.device, threads=job.threads)
     preview_dir = job.out / "previews"
     job.out.mkdir(parents=True, exist_ok=True)
@@ -417,6 +440,10 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
 
     try:
         with Reconstructor(data, state, backend) as rec:
+            # the engine keeps its own (device) amplitudes and no reference to `data`:
+            # dropping ours frees the frames, so they are never held twice while iterating
+            data = None
+            _release_freed_memory()
             cache: dict[str, Any] = {}
 
             def snapshot() -> ReconState:
@@ -457,6 +484,8 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
         if guard is not None:
             guard.uninstall()
 
+    # release the engine's copy of the frames before rendering and writing
+    rec = None  # noqa: F841 - the callbacks' closure cell keeps it alive otherwise
     write_previews_now(final)
     positions_m = frame.to_metres(final.positions_px)
     h, w = final.object.shape
@@ -499,6 +528,28 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
         algorithm=params.algorithm,
         seconds=time.perf_counter() - t_start,
     )
+
+
+def previews_from_checkpoint(checkpoint_dirs: Path | list[Path], out_dir: Path
+                             ) -> dict[str, Path] | None:
+    """Render the previews of the newest verified checkpoint (any process, any time).
+
+    Returns the written files, or None when no checkpoint verifies yet.
+    """
+    from beamflow.ptycho.previews import write_previews
+
+    ck = load_latest(checkpoint_dirs)
+    if ck is None:
+        return None
+    job_meta = ck.meta.get("job", {})
+    if job_meta.get("format") != JOB_FORMAT:
+        raise ReconstructError(f"{ck.path}: not a checkpoint of a reconstruction job")
+    frame = _Frame.model_validate(job_meta["frame"])
+    return write_previews(
+        out_dir, ck.arrays["object"], ck.arrays["probe"], frame.pixel_size_m,
+        ck.arrays.get("loss_history", np.zeros(0)),
+        scan_extent_px=_scan_extent(ck.arrays["positions_px"], frame),
+        title=f"{job_meta.get('scan_name', '')} · iteration {ck.iteration}")
 
 
 def _scan_extent(corners: np.ndarray, frame: _Frame) -> tuple[int, int, int, int]:

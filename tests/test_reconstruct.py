@@ -190,3 +190,13 @@ def test_flat_compute_function_kwargs_are_accepted(tmp_path: Path, scan: Path) -
     assert j.params.probe_modes == 2 and j.l1_dir == tmp_path / "l1"
     assert j.allow_partial and j.l2_dir == tmp_path / "ck"
     json.dumps(j.model_dump(mode="json"))
+
+
+def test_previews_from_the_latest_checkpoint_by_another_reader(scan: Path, tmp_path: Path) -> None:
+    from beamflow.reconstruct import previews_from_checkpoint
+
+    assert previews_from_checkpoint(tmp_path / "out" / "checkpoints", tmp_path / "p") is None
+    run_reconstruction(job(scan, tmp_path / "out", iterations=3))
+    files = previews_from_checkpoint(tmp_path / "out" / "checkpoints", tmp_path / "p")
+    assert sorted(files) == ["convergence", "object_amplitude", "object_phase", "probe"]
+    assert all(p.stat().st_size > 1000 and p.parent == tmp_path / "p" for p in files.values())
