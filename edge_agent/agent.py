@@ -47,6 +47,7 @@ _MAX_POLL_SECONDS = 30.0
 _RECHECK_SECONDS = 2.0  # a scan still short of frames is looked at this often without events
 _QUEUE_PAGE = 64  # queued runs read per scheduling pass (the queue can hold thousands)
 _MAX_WAIT = 1.0  # the main loop sleeps at most this long between passes
+_LOCAL_POLL = 0.1  # seconds between polls of a run that lives in this process
 
 
 @dataclass
@@ -169,13 +170,15 @@ class EdgeAgent:
             getattr(self.backend, "runs_outlive_agent", self.backend.name != "local")
         )
         # Polls of a remote service back off (its runs take minutes to hours, and its API
-        # is shared); polls of an in-process run are local reads and stay at poll_seconds,
-        # so a run's end is noticed at once and the next one starts.
-        self._max_poll = (
-            max(self.policy.poll_seconds, min(_MAX_POLL_SECONDS, 10 * self.policy.poll_seconds))
-            if self._runs_outlive_agent
-            else self.policy.poll_seconds
-        )
+        # is shared); polls of an in-process run are reads of this process's memory: they
+        # stay frequent, so a run's end is recorded at once and the next one starts.
+        if self._runs_outlive_agent:
+            self._poll_first = self.policy.poll_seconds
+            self._max_poll = max(
+                self._poll_first, min(_MAX_POLL_SECONDS, 10 * self.policy.poll_seconds)
+            )
+        else:
+            self._poll_first = self._max_poll = min(self.policy.poll_seconds, _LOCAL_POLL)
 
     # -- lifecycle -------------------------------------------------------------------------
     def stop(self) -> None:
@@ -564,8 +567,8 @@ class EdgeAgent:
         self._launched_here.add(run.id)
         self.stats.started += 1
         self._polls[run.id] = _Poll(
-            due=self.clock() + self.policy.poll_seconds,
-            interval=self.policy.poll_seconds,
+            due=self.clock() + self._poll_first,
+            interval=self._poll_first,
             status=run.status,
         )
         log.info(
@@ -636,7 +639,7 @@ class EdgeAgent:
             for run in self._active_runs():
                 if run.backend_run_id and run.id not in self._polls:
                     self._polls[run.id] = _Poll(
-                        due=now, interval=self.policy.poll_seconds, status=run.status
+                        due=now, interval=self._poll_first, status=run.status
                     )
                     log.info("run re-attached", extra={"fields": {
                         "run": run.id, "backend_run": run.backend_run_id}})  # fmt: skip
@@ -672,7 +675,7 @@ class EdgeAgent:
             self._poll_failed(run, poll, now, exc)
             return
         if run.status != poll.status:
-            poll.interval = self.policy.poll_seconds
+            poll.interval = self._poll_first
             poll.status = run.status
         else:
             poll.interval = min(poll.interval * 1.5, self._max_poll)
