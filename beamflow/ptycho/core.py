@@ -406,6 +406,40 @@ class Core:
         return num.copy()
 
     # -- utilities --------------------------------------------------------------------------
+    def center_probe(self, threshold_px: float = 0.25) -> tuple[float, float] | None:
+        """Move the probe's intensity centroid back to the window centre, and the object
+        with it (exit waves then only translate within their windows, which the far field
+        cannot see). Returns the shift s applied (P(u) ← P(u+s), O(r) ← O(r+s)), or None
+        when the centroid is within ``threshold_px``."""
+        xp, m = self.xp, self.M
+        w = self.probe_intensity()
+        tot = float(w.sum())
+        if tot <= 0:
+            return None
+        grid = xp.arange(m, dtype=np.float32)
+        cy = float((w.sum(axis=1) * grid).sum()) / tot
+        cx = float((w.sum(axis=0) * grid).sum()) / tot
+        s = (cy - (m - 1) / 2, cx - (m - 1) / 2)
+        if max(abs(s[0]), abs(s[1])) < threshold_px:
+            return None
+        self.probe = self._fourier_shift(self.probe, s)
+        self.obj = self._fourier_shift(self.obj[None], s)[0]
+        self.probe_changed()
+        return s
+
+    def _fourier_shift(self, a: Any, s: tuple[float, float]) -> Any:
+        """a(u + s) for a (..., Y, X) stack, periodic, exact for band-limited fields."""
+        ramp = self.shift_ramp(a.shape[-2:], s)
+        return self.backend.ifft2(self.backend.fft2(a.copy()) * ramp).astype(np.complex64)
+
+    def shift_ramp(self, shape: tuple[int, int], s: tuple[float, float]) -> Any:
+        """exp(+2πi k·s) on an FFT grid of ``shape``: multiplying a spectrum by it maps
+        f(u) to f(u + s)."""
+        ky = np.fft.fftfreq(shape[0])[:, None]
+        kx = np.fft.fftfreq(shape[1])[None, :]
+        return self.backend.to_device(
+            np.exp(2j * np.pi * (ky * s[0] + kx * s[1])).astype(np.complex64))
+
     def probe_intensity_max(self) -> float:
         return float(self.probe_intensity().max())
 
@@ -535,6 +569,9 @@ class Algorithm:
 
     def end_iteration(self, it: int) -> None:
         """Called after the last batch of iteration ``it``."""
+
+    def shifted(self, s: tuple[float, float]) -> None:
+        """Probe and object were moved by ``s`` (see Core.center_probe); follow if needed."""
 
     # -- batches ----------------------------------------------------------------------------
     def batches(self, rng: np.random.Generator) -> list[np.ndarray]:

@@ -76,6 +76,14 @@ class DM(Algorithm):
         t = xp.asarray(transform, np.complex64)
         self.exit = xp.einsum("kl,nlij->nkij", t, self.exit).astype(np.complex64)
 
+    def shifted(self, s: tuple[float, float]) -> None:
+        # ψ_j(u) → ψ_j(u + s): a phase ramp on the stored far-field exit waves.
+        core = self.core
+        ramp = core.shift_ramp((core.M, core.M), s)
+        for part in core.subchunks(np.arange(core.N)):
+            idx = core.backend.to_device(part) if core.backend.is_gpu else part
+            self.exit[idx] *= ramp
+
     # -- iteration --------------------------------------------------------------------------
     def run_batch(self, idx: np.ndarray, it: int) -> list[Any]:
         core, xp, be = self.core, self.core.xp, self.core.backend

@@ -266,6 +266,10 @@ class Reconstructor:
             self.algorithm.modes_mixed(transform)
         if self.algorithm.flags(it)[2]:
             core.set_positions(remove_drift(core.pos, core.nominal))
+        if p.centering:
+            shift = core.center_probe()
+            if shift is not None:
+                self.algorithm.shifted(shift)
         if not np.isfinite(loss):
             raise FloatingPointError(
                 f"reconstruction diverged at iteration {it + 1} ({p.algorithm}): loss is {loss}"

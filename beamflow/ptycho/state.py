@@ -37,7 +37,7 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
     "rpie": {"alpha": 0.1, "beta": 0.1, "batch_size": 32, "batch_selection": "random",
              "alpha_range": (0.0, 1.0), "beta_range": (0.0, 1.0)},
     # DM: object / probe Tikhonov weights, as fractions of the largest denominator.
-    "dm": {"alpha": 1e-3, "beta": 1e-3, "batch_size": None, "batch_selection": "all",
+    "dm": {"alpha": 1e-2, "beta": 1e-2, "batch_size": None, "batch_selection": "all",
            "alpha_range": (0.0, 1.0), "beta_range": (0.0, 1.0)},
     # LSQ-ML: preconditioner regularisation (fraction of max illumination) and the damping
     # of the least-squares step lengths (Odstrčil et al. 2018).
@@ -56,7 +56,7 @@ class ReconParams(BaseModel):
     ========  ============================================  =====================================
     epie      object step (0, 2], default 1                 probe step (0, 2], default 1
     rpie      object regularisation (0, 1], default 0.1     probe regularisation (0, 1], 0.1
-    dm        object Tikhonov weight (x max) (0, 1], 1e-3   probe Tikhonov weight (0, 1], 1e-3
+    dm        object Tikhonov weight (x max) (0, 1], 1e-2   probe Tikhonov weight (0, 1], 1e-2
     lsqml     preconditioner regularisation (0, 1], 0.1     step-length damping (0, 1], 0.9
     ========  ============================================  =====================================
 
@@ -89,6 +89,12 @@ class ReconParams(BaseModel):
     noise_model: Literal["gaussian", "poisson"] = "gaussian"
     orthogonalize_every: int = Field(
         1, ge=1, description="Orthogonalise probe modes every N iterations (K > 1)."
+    )
+    center_probe: bool | None = Field(
+        None,
+        description="Re-centre the probe in its window after each iteration, moving the "
+        "object with it (None: on for dm, whose probe and object otherwise drift together "
+        "once it reaches the noise floor; off for the others).",
     )
     seed: int = Field(0, ge=0, lt=2**63)
 
@@ -129,6 +135,11 @@ class ReconParams(BaseModel):
         """``beta`` or the algorithm's default."""
         return float(ALGORITHM_DEFAULTS[self.algorithm]["beta"] if self.beta is None
                      else self.beta)
+
+    @property
+    def centering(self) -> bool:
+        """``center_probe`` with ``None`` resolved for the algorithm."""
+        return self.algorithm == "dm" if self.center_probe is None else bool(self.center_probe)
 
     @property
     def selection(self) -> str:
