@@ -15,6 +15,19 @@ Killed at any moment and restarted, the agent finds QUEUED runs and starts them,
 ACTIVE runs and re-attaches to them by run id; a run whose process died with the agent
 (local backend) is reported lost by the backend and retried, within the retry budget. A
 retry reuses the same run record (``attempt`` goes up), so a scan never gets two runs.
+Stopped cleanly (SIGTERM), the agent puts the runs that live in its own process (local
+backend) back in the queue without using up a retry; runs on Globus go on regardless.
+
+Progressive runs (``agent.progressive``, e.g. ``[0.25, 0.5]``): while a scan is written,
+a run is queued for the largest fraction of its frames reached (``max_frames``); the final
+run follows when the scan is complete (or aborted). They run one at a time, oldest first,
+all with the scan's one checkpoint directory, so each continues from the one before; a
+partial run still queued when a later one is queued is superseded (CANCELLED, with why).
+
+Following runs: a remote service is polled from ``poll_seconds`` with back-off (×1.5 while
+nothing changes, up to 10 × poll_seconds); a run inside this process is read every 0.1 s.
+Failures are retried (``max_retries``, back-off doubling from ``retry_backoff_seconds``)
+when transient (see :func:`is_transient`); bad input never is.
 
 The agent only touches runs it created (their dedupe key starts with ``agent:``): runs that
 people start by hand (``beamflow runs start``) belong to whoever started them.
@@ -80,7 +93,9 @@ class AgentStats:
 
 
 def dedupe_key(scan_path: Path, part: str) -> str:
-    return f"{KEY_PREFIX}{scan_path}#{part}"
+    """The store key of one part of one scan: the real path (symlinks resolved), so the
+    same files watched through another path are still the same scan."""
+    return f"{KEY_PREFIX}{Path(scan_path).resolve()}#{part}"
 
 
 def part_of(fraction: float | None) -> str:
