@@ -217,12 +217,12 @@ def _draw_scale_bar(ax, shape: tuple[int, int], pixel_size_m: float) -> None:
     ax.add_patch(
         Rectangle((x0, y0), length_px, thick, facecolor="white", edgecolor="black", lw=0.8)
     )
-    ax.text(
-        x0 + length_px / 2,
+    ax.text(  # right-aligned with the bar so it stays inside narrow images
+        x0 + length_px,
         y0 - 0.015 * h,
         label,
         color="white",
-        ha="center",
+        ha="right",
         va="bottom",
         fontsize=10,
         path_effects=outline,
@@ -240,7 +240,9 @@ def _image_axes(fig: Figure, title: str, shape: tuple[int, int]):
         w, h = box_h * fh / fw * aspect, box_h
     left, bottom = 0.03 + (box_w - w) / 2, 0.04 + (box_h - h) / 2
     ax = fig.add_axes((left, bottom, w, h))
-    ax.set_title(title, fontsize=10)
+    # Centred on the figure, not the axes: the colorbar makes the axes sit left of centre
+    # and a long title would be clipped at the left edge.
+    fig.suptitle(title, fontsize=10, y=0.985)
     ax.set_xticks([])
     ax.set_yticks([])
     cax = fig.add_axes((left + w + 0.02, bottom, 0.03, h))
