@@ -229,16 +229,17 @@ def bench_scatter(m: int = 64, n: int = 400) -> list[dict]:
     def add_at_window() -> None:
         np.add.at(sliding_window_view(acc, (m, m), writeable=True), (iy, ix), p)
 
-    out = []
-    for name, fn in [("slice_loop", loop), ("add_at", add_at), ("bincount", bincount),
-                     ("add_at_window", add_at_window)]:
-        fn()
-        t0 = time.perf_counter()
-        for _ in range(5):
+    methods = [("slice_loop", loop), ("add_at", add_at), ("bincount", bincount),
+               ("add_at_window", add_at_window)]
+    times: dict[str, list[float]] = {name: [] for name, _ in methods}
+    for _ in range(10):  # interleaved, best of 10: robust on a shared machine
+        for name, fn in methods:
+            t0 = time.perf_counter()
             fn()
-        out.append({"bench": "scatter", "method": name, "patches": n, "patch_px": m,
-                    "seconds": (time.perf_counter() - t0) / 5})
-    return out
+            times[name].append(time.perf_counter() - t0)
+    return [{"bench": "scatter", "method": name, "patches": n, "patch_px": m,
+             "seconds": min(v), "seconds_median": statistics.median(v)}
+            for name, v in times.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quality", action="store_true", help="also run the 100-iteration target")
     ap.add_argument("--quality-only", action="store_true")
     ap.add_argument("--scatter", action="store_true", help="also time scatter-add variants")
+    ap.add_argument("--scatter-only", action="store_true")
     args = ap.parse_args(argv)
 
     m, n = args.probe_px, args.positions
@@ -258,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = get_backend("cpu").threads
     common = {"positions": n, "probe_px": m, "modes": args.modes, "device": "cpu",
               "threads": threads, "cpus": os.cpu_count()}
-    if not args.quality_only:
+    if not (args.quality_only or args.scatter_only):
         # The head-to-head run on the same data is benchmarks/bench_ptychi.py; here the
         # issue's figure for Pty-Chi on this machine class (quiet) is the reference.
         ptychi, ptychi_source = PTYCHI_SECONDS_PER_ITERATION, "issue 3 (quiet 2-core machine)"
@@ -288,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                 "speedup_vs_ptychi": ptychi / sec,
                 "load_average_1min": os.getloadavg()[0], **common,
             }), flush=True)
-    if args.scatter:
+    if args.scatter or args.scatter_only:
         for row in bench_scatter(m, n):
             print(json.dumps(row), flush=True)
     if args.quality or args.quality_only:
