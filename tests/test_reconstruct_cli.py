@@ -58,7 +58,7 @@ def wait_for_checkpoint(proc: subprocess.Popen, ckdir: Path, at_least: int) -> i
 
 def test_kill9_then_the_same_command_resumes(scan: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    cmd = args(scan, out, "--iterations", "60", "--checkpoint-every", "1", "--json")
+    cmd = args(scan, out, "--iterations", "120", "--checkpoint-every", "1", "--json")
     proc = start(cmd)
     wait_for_checkpoint(proc, out / "checkpoints", 3)
     os.kill(proc.pid, signal.SIGKILL)
@@ -72,8 +72,8 @@ def test_kill9_then_the_same_command_resumes(scan: Path, tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["resumed_from_iteration"] == last.iteration
-    assert summary["iterations"] == 60
-    assert summary["iterations_this_run"] == 60 - last.iteration
+    assert summary["iterations"] == 120
+    assert summary["iterations_this_run"] == 120 - last.iteration
     for key in ("seconds_per_iteration", "final_loss", "device", "product", "previews"):
         assert key in summary
     assert Path(summary["product"]).exists()
