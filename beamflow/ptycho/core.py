@@ -44,9 +44,12 @@ from .state import PtychoData, ReconState
 
 __all__ = ["Core", "Chunk"]
 
-# Positions per work chunk on CPU: (b, K, 64, 64) complex64 with b=16 is 0.5 MiB per array,
-# so a chunk's handful of arrays stays in L2/L3 between the elementwise passes.
-CPU_CHUNK = 16
+# Pixels per work chunk on CPU: 16 windows of 64x64 (0.5 MiB per complex64 array), so a
+# chunk's handful of arrays stays in L2/L3 between the elementwise passes; fewer windows
+# per chunk for larger frames.
+CPU_CHUNK_PX = 16 * 64 * 64
+# Frames per block when preparing the data (bounds the temporaries).
+DATA_BLOCK = 64
 GPU_CHUNK = 4096
 MIN_PART = 4
 # Object updates smaller than this run in the calling thread (a handoff costs ~50 µs).
@@ -89,11 +92,11 @@ class Core:
         mask_s = np.fft.ifftshift(data.mask)
         sq = np.empty(data.intensities.shape, np.float32)
         norm = 0.0
-        for s in range(0, self.N, 256):
-            blk = np.fft.ifftshift(data.intensities[s : s + 256], axes=(-2, -1))
+        for s in range(0, self.N, DATA_BLOCK):
+            blk = np.fft.ifftshift(data.intensities[s : s + DATA_BLOCK], axes=(-2, -1))
             blk[:, ~mask_s] = 0.0
             norm += float(blk.sum(dtype=np.float64))
-            np.sqrt(blk, out=sq[s : s + 256])
+            np.sqrt(blk, out=sq[s : s + DATA_BLOCK])
         self.sqrt_data = backend.to_device(sq)
         del sq
         self.mask = backend.to_device(mask_s.astype(np.float32))
@@ -109,7 +112,7 @@ class Core:
         cache = (not backend.is_gpu) and self.N * m * m * 8 <= RAMP_CACHE_BYTES
         self._ramps: np.ndarray | None = np.empty((self.N, m, m), np.complex64) if cache else None
         self._ramp_frac = np.full((self.N, 2), np.nan)
-        self.chunk_size = GPU_CHUNK if backend.is_gpu else CPU_CHUNK
+        self.chunk_size = GPU_CHUNK if backend.is_gpu else max(1, CPU_CHUNK_PX // (m * m))
         self._pool: ThreadPoolExecutor | None = None
         self._acc: list[tuple[Any, Any]] = []
         self._probe_hat = None

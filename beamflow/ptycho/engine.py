@@ -57,9 +57,9 @@ def counter_rng(seed: int, counter: int) -> np.random.Generator:
 def _mean_pattern(data: PtychoData) -> np.ndarray:
     """Mean measured intensity (M, M), detector view, invalid pixels 0."""
     acc = np.zeros(data.intensities.shape[1:], np.float64)
-    for s in range(0, data.n_positions, 256):
-        blk = data.intensities[s : s + 256]
-        acc += np.where(data.mask, blk, 0.0).sum(axis=0, dtype=np.float64)
+    for s in range(0, data.n_positions, 64):
+        blk = data.intensities[s : s + 64].sum(axis=0, dtype=np.float64)
+        acc += np.where(data.mask, blk, 0.0)  # invalid pixels may hold NaN
     return acc / data.n_positions
 
 

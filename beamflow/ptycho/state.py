@@ -189,8 +189,8 @@ def _check_valid_pixels(what: str, inten: np.ndarray, mask: np.ndarray) -> None:
 
     Checked in blocks of frames so a large scan needs no full-size temporary.
     """
-    for start in range(0, inten.shape[0], 256):
-        block = inten[start : start + 256][:, mask]
+    for start in range(0, inten.shape[0], 64):
+        block = inten[start : start + 64][:, mask]
         finite = np.isfinite(block)
         if not finite.all():
             j = start + int(np.flatnonzero(~finite.all(axis=1))[0])
