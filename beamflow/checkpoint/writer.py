@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -63,6 +64,32 @@ Priority = Literal["idle", "normal"]
 
 def _copy_to_host(a: Any) -> np.ndarray:
     return np.array(a, copy=True, order="C")
+
+
+@functools.cache
+def idle_priority_is_reversible() -> bool:
+    """Whether a thread of this process can go to SCHED_IDLE and come back.
+
+    An unprivileged process may be unable to leave SCHED_IDLE (RLIMIT_NICE); a writer stuck
+    at idle priority could then starve on a busy node, even while `flush()` waits. Tried
+    once, on a throwaway thread.
+    """
+    if not hasattr(os, "sched_setscheduler") or not hasattr(os, "SCHED_IDLE"):
+        return False
+    ok = [False]
+
+    def probe() -> None:
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            ok[0] = True
+        except OSError:
+            pass
+
+    t = threading.Thread(target=probe, name="checkpoint-priority-probe")
+    t.start()
+    t.join()
+    return ok[0]
 
 
 def _set_thread_priority(tid: int, priority: Priority) -> None:
@@ -144,7 +171,9 @@ class Checkpointer:
         self.fingerprint = dict(fingerprint) if fingerprint is not None else None
         self.on_error = on_error
         self.hook = hook
-        self.priority: Priority = priority
+        # idle only where the writers can be lifted again (flush, starvation)
+        self.priority: Priority = (
+            "idle" if priority == "idle" and idle_priority_is_reversible() else "normal")
         self._clock = clock
         self.errors: list[CheckpointError] = []
         self.n_errors = 0
