@@ -330,6 +330,10 @@ def test_bad_data_fails_clearly(scan):
     state.params = ReconParams(probe_modes=1)
     with pytest.raises(ValueError, match="probe_modes"):
         Reconstructor(data, state, "cpu")
+    state.params = ReconParams(probe_modes=2)
+    state.params = state.params.model_copy(update={"alpha": 7.0})  # skips validation
+    with pytest.raises(pydantic.ValidationError, match="alpha=7.0 is out of range"):
+        Reconstructor(data, state, "cpu")
     with pytest.raises(ValueError, match="meta 'format'"):
         ReconState.from_arrays(state.to_host_arrays(), {"format": "other"})
     meta = state.meta()

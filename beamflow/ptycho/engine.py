@@ -224,7 +224,8 @@ class Reconstructor:
                 f"{state.params.probe_modes}"
             )
         self.backend = backend
-        self.params = state.params
+        # Re-validate: model_copy(update=...) skips pydantic's checks.
+        self.params = ReconParams.model_validate(state.params.model_dump())
         self.core = Core(data, state, backend)
         self.algorithm: Algorithm = ALGORITHMS[self.params.algorithm](self.core, self.params)
         self.algorithm.load_extras(state.extras)
