@@ -46,13 +46,14 @@ class ChangedScans(FileSystemEventHandler):
                 path = Path(str(raw))
                 with self._lock:
                     self._dirs.add(path if event.is_directory else path.parent)
-        self.wakeup.set()
+                    self.wakeup.set()
 
     def take(self) -> set[Path]:
         """The directories changed since the last call."""
         with self._lock:
+            # Cleared before the swap: an event after it sets the flag again, never lost.
+            self.wakeup.clear()
             dirs, self._dirs = self._dirs, set()
-        self.wakeup.clear()
         return dirs
 
 
