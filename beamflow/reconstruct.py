@@ -52,6 +52,7 @@ from beamflow.checkpoint import (
     clear_checkpoints,
     load_latest,
 )
+from beamflow.config import Reconstruction
 from beamflow.formats import Product, Scan, load_scan, write_product
 from beamflow.ptycho.backend import get_backend
 from beamflow.ptycho.engine import Reconstructor, initial_state
@@ -72,6 +73,16 @@ class ReconstructError(Exception):
 #: flat keys accepted as shorthands for `params` fields (CLI, compute function kwargs)
 _PARAM_SHORTHANDS = {"algorithm": "algorithm", "iterations": "iterations",
                      "probe_modes": "probe_modes", "batch": "batch_size", "seed": "seed"}
+
+
+class RunParameters(Reconstruction):
+    """What one flow run asks of a reconstruction: the ``[reconstruction]`` defaults of
+    beamflow.toml plus the choices that belong to a single run. The run path validates them
+    when a run is created, and the compute function again on the endpoint."""
+
+    resume: bool = True
+    max_frames: int | None = Field(default=None, ge=1)
+    aborted: bool = False
 
 
 class ReconstructJob(BaseModel):

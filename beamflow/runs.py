@@ -35,12 +35,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from beamflow.backend import Backend, BackendError, FlowRunInfo, StepInfo, get_backend
 from beamflow.config import Settings
+from beamflow.reconstruct import RunParameters
 from beamflow.registry import Registry, RegistryError
 from beamflow.store import Run, RunStatus, Store, StoreError
 
@@ -55,31 +56,14 @@ class RunInputError(ValueError):
     """A run cannot be built from what was given (scan path, parameters, configuration)."""
 
 
-class ReconstructionParams(BaseModel):
-    """The reconstruction parameters a run carries (defaults: ``[reconstruction]``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    algorithm: Literal["rpie", "epie", "dm", "lsqml"] = "rpie"
-    iterations: int = Field(default=100, ge=1, le=1_000_000)
-    probe_modes: int = Field(default=1, ge=1, le=16)
-    batch: int | None = Field(default=None, ge=1)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    checkpoint_every: int = Field(default=10, ge=0)
-    preview_every: int = Field(default=10, ge=0)
-    resume: bool = True
-    max_frames: int | None = Field(default=None, ge=1)
-    aborted: bool = False
-
-
 def reconstruction_params(settings: Settings, params: dict[str, Any] | None = None) -> dict:
     """The configured defaults overridden by ``params``; unknown keys and bad values raise
     :class:`RunInputError` naming them."""
     merged = {**settings.reconstruction.model_dump(), **(params or {})}
     try:
-        return ReconstructionParams.model_validate(merged).model_dump()
+        return RunParameters.model_validate(merged).model_dump()
     except ValidationError as exc:
-        known = ", ".join(ReconstructionParams.model_fields)
+        known = ", ".join(RunParameters.model_fields)
         problems = []
         for err in exc.errors():
             key = ".".join(str(p) for p in err["loc"])

@@ -40,23 +40,16 @@ def reconstruct(
     import socket
     import time
     from pathlib import Path
-    from typing import Literal
 
     from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-    class Parameters(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-
-        algorithm: Literal["rpie", "epie", "dm", "lsqml"] = "rpie"
-        iterations: int = Field(default=100, ge=1, le=1_000_000)
-        probe_modes: int = Field(default=1, ge=1, le=16)
-        batch: int | None = Field(default=None, ge=1)
-        device: Literal["auto", "cpu", "cuda"] = "auto"
-        checkpoint_every: int = Field(default=10, ge=0)
-        preview_every: int = Field(default=10, ge=0)
-        resume: bool = True
-        max_frames: int | None = Field(default=None, ge=1)
-        aborted: bool = False
+    try:
+        from beamflow.reconstruct import ReconstructJob, RunParameters, run_reconstruction
+    except ImportError as exc:
+        raise RuntimeError(
+            f"scan {scan!r}: beamflow.reconstruct is not importable on this endpoint ({exc}); "
+            "install beamflow (same version as the registered function) in its environment"
+        ) from None
 
     class Request(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -64,7 +57,7 @@ def reconstruct(
         scan: str = Field(min_length=1)
         output_dir: str = Field(min_length=1)
         allowed_roots: list[str] = Field(min_length=1, max_length=16)
-        parameters: Parameters = Field(default_factory=Parameters)
+        parameters: RunParameters = Field(default_factory=RunParameters)
         checkpoint_dir: str | None = None
         node_local_dir: str | None = None
         run_name: str | None = Field(default=None, max_length=200)
@@ -135,14 +128,6 @@ def reconstruct(
         device = "cpu"
 
     # -- the job ----------------------------------------------------------------------------
-    try:
-        from beamflow.reconstruct import ReconstructJob, run_reconstruction
-    except ImportError as exc:
-        raise RuntimeError(
-            f"scan {label}: beamflow.reconstruct is not importable on this endpoint ({exc}); "
-            "install beamflow (same version as the registered function) in its environment"
-        ) from None
-
     try:
         job = ReconstructJob(
             scan=scan_path,
