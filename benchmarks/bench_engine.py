@@ -285,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
                 "cpu_seconds_per_iteration": statistics.median(cpu),
                 "fft_floor_cpu_seconds": statistics.median(floor.cpu),
                 "cpu_ratio_to_fft_floor": statistics.median(cpu) / statistics.median(floor.cpu),
-                "batch_size": params.batch_size_for(n), "batch_selection": params.selection,
+                "batch_size": (params.batch_size_for(n) if params.selection != "sparse"
+                               else params.batch_size),
+                "batch_selection": params.selection,
                 "ptychi_seconds_per_iteration": ptychi, "ptychi_source": ptychi_source,
                 "speedup_vs_ptychi": ptychi / sec,
                 "load_average_1min": os.getloadavg()[0], **common,
