@@ -166,6 +166,10 @@ class ReconstructJob(BaseModel):
         )
 
 
+#: The starting probe, as recorded in the summary, the product comments and the job's log.
+PROBE_FROM_FILE, PROBE_FROM_OPTICS, PROBE_FROM_DATA = "file", "optics", "data"
+
+
 class ReconstructSummary(BaseModel):
     """What `beamflow reconstruct --json` prints (one line)."""
 
@@ -183,6 +187,10 @@ class ReconstructSummary(BaseModel):
     n_frames: int
     algorithm: str
     seconds: float
+    initial_probe: str = Field(
+        default=PROBE_FROM_DATA,
+        description="starting probe: file (--probe), optics (the scan's zone plate), "
+        "data (mean diffraction)")
 
 
 #: progress(iterations_done, target, loss)
@@ -297,16 +305,42 @@ def _fingerprint(scan: Scan, params: ReconParams, data: _LoadedData, job: Recons
 # --------------------------------------------------------------------------- the job
 
 
-def _initial_probe(job: ReconstructJob, scan: Scan) -> np.ndarray | None:
-    if job.probe is None:
-        return None
-    from beamflow.ptycho.probe import load_probe
+def _initial_probe(job: ReconstructJob, scan: Scan) -> tuple[np.ndarray | None, str]:
+    """The starting probe and where it came from (first that applies):
 
-    try:
-        return load_probe(job.probe, frame_size=scan.frame_shape[0],
-                          n_modes=job.params.probe_modes, pixel_size_m=scan.object_pixel_size_m)
-    except ValueError as e:
-        raise ReconstructError(str(e)) from e
+    ``--probe`` file → the zone plate and defocus the scan file records (``scan.optics``) →
+    None, for the engine's guess from the mean diffraction. The engine scales the probe to
+    the data's counts and makes the configured number of modes from it (initial_state).
+    """
+    from beamflow.ptycho.probe import ZonePlate, load_probe, zone_plate_probe
+
+    if job.probe is not None:
+        try:
+            return load_probe(job.probe, frame_size=scan.frame_shape[0],
+                              n_modes=job.params.probe_modes,
+                              pixel_size_m=scan.object_pixel_size_m), PROBE_FROM_FILE
+        except ValueError as e:
+            raise ReconstructError(str(e)) from e
+    optics = scan.optics
+    if optics is not None:
+        try:
+            probe = zone_plate_probe(
+                scan.frame_shape[0], scan.object_pixel_size_m, scan.geometry.energy_eV,
+                ZonePlate(diameter_m=optics.diameter_m,
+                          outer_zone_width_m=optics.outer_zone_width_m,
+                          central_stop_fraction=optics.central_stop_fraction),
+                optics.defocus_m)
+        except ValueError as e:  # e.g. a defocused beam wider than the window: fall back
+            log.warning("%s: no probe from the recorded optics (%s); using the mean "
+                        "diffraction", scan.source, e)
+        else:
+            log.info("initial probe: zone plate D=%.4g µm, d_r=%.4g nm, stop %.2f, "
+                     "defocus %.4g mm (from %s)", optics.diameter_m * 1e6,
+                     optics.outer_zone_width_m * 1e9, optics.central_stop_fraction,
+                     optics.defocus_m * 1e3, scan.source.name)
+            return probe, PROBE_FROM_OPTICS
+    log.info("initial probe: from the mean diffraction (no --probe, no recorded optics)")
+    return None, PROBE_FROM_DATA
 
 
 def _fit_object(state: ReconState, frame: _Frame, corners: np.ndarray) -> _Frame:
@@ -364,6 +398,7 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
         for d in compat.soft:
             log.info("resuming with a changed setting: %s", d)
         job_meta = ckpt.meta.get("job") or {}
+        probe_source = str(job_meta.get("initial_probe", "checkpoint"))
         if job_meta.get("format") != JOB_FORMAT:
             raise ReconstructError(f"{ckpt.path}: not a checkpoint of this reconstruction job "
                                    f"(format {job_meta.get('format')!r}); use --no-resume")
@@ -402,7 +437,8 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
     del frames  # PtychoData holds the same array (no copy); keep one reference only
     loaded.frames = data.intensities
     if state is None:
-        state = initial_state(data, run_params, probe=_initial_probe(job, scan))
+        probe0, probe_source = _initial_probe(job, scan)
+        state = initial_state(data, run_params, probe=probe0)
     else:
         state.params = run_params
 
@@ -417,7 +453,7 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
     def job_meta() -> dict[str, Any]:
         return {"format": JOB_FORMAT, "frame": frame.model_dump(mode="json"),
                 "data_since_iteration": since, "n_frames": n, "scan": str(scan.source),
-                "scan_name": scan.name}
+                "scan_name": scan.name, "initial_probe": probe_source}
 
     policy = job.policy()
     protect = {name: ckpt.path for name, cfg in policy.levels().items()
@@ -503,7 +539,8 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
     product_path = job.out / "product.h5"
     write_product(product_path, Product(
         name=job.name or scan.name,
-        comments=f"beamflow {params.algorithm}, {final.iteration} iterations, {n} frames",
+        comments=f"beamflow {params.algorithm}, {final.iteration} iterations, {n} frames, "
+                 f"initial probe from {probe_source}",
         detector_object_distance_m=scan.geometry.distance_m,
         photon_energy_eV=scan.geometry.energy_eV,
         probe_photon_count=float(np.sum(np.abs(final.probe) ** 2)),
@@ -538,6 +575,7 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
         n_frames=n,
         algorithm=params.algorithm,
         seconds=time.perf_counter() - t_start,
+        initial_probe=probe_source,
     )
 
 

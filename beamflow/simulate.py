@@ -8,7 +8,12 @@ Physics (notation of /work/shared/PTYCHO_MATH.md):
   phase 0–~2 rad. Features are rendered 3× supersampled and box-averaged (area coverage).
 * Probe: a zone-plate-like annular pupil (central stop, slight astigmatism) in the far field,
   defocused so that the probe at the sample is a ring-like spot of ~45 % of the window with
-  Fresnel fringes and sharp-ish edges. P = F⁻¹[pupil · exp(iπλΔz|k|²)].
+  Fresnel fringes and sharp-ish edges. P = F⁻¹[pupil · exp(iπλΔz|k|²)]. The equivalent
+  Fresnel zone plate (:func:`zone_plate_optics`: the pupil radius R fixes the outermost zone
+  width, d_r = λz/(2pR)) and the sample defocus are recorded in the master file and the
+  ground truth; with the engine's F (exp(−2πi k·x)) this probe is the beam Δz *upstream* of
+  the focus, so the recorded defocus is −Δz (positive = downstream, as in
+  :func:`beamflow.ptycho.probe.zone_plate_probe`).
 * Scan: Fermat spiral (or raster) of probe positions with sub-pixel coordinates at the chosen
   linear overlap, plus Gaussian stage jitter: the master file records the planned positions,
   the ground truth keeps the true ones.
@@ -35,7 +40,7 @@ import h5py
 import numpy as np
 import scipy.fft as sfft
 
-from beamflow.formats import Geometry, Product
+from beamflow.formats import Geometry, Product, ZonePlateOptics
 from beamflow.formats._h5 import atomic_h5
 from beamflow.formats.eiger import (
     MASK_DEAD,
@@ -56,6 +61,9 @@ DEFAULT_GEOMETRY = Geometry(energy_eV=8800.0, distance_m=2.0, detector_pixel_siz
 PROBE_DIAMETER_FRACTION = 0.45
 PUPIL_RADIUS_FRACTION = 0.2
 CENTRAL_STOP_FRACTION = 0.45  # of the pupil radius, as on a Fresnel zone plate
+#: Outer diameter of the simulated zone plate (a typical hard X-ray FZP; with the outermost
+#: zone width from the pupil radius, f = D·d_r/λ ≈ 0.16 m for 64 px frames at 8.8 keV).
+ZONE_PLATE_DIAMETER_M = 150e-6
 _SUPERSAMPLE = 3
 _MARGIN_PX = 8
 
@@ -85,7 +93,8 @@ class GroundTruth:
     pixel_mask: np.ndarray  # (M, M) uint32, Eiger bits, non-zero = bad
     hot_rate: np.ndarray  # (M, M) float64 mean counts of hot pixels (0 elsewhere)
     seed: int
-    defocus_m: float = 0.0
+    defocus_m: float = 0.0  # make_probe's Δz (magnitude); optics.defocus_m is the signed one
+    optics: ZonePlateOptics | None = None
 
     @property
     def probe_size(self) -> int:
@@ -197,6 +206,28 @@ def make_probe(m: int, geometry: Geometry) -> tuple[np.ndarray, float]:
     probe /= np.sqrt(np.sum(np.abs(probe) ** 2))
     defocus = diameter * m * dx**2 / (2.0 * radius * geometry.wavelength_m)
     return probe.astype(np.complex64), defocus
+
+
+def zone_plate_optics(m: int, geometry: Geometry, defocus_m: float) -> ZonePlateOptics:
+    """The Fresnel zone plate equivalent to :func:`make_probe`'s pupil, and the signed defocus.
+
+    The bright-field disc of radius R detector pixels is the cone of the zone plate's NA:
+    R·p = z·NA with NA = λ/(2 d_r), so d_r = λz/(2pR); D is :data:`ZONE_PLATE_DIAMETER_M`
+    (it only sets f = D·d_r/λ, which barely matters at |Δz| ≪ f). make_probe applies
+    exp(+iπλΔz|k|²) to the angular spectrum F[P]: free-space propagation by +Δz multiplies it
+    by exp(−iπλΔz|k|²), so its probe lies Δz upstream of the focus: the defocus is −Δz.
+    """
+    radius_px = PUPIL_RADIUS_FRACTION * m
+    outer_zone = (
+        geometry.wavelength_m * geometry.distance_m
+        / (2.0 * geometry.detector_pixel_size_m * radius_px)
+    )  # fmt: skip
+    return ZonePlateOptics(
+        diameter_m=ZONE_PLATE_DIAMETER_M,
+        outer_zone_width_m=outer_zone,
+        central_stop_fraction=CENTRAL_STOP_FRACTION,
+        defocus_m=-defocus_m,
+    )
 
 
 def _paint(
@@ -386,6 +417,7 @@ def make_ground_truth(
         hot_rate=hot_rate,
         seed=int(seed),
         defocus_m=defocus,
+        optics=zone_plate_optics(m, geometry, defocus),
     )
 
 
@@ -403,6 +435,17 @@ def write_ground_truth(path: Path, gt: GroundTruth) -> Path:
         f.attrs["photons"] = gt.photons
         f.attrs["seed"] = gt.seed
         f.attrs["defocus_m"] = gt.defocus_m
+        if gt.optics is not None:  # as in the master file (NXfresnel_zone_plate, metres)
+            zp = f.create_group("zone_plate")
+            zp.attrs["NX_class"] = "NXfresnel_zone_plate"
+            for key, value in (
+                ("outer_diameter", gt.optics.diameter_m),
+                ("outermost_zone_width", gt.optics.outer_zone_width_m),
+                ("central_stop_diameter", gt.optics.central_stop_fraction * gt.optics.diameter_m),
+                ("defocus", gt.optics.defocus_m),
+            ):
+                zp[key] = float(value)
+                zp[key].attrs["units"] = "m"
         f.attrs["description"] = (
             "beamflow simulator ground truth: positions_px = top-left corners (y, x) of the "
             "probe window in the object; positions_px = positions_m / object_pixel_size_m "
@@ -420,6 +463,16 @@ def read_ground_truth(path: str | Path) -> GroundTruth:
         path = path.parent / GROUND_TRUTH
     with h5py.File(path, "r") as f:
         a = f.attrs
+        optics = None
+        if "zone_plate" in f:
+            zp = f["zone_plate"]
+            optics = ZonePlateOptics(
+                diameter_m=float(zp["outer_diameter"][()]),
+                outer_zone_width_m=float(zp["outermost_zone_width"][()]),
+                central_stop_fraction=float(zp["central_stop_diameter"][()])
+                / float(zp["outer_diameter"][()]),
+                defocus_m=float(zp["defocus"][()]),
+            )
         return GroundTruth(
             object=f["object"][()],
             probe=f["probe"][()],
@@ -438,6 +491,7 @@ def read_ground_truth(path: str | Path) -> GroundTruth:
             hot_rate=f["hot_rate"][()],
             seed=int(a["seed"]),
             defocus_m=float(a.get("defocus_m", 0.0)),
+            optics=optics,
         )
 
 
@@ -507,6 +561,7 @@ def simulate_scan(
         frames_per_file=frames_per_file,
         pixel_mask=gt.pixel_mask,
         count_time_s=(1.0 / rate_hz) if rate_hz else 0.1,
+        optics=gt.optics,
     )
     noise = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[3])
     total = positions if stop_after is None else max(0, min(positions, stop_after))

@@ -8,7 +8,7 @@ from .eiger import read_detector_scan, scan_progress
 from .errors import ScanFormatError
 from .load import find_scan_file, load_scan
 from .product import Product, read_product, write_product
-from .scan import Geometry, Scan
+from .scan import Geometry, Scan, ZonePlateOptics
 
 __all__ = [
     "Geometry",
@@ -23,4 +23,5 @@ __all__ = [
     "scan_progress",
     "write_cxi",
     "write_product",
+    "ZonePlateOptics",
 ]

@@ -12,6 +12,11 @@ Layout (one scan = one directory ``NAME/``)::
           /detector/detectorSpecific/nimages, ntrigger   expected frames = nimages·ntrigger
           /detector/detectorSpecific/pixel_mask          uint32, non-zero = bad (Eiger bits)
           /detector/detectorSpecific/x_pixels_in_detector, y_pixels_in_detector
+          /zone_plate                        NXfresnel_zone_plate (optional, all in m with
+                                             units attrs): outer_diameter, outermost_zone_width,
+                                             central_stop_diameter (optional, 0 = none),
+                                             defocus (optional, 0 = in focus): sample − focus
+                                             along the beam, positive = downstream of the focus
         /sample/positions/y, /sample/positions/x        (N,) float64, metres (units attrs)
     NAME/NAME_data_000001.h5 ...            /entry/data/data (K,H,W) uint32, one chunk per
                                              frame, bitshuffle+LZ4; attrs image_nr_low/high
@@ -38,7 +43,7 @@ from pydantic import ValidationError
 
 from ._h5 import atomic_h5, dataset, length_scale, open_h5, read_array, read_length_m, read_scalar
 from .errors import ScanFormatError
-from .scan import Geometry, Scan, check_positions
+from .scan import Geometry, Scan, ZonePlateOptics, check_positions
 
 MASTER_SUFFIX = "_master.h5"
 DATA_GROUP = "/entry/data"
@@ -56,6 +61,11 @@ ENERGY = "/entry/instrument/beam/incident_energy"
 POSITIONS = "/entry/sample/positions"
 POS_Y = f"{POSITIONS}/y"
 POS_X = f"{POSITIONS}/x"
+ZONE_PLATE = "/entry/instrument/zone_plate"
+ZP_DIAMETER = f"{ZONE_PLATE}/outer_diameter"
+ZP_OUTER_ZONE = f"{ZONE_PLATE}/outermost_zone_width"
+ZP_STOP = f"{ZONE_PLATE}/central_stop_diameter"
+ZP_DEFOCUS = f"{ZONE_PLATE}/defocus"
 
 #: Eiger pixel_mask bits (non-zero = do not use the pixel).
 MASK_GAP, MASK_DEAD, MASK_COLD, MASK_HOT, MASK_NOISY = 1, 2, 4, 8, 16
@@ -96,11 +106,13 @@ def write_master(
     count_time_s: float = 0.1,
     description: str = "Dectris EIGER2 (beamflow simulator)",
     start_time: str | None = None,
+    optics: ZonePlateOptics | None = None,
 ) -> None:
     """Write a master file promising ``len(positions_m)`` frames, atomically.
 
     Links to every planned data file are written now (dangling until the data file
     appears), as the frame count and positions are known before the scan starts.
+    ``optics``: the zone plate and sample defocus, written as ``/entry/instrument/zone_plate``.
     """
     path = Path(path)
     name = scan_name(path)
@@ -142,6 +154,21 @@ def write_master(
         spec["y_pixels_in_detector"] = np.uint32(h)
         mask = np.zeros(frame_shape, np.uint32) if pixel_mask is None else pixel_mask
         spec.create_dataset("pixel_mask", data=np.asarray(mask, dtype=np.uint32), **_compression())
+        if optics is not None:
+            zp = inst.create_group("zone_plate")
+            _attrs(zp, NX_class="NXfresnel_zone_plate")
+            for key, value in (
+                ("outer_diameter", optics.diameter_m),
+                ("outermost_zone_width", optics.outer_zone_width_m),
+                ("central_stop_diameter", optics.central_stop_fraction * optics.diameter_m),
+                ("defocus", optics.defocus_m),
+            ):
+                _attrs(zp.create_dataset(key, data=float(value)), units="m")
+            _attrs(
+                zp["defocus"],
+                description="sample position minus focus position along the beam; "
+                "positive = sample downstream of the focus",
+            )
         sample = entry.create_group("sample")
         _attrs(sample, NX_class="NXsample")
         pos = sample.create_group("positions")
@@ -320,6 +347,32 @@ def _positions(f: h5py.File, master: Path) -> np.ndarray:
     return np.stack([ys, xs], axis=1)
 
 
+def _optics(f: h5py.File, master: Path) -> ZonePlateOptics | None:
+    """The zone plate and defocus, or None when the master records no zone plate."""
+    if ZONE_PLATE not in f:
+        return None
+    if not isinstance(f.get(ZONE_PLATE), h5py.Group):
+        raise ScanFormatError(master, ZONE_PLATE, "expected a group (NXfresnel_zone_plate)")
+    diameter = read_length_m(f, master, ZP_DIAMETER)
+    if diameter <= 0:
+        raise ScanFormatError(master, ZP_DIAMETER, f"must be positive, found {diameter} m")
+    zone = read_length_m(f, master, ZP_OUTER_ZONE)
+    if zone <= 0:
+        raise ScanFormatError(master, ZP_OUTER_ZONE, f"must be positive, found {zone} m")
+    stop = read_length_m(f, master, ZP_STOP) if ZP_STOP in f else 0.0
+    if not 0 <= stop < diameter:
+        raise ScanFormatError(
+            master, ZP_STOP, f"must be in [0, outer_diameter = {diameter} m), found {stop} m"
+        )
+    defocus = read_length_m(f, master, ZP_DEFOCUS) if ZP_DEFOCUS in f else 0.0
+    return ZonePlateOptics(
+        diameter_m=diameter,
+        outer_zone_width_m=zone,
+        central_stop_fraction=stop / diameter,
+        defocus_m=defocus,
+    )
+
+
 def read_detector_scan(
     path: Path, *, max_frames: int | None = None, allow_partial: bool = False
 ) -> Scan:
@@ -337,6 +390,7 @@ def read_detector_scan(
         planned = _positions(f, master)
         mask_raw = read_array(f, master, PIXEL_MASK, ndim=2) if PIXEL_MASK in f else None
         geometry = _geometry(f, master)
+        optics = _optics(f, master)
     if expected is not None and planned.shape[0] != expected:
         raise ScanFormatError(
             master,
@@ -451,4 +505,5 @@ def read_detector_scan(
         n_frames=n_use,
         expected_frames=expected,
         _read=read,
+        optics=optics,
     )

@@ -33,6 +33,30 @@ class Geometry(BaseModel):
         return self.wavelength_m * self.distance_m / (frame_size * self.detector_pixel_size_m)
 
 
+class ZonePlateOptics(BaseModel):
+    """The focusing optics a beamline records: a Fresnel zone plate and the sample's defocus.
+
+    Read from ``/entry/instrument/zone_plate`` (NXfresnel_zone_plate) of an Eiger master file
+    when present. ``defocus_m`` is the signed distance of the sample from the focus along the
+    beam: positive = downstream of the focus (the beam diverges at the sample), negative =
+    upstream (still converging). The focal length is ``f = D·d_r/λ``, the numerical aperture
+    ``NA = λ/(2 d_r)``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    diameter_m: float = Field(gt=0, description="outer diameter D [m]")
+    outer_zone_width_m: float = Field(gt=0, description="outermost zone width d_r [m]")
+    central_stop_fraction: float = Field(
+        default=0.0, ge=0, lt=1, description="central stop diameter / D (0: none)"
+    )
+    defocus_m: float = Field(default=0.0, description="sample − focus along the beam [m]")
+
+    def focal_length_m(self, energy_eV: float) -> float:
+        """``f = D·d_r/λ`` (first diffraction order)."""
+        return self.diameter_m * self.outer_zone_width_m * energy_eV / HC_EV_M
+
+
 FrameReader = Callable[[int, int], np.ndarray]
 
 
@@ -44,7 +68,8 @@ class Scan:
     one row per frame available now (``n_frames``). ``planned_positions_m`` holds every
     position the scan file lists (a scan still being written promises more frames than it
     has): size the object from it so that a reconstruction can continue as frames arrive.
-    ``mask`` is True on valid pixels. Frames are in the detector view (zero frequency in the
+    ``mask`` is True on valid pixels. ``optics``: the zone plate and defocus the scan file
+    records, None when it records none. Frames are in the detector view (zero frequency in the
     centre), raw counts as float32; invalid pixels keep whatever the detector wrote.
     """
 
@@ -58,6 +83,7 @@ class Scan:
     n_frames: int
     expected_frames: int | None
     _read: FrameReader = field(repr=False)
+    optics: ZonePlateOptics | None = None
 
     def __repr__(self) -> str:
         return (
