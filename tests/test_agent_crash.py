@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +37,8 @@ ENV = {
 class Agent:
     """`beamflow agent` as systemd runs it: a process of its own, JSON logs on stderr."""
 
+    started_here: list[Agent] = []  # killed at teardown if a test failed half-way
+
     def __init__(self, workspace: Path, log: Path, env: dict[str, str] | None = None) -> None:
         self.log_path = log
         self.offset = log.stat().st_size if log.exists() else 0
@@ -46,6 +48,7 @@ class Agent:
             [str(BEAMFLOW), "agent", "--config", str(workspace / "beamflow.toml")],
             stdout=self.log, stderr=self.log, env={**os.environ, **ENV, **(env or {})},
         )  # fmt: skip
+        Agent.started_here.append(self)
 
     def said(self, message: str) -> bool:
         """Whether this agent process has logged ``message`` (JSON logs, one per line)."""
@@ -59,10 +62,7 @@ class Agent:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(30)
         self.log.close()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(alive(p) for p in children):
-            time.sleep(0.1)
-        return [p for p in children if alive(p)]
+        return gone(children)
 
     def terminate(self, timeout: float = 60.0) -> int:
         self.proc.send_signal(signal.SIGTERM)
@@ -85,6 +85,14 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def gone(pids: list[int], within: float = 10.0) -> list[int]:
+    """The processes of ``pids`` still alive after up to ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -105,6 +113,18 @@ def wait_until(store: Store, what: str, check: Callable[[list[Run]], bool],
             tail = log.read_text()[-3000:] if log else ""
             pytest.fail(f"timed out waiting for {what}; runs: {table}\nlog: {tail}")
         time.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def _no_agent_left_behind() -> Iterator[None]:
+    yield
+    while Agent.started_here:
+        agent = Agent.started_here.pop()
+        if agent.proc.poll() is None:
+            for pid in children_of(agent.proc.pid):
+                os.kill(pid, signal.SIGKILL)
+            agent.proc.kill()
+            agent.proc.wait(30)
 
 
 @pytest.fixture
@@ -191,7 +211,7 @@ def test_kill_9_mid_reconstruction_leaves_no_orphan_and_sigterm_is_prompt(
     wait_until(store, "the retry's iterations under way", computing(2), log=log)
     children = children_of(agent.proc.pid)
     assert agent.terminate(timeout=60) == 0
-    assert not [p for p in children if alive(p)]
+    assert gone(children) == []  # the worker (and multiprocessing's helper) went with it
     (run,) = store.list_runs()
     assert run.status == RunStatus.QUEUED and run.attempt == 2
     assert store.events(run.id)[-1].code == "Interrupted"
