@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from . import probe as probe_module
 from .backend import Backend, get_backend
 from .core import Algorithm, Core
 from .dm import DM
@@ -36,6 +37,7 @@ from .epie import EPIE
 from .lsqml import LSQML
 from .modes import make_modes, orthogonalize_modes
 from .positions import remove_drift
+from .probe import mean_counts_per_frame, probe_from_diffraction
 from .rpie import RPIE
 from .state import PtychoData, ReconParams, ReconState
 
@@ -64,24 +66,17 @@ def _mean_pattern(data: PtychoData) -> np.ndarray:
 
 
 def probe_from_data(data: PtychoData) -> np.ndarray:
-    """A probe guess from the mean diffraction amplitude √⟨I⟩ with a flat phase.
-
-    Its inverse FFT is a compact, centred, real-valued spot with about the probe's size
-    for a focused beam (PTYCHO_MATH.md, "Probe initial guesses"). (M, M) complex64.
-    """
-    amp = np.sqrt(_mean_pattern(data))
-    p = np.fft.fftshift(np.fft.ifft2(np.fft.ifftshift(amp)))
-    return p.astype(np.complex64)
+    """A probe guess from the mean diffraction amplitude √⟨I⟩ with a flat phase
+    (:func:`beamflow.ptycho.probe.probe_from_diffraction`), scaled to the counts. (M, M)."""
+    return probe_from_diffraction(_mean_pattern(data), mask=data.mask)[0]
 
 
 def scale_probe(probe: np.ndarray, data: PtychoData) -> np.ndarray:
     """Scale the (K, M, M) modes so Σ_k Σ_valid |F[P_k]|² equals the mean counts per frame."""
-    target = float(_mean_pattern(data).sum())
-    far = np.fft.fftshift(np.fft.fft2(probe.astype(np.complex128)), axes=(-2, -1))
-    have = float((np.abs(far) ** 2)[:, data.mask].sum())
-    if have <= 0 or target <= 0:
-        return probe.astype(np.complex64)
-    return (probe * np.sqrt(target / have)).astype(np.complex64)
+    mean = _mean_pattern(data)
+    return probe_module.scale_probe(
+        probe, mean_counts_per_frame(mean, data.mask), mask=data.mask
+    )
 
 
 def initial_state(data: PtychoData, params: ReconParams, probe: np.ndarray | None = None,

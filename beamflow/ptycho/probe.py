@@ -18,8 +18,10 @@ Guesses:
   the annular aperture (central stop) with its lens phase propagated by ``f + Δz``.
 * :func:`probe_from_diffraction` — the mean diffraction amplitude ``√⟨I⟩`` as the probe's
   far field, with a chosen defocus curvature.
-* :func:`scale_probe` — scale to the measured counts per frame; :func:`add_modes` — mixed
-  states (Thibault & Menzel, Nature 494, 68, 2013) from one mode.
+* :func:`scale_probe` — scale to the measured counts per frame.
+
+Mixed-state modes (Thibault & Menzel, Nature 494, 68, 2013) are made from the first by the
+engine's ``initial_state`` (:mod:`beamflow.ptycho.modes`), the one place that makes them.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "ProbeFileError",
     "ZonePlate",
-    "add_modes",
     "load_probe",
     "mean_counts_per_frame",
     "probe_from_diffraction",
@@ -110,8 +111,9 @@ def load_probe(
             dataset is ``[H, W]``, ``[modes, H, W]`` or ``[1, modes, H, W]``.
         frame_size: if given, the probe must be ``frame_size`` pixels square (the detector
             frame size M of the scan it will reconstruct).
-        n_modes: if given, return exactly this many modes: extra modes are dropped (they
-            are ordered by power in a product), missing ones are made by :func:`add_modes`.
+        n_modes: if given, return at most this many modes: extra modes are dropped (they
+            are ordered by power in a product); missing ones are made by the engine's
+            ``initial_state``, the one place that makes modes.
         pixel_size_m: if given and the HDF5 ``probe`` dataset has a ``pixel_width_m``
             attribute, the two must agree within ``rtol`` (a probe from another geometry
             would be silently wrong).
@@ -172,7 +174,7 @@ def load_probe(
     if n_modes is not None:
         if n_modes < 1:
             raise ValueError(f"n_modes must be >= 1, got {n_modes}")
-        probe = probe[:n_modes] if probe.shape[0] >= n_modes else add_modes(probe, n_modes)
+        probe = probe[:n_modes]
     return probe
 
 
@@ -311,8 +313,8 @@ def _fill_masked(a: NDArray[np.float64], valid: NDArray[np.bool_]) -> NDArray[np
 def probe_from_diffraction(
     frames: ArrayLike,
     *,
-    pixel_size_m: float,
-    energy_eV: float,
+    pixel_size_m: float | None = None,
+    energy_eV: float | None = None,
     defocus_m: float = 0.0,
     mask: ArrayLike | None = None,
 ) -> NDArray[np.complex64]:
@@ -328,8 +330,8 @@ def probe_from_diffraction(
     Args:
         frames: ``[N, M, M]`` diffraction frames or an ``[M, M]`` mean, zero frequency in
             the centre (as the detector stores them).
-        pixel_size_m: Δx, the object pixel size.
-        energy_eV: photon energy.
+        pixel_size_m: Δx, the object pixel size (needed only with a defocus).
+        energy_eV: photon energy (needed only with a defocus).
         defocus_m: Δz of the curvature; 0 gives a flat far-field phase.
         mask: ``[M, M]`` valid-pixel mask (True = valid), zero frequency in the centre.
 
@@ -349,9 +351,13 @@ def probe_from_diffraction(
         raise ValueError("frames: no counts on valid pixels")
     m = mean.shape[0]
     amp = np.sqrt(np.maximum(_fill_masked(mean, valid), 0.0))
-    k = (np.arange(m) - m // 2) / (m * pixel_size_m)
-    k2 = k[:, None] ** 2 + k[None, :] ** 2
-    far = amp * np.exp(-1j * np.pi * wavelength_m(energy_eV) * defocus_m * k2)
+    far = amp.astype(np.complex128)
+    if defocus_m:
+        if pixel_size_m is None or energy_eV is None:
+            raise ValueError("a defocus curvature needs pixel_size_m and energy_eV")
+        k = (np.arange(m) - m // 2) / (m * pixel_size_m)
+        k2 = k[:, None] ** 2 + k[None, :] ** 2
+        far *= np.exp(-1j * np.pi * wavelength_m(energy_eV) * defocus_m * k2)
     probe = np.fft.fftshift(np.fft.ifft2(np.fft.ifftshift(far)))
     return scale_probe(probe, mean_counts_per_frame(mean, valid), mask=valid)
 
@@ -393,60 +399,3 @@ def scale_probe(
     return (p * math.sqrt(counts_per_frame / power)).astype(np.complex64)
 
 
-def add_modes(
-    probe: ArrayLike,
-    n_modes: int,
-    rng: np.random.Generator | None = None,
-    *,
-    decay: float = 0.2,
-) -> NDArray[np.complex64]:
-    """Mixed-state probe of ``n_modes`` modes made from the first mode of ``probe``.
-
-    Mode ``k ≥ 1`` is the first mode times a low-order Hermite-like polynomial of the
-    beam's own centred, width-normalised coordinates (x, y, xy, x²−y², …) plus a small
-    random complex perturbation from ``rng`` (breaks symmetry between otherwise degenerate
-    modes), Gram–Schmidt orthogonalised against the previous modes. Powers fall off as
-    ``decay**k`` and the total power of the input is kept, so the dominant mode still
-    carries most of the flux (Thibault & Menzel 2013). The engine may re-orthogonalise
-    (SVD) during the reconstruction; this is only a starting point.
-
-    Returns:
-        ``[n_modes, M, M]`` complex64, modes mutually orthogonal, ordered by power.
-    """
-    p = np.asarray(probe)
-    if p.ndim == 2:
-        p = p[None]
-    if p.ndim != 3 or p.shape[-1] != p.shape[-2]:
-        raise ValueError(f"probe: expected [M, M] or [K, M, M], got shape {p.shape}")
-    if n_modes < 1:
-        raise ValueError(f"n_modes must be >= 1, got {n_modes}")
-    if not 0 < decay < 1:
-        raise ValueError(f"decay must be in (0, 1), got {decay}")
-    rng = rng if rng is not None else np.random.default_rng(0)
-    p0 = p[0].astype(np.complex128)
-    total = float(np.sum(np.abs(p) ** 2))
-    if not total > 0:
-        raise ValueError("probe: zero power; cannot make modes from it")
-    m = p0.shape[0]
-    w = np.abs(p0) ** 2
-    y, x = np.indices((m, m), dtype=np.float64)
-    cy, cx = (w * y).sum() / w.sum(), (w * x).sum() / w.sum()
-    sy = math.sqrt(max((w * (y - cy) ** 2).sum() / w.sum(), 1e-12))
-    sx = math.sqrt(max((w * (x - cx) ** 2).sum() / w.sum(), 1e-12))
-    u, v = (x - cx) / sx, (y - cy) / sy
-    polys = [u, v, u * v, u**2 - v**2, u**2 + v**2 - 2, u**3 - 3 * u, v**3 - 3 * v]
-
-    modes = [p0 / np.linalg.norm(p0)]
-    for k in range(1, n_modes):
-        base = polys[(k - 1) % len(polys)] * p0
-        noise = rng.standard_normal((m, m)) + 1j * rng.standard_normal((m, m))
-        cand = base / np.linalg.norm(base) + 0.05 * noise * np.abs(p0) / np.linalg.norm(p0)
-        for q in modes:  # Gram–Schmidt (twice is enough for numerical orthogonality)
-            cand = cand - np.vdot(q, cand) * q
-        for q in modes:
-            cand = cand - np.vdot(q, cand) * q
-        modes.append(cand / np.linalg.norm(cand))
-    weights = decay ** np.arange(n_modes, dtype=np.float64)
-    weights *= total / weights.sum()
-    out = np.stack([q * math.sqrt(wk) for q, wk in zip(modes, weights, strict=True)])
-    return out.astype(np.complex64)
