@@ -309,8 +309,9 @@ class Registry:
         return RegistrationResult(kind=kind, name=name, action=action, id=new_id, checksum=checksum)
 
 
-def register_functions(
+def register_shipped(
     registry: Registry,
+    kind: str,
     *,
     create: Callable[[str], str],
     update: Callable[[str, str], str | None] | None = None,
@@ -318,43 +319,28 @@ def register_functions(
     dry_run: bool = False,
     names: Iterable[str] | None = None,
 ) -> list[RegistrationResult]:
-    """:meth:`Registry.ensure` for every shipped function (or ``names``)."""
+    """:meth:`Registry.ensure` for every shipped function or flow (``kind``), or ``names``."""
+    _check_kind(kind)
+    checksum, shipped = (
+        (function_checksum, function_names) if kind == "function" else (flow_checksum, flow_names)
+    )
     return [
         registry.ensure(
-            "function",
-            name,
-            function_checksum(name),
-            create=create,
-            update=update,
-            exists=exists,
+            kind, name, checksum(name), create=create, update=update, exists=exists,
             dry_run=dry_run,
         )
-        for name in (list(names) if names is not None else function_names())
+        for name in (list(names) if names is not None else shipped())
     ]
 
 
-def register_flows(
-    registry: Registry,
-    *,
-    create: Callable[[str], str],
-    update: Callable[[str, str], str | None] | None = None,
-    exists: Callable[[str], bool] | None = None,
-    dry_run: bool = False,
-    names: Iterable[str] | None = None,
-) -> list[RegistrationResult]:
-    """:meth:`Registry.ensure` for every shipped flow (or ``names``)."""
-    return [
-        registry.ensure(
-            "flow",
-            name,
-            flow_checksum(name),
-            create=create,
-            update=update,
-            exists=exists,
-            dry_run=dry_run,
-        )
-        for name in (list(names) if names is not None else flow_names())
-    ]
+def register_functions(registry: Registry, **kwargs: Any) -> list[RegistrationResult]:
+    """:func:`register_shipped` for the functions in ``functions/``."""
+    return register_shipped(registry, "function", **kwargs)
+
+
+def register_flows(registry: Registry, **kwargs: Any) -> list[RegistrationResult]:
+    """:func:`register_shipped` for the flows in ``flows/``."""
+    return register_shipped(registry, "flow", **kwargs)
 
 
 def _check_kind(kind: str) -> None:
