@@ -109,7 +109,6 @@ def _simulate(settings: Settings, options: DemoOptions, scans: _Scans, names: li
                 frames_per_file=max(1, options.positions // 10),
                 rate_hz=options.rate_hz,
                 progress=lambda w, t, name=name: scans.progress(name, w, t),
-                overwrite=True,
             )
             with scans.lock:
                 scans.masters[name] = master
@@ -196,13 +195,24 @@ def summary_table(store: Store, settings: Settings, scans: _Scans, names: list[s
     return table, ok
 
 
+def _new_scan_names(settings: Settings, n: int) -> list[str]:
+    """Names after the demo scans already in the detector directory: a second demo in the
+    same workspace adds new scans (each scan is processed once, so old names would not run)."""
+    detector = Path(settings.beamline.detector_dir)
+    taken = {p.name for p in detector.glob("demo_scan_*")} if detector.is_dir() else set()
+    first = 1
+    while f"demo_scan_{first:03d}" in taken:
+        first += 1
+    return [f"demo_scan_{first + i:03d}" for i in range(n)]
+
+
 def run_demo(options: DemoOptions, console: Console | None = None) -> bool:
     """Run the demo; True when every scan's final run succeeded."""
     console = console or Console()
     console.print(f"[bold]beamflow demo[/] in {options.workspace.resolve()}")
     settings = prepare_workspace(options, console)
     store = Store(settings.store_path)
-    names = [f"demo_scan_{i + 1:03d}" for i in range(options.scans)]
+    names = _new_scan_names(settings, options.scans)
     scans = _Scans()
     port = options.port or free_port(settings.status.host)
     app = build_app(settings, host=settings.status.host, retry=partial(retry_run, settings))

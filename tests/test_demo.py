@@ -31,3 +31,14 @@ def test_demo_runs_every_scan_to_success(tmp_path: Path) -> None:
         assert Path(run.product).is_relative_to(settings.beamline.preview_dir)
         assert {Path(p).name for p in run.previews} >= {"object_phase.png", "convergence.png"}
         assert [s.name for s in store.steps(run.id)][-1].startswith("Transfer")
+
+
+def test_a_second_demo_in_the_same_workspace_adds_new_scans(tmp_path: Path) -> None:
+    from beamflow.config import Settings
+    from beamflow.demo import _new_scan_names
+
+    settings = Settings(beamline={"detector_dir": tmp_path / "detector"})
+    assert _new_scan_names(settings, 2) == ["demo_scan_001", "demo_scan_002"]
+    for name in ("demo_scan_001", "demo_scan_002"):
+        (tmp_path / "detector" / name).mkdir(parents=True)
+    assert _new_scan_names(settings, 2) == ["demo_scan_003", "demo_scan_004"]
