@@ -527,20 +527,38 @@ def runs_start(
         str, typer.Option(help="ptycho_reconstruct, or ptycho_shared_fs (no transfers).")
     ] = "ptycho_reconstruct",
     label: Annotated[str | None, typer.Option(help="Run label (default: scan and run).")] = None,
+    direct: Annotated[
+        bool,
+        typer.Option(
+            "--direct",
+            help="Globus: submit the reconstruct function to the compute endpoint without a "
+            "flow or transfers (shared file system) and wait for it.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
     """Start one flow run of SCAN through the configured backend and record it."""
-    from beamflow.runs import RunInputError, parse_param, start_scan_run
+    from beamflow.runs import RunInputError, parse_param, run_direct, start_scan_run
 
     settings = settings_from(config)
     try:
         params = dict(parse_param(p) for p in param or [])
     except RunInputError as exc:
         fail(str(exc), code=2)
+    if direct and settings.backend != "globus":
+        fail("--direct submits to a Globus Compute endpoint: it needs backend = \"globus\" "
+             "(the local backend runs the function in-process anyway)", code=2)  # fmt: skip
     store = open_store(settings)
     backend = _backend(settings)
     try:
+        if direct:
+            try:
+                run = run_direct(settings, store, backend, scan, params=params, label=label)
+            except RunInputError as exc:
+                fail(str(exc))
+            _report(store, run, as_json)
+            return
         try:
             run = start_scan_run(settings, store, backend, scan, params=params, label=label,
                                  flow=flow)  # fmt: skip

@@ -294,6 +294,61 @@ def launch_run(settings: Settings, store: Store, backend: Backend, run: Run) -> 
     return run
 
 
+def run_direct(
+    settings: Settings,
+    store: Store,
+    backend: Backend,
+    scan_path: str | Path,
+    *,
+    params: dict[str, Any] | None = None,
+    label: str | None = None,
+    timeout: float | None = None,
+) -> Run:
+    """Run the ``reconstruct`` function on the compute endpoint with no flow and no
+    transfers (facilities whose beamline and cluster share a file system), and wait for it.
+
+    The function gets exactly the arguments the ``ptycho_shared_fs`` flow would give it, and
+    the run is recorded like a flow run (one step, Reconstruct). Only backends that can submit
+    to a compute endpoint directly (Globus) offer this."""
+    submit = getattr(backend, "run_direct", None)
+    if submit is None:
+        raise RunInputError(f"the {backend.name} backend has no direct submission (Globus only)")
+    run = create_scan_run(settings, store, scan_path, params=params, label=label,
+                          flow="ptycho_shared_fs")  # fmt: skip
+    run_name = run_name_for(run)
+    body = flow_input_for(settings, run.scan_path or run.scan, run.parameters, run_name,
+                          flow=run.flow)  # fmt: skip
+    compute = body["compute"]
+    kwargs = {  # what flows/ptycho_shared_fs.json passes to the function, key for key
+        "scan": compute["scan_path"],
+        "output_dir": compute["output_dir"],
+        "checkpoint_dir": compute["checkpoint_dir"],
+        "node_local_dir": compute["node_local_dir"],
+        "allowed_roots": compute["allowed_roots"],
+        "run_name": body["run_name"],
+        "parameters": body["reconstruction"],
+    }
+    started = time.time()
+    run = store.update_run(run.id, status=RunStatus.ACTIVE, backend_run_id=f"direct:{run_name}",
+                           label=label or f"beamflow {run.scan} {run_name} (direct)",
+                           result={"run_name": run_name, "input": body, "direct": True})
+    store.record_step(run.id, "Reconstruct", "ACTIVE", started_at=started)
+    try:
+        summary = submit("reconstruct", kwargs, timeout=timeout)
+    except BackendError as exc:
+        store.record_step(run.id, "Reconstruct", "FAILED", finished_at=time.time())
+        return store.update_run(run.id, status=RunStatus.FAILED, error=str(exc),
+                                error_step="Reconstruct")  # fmt: skip
+    store.record_step(run.id, "Reconstruct", "SUCCEEDED", finished_at=time.time())
+    fields: dict[str, Any] = {"result": {**run.result, "summary": summary}}
+    if isinstance(summary, dict):
+        fields["product"] = summary.get("product")
+        fields["previews"] = [str(p) for p in summary.get("previews") or []]
+        if isinstance(summary.get("iterations"), int):
+            fields["iteration"] = fields["iterations_total"] = summary["iterations"]
+    return store.update_run(run.id, status=RunStatus.SUCCEEDED, **fields)
+
+
 def start_scan_run(
     settings: Settings,
     store: Store,

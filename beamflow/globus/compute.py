@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -84,33 +85,57 @@ def run_direct(
     kwargs: dict[str, Any],
     *,
     timeout: float | None = None,
+    poll_seconds: float = 5.0,
 ) -> Any:
     """Run a registered function on the endpoint without a flow (no transfers) and wait for
-    its result. Results come back over AMQPS (port 5671, outbound)."""
-    from concurrent.futures import TimeoutError as FutureTimeout
+    its result.
 
-    from globus_compute_sdk import Executor
+    Submits a one-task batch and polls the task over HTTPS (the SDK's ``Executor`` would
+    wait on an AMQPS result queue instead: port 5671, often closed at facilities)."""
+    from globus_compute_sdk.errors import TaskExecutionFailed
 
+    client = compute_client(auth)
     action = f"run function {function_id} on Compute endpoint {endpoint_id}"
-    with (
-        globus_errors(action, step="compute"),
-        Executor(endpoint_id=endpoint_id, client=compute_client(auth)) as executor,
-    ):
-        future = executor.submit_to_registered_function(function_id, kwargs=kwargs)
-        try:
-            return future.result(timeout=timeout)
-        except FutureTimeout:
-            future.cancel()
+    try:
+        with globus_errors(action, step="compute"):
+            return _submit_and_wait(client, endpoint_id, function_id, kwargs, timeout,
+                                    poll_seconds)  # fmt: skip
+    except TaskExecutionFailed as exc:  # the function raised on the endpoint
+        raise BackendError(
+            f"the function failed on endpoint {endpoint_id}: {exc}", step="compute"
+        ) from None
+
+
+def _submit_and_wait(
+    client: Any,
+    endpoint_id: str,
+    function_id: str,
+    kwargs: dict[str, Any],
+    timeout: float | None,
+    poll_seconds: float,
+) -> Any:
+    """Submit one task and poll it until it is no longer pending (or ``timeout``)."""
+    batch = client.create_batch()
+    batch.add(function_id, kwargs=kwargs)
+    submitted = client.batch_run(endpoint_id, batch)
+    task_id = submitted["tasks"][function_id][0]
+    start = time.monotonic()
+    task = client.get_task(task_id)
+    while task.get("pending", True):
+        if timeout is not None and time.monotonic() - start > timeout:
             raise BackendError(
-                f"function {function_id} gave no result within {timeout} s "
-                f"(endpoint {endpoint_id} busy or offline?)",
+                f"function {function_id} gave no result within {timeout} s (task "
+                f"{task_id}; endpoint {endpoint_id} busy or offline?)",
                 transient=True,
                 step="compute",
-            ) from None
-        except (globus_sdk.GlobusError, BackendError):
-            raise
-        except Exception as exc:  # the function's own exception, re-raised by the SDK
-            raise BackendError(
-                f"the function failed on endpoint {endpoint_id}: {type(exc).__name__}: {exc}",
-                step="compute",
-            ) from exc
+            )
+        time.sleep(poll_seconds)
+        task = client.get_task(task_id)
+    if "result" in task:
+        return task["result"]
+    raise BackendError(
+        f"the function gave no result on endpoint {endpoint_id} (task {task_id}): "
+        f"{task.get('reason') or task.get('status')}",
+        step="compute",
+    )
+
