@@ -14,7 +14,6 @@ import urllib.parse
 
 import globus_sdk
 import pytest
-import responses
 from globus_sdk.testing import get_last_request, load_response
 from globus_sdk.token_storage import TokenStorageData
 from globus_sdk.token_storage.validating_token_storage import ExpiredTokenError
@@ -47,14 +46,8 @@ from beamflow.globus.errors import LoginRequired, explain
 FLOW_ID = "24bc4997-b483-4c25-a19c-64b0afc00743"
 
 
-@pytest.fixture(autouse=True)
-def mocked():
-    responses.start()
-    try:
-        yield responses
-    finally:
-        responses.stop()
-        responses.reset()
+# Every request goes to `responses` (the `mocked` fixture in conftest.py), never the network.
+pytestmark = pytest.mark.usefixtures("mocked")
 
 
 @pytest.fixture

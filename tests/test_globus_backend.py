@@ -8,7 +8,6 @@ import json
 
 import globus_sdk
 import pytest
-import responses
 from globus_sdk.testing import get_last_request, load_response
 from globus_testkit import IDENTITY, NO_RETRY, make_settings, register, store_tokens, transfer_task
 from responses.matchers import query_param_matcher
@@ -28,14 +27,8 @@ RUN_ID = "36ad9f9a-ad29-488f-beb4-c22ab729643a"
 TASK_ID = "9a1b2c3d-0000-4000-8000-0000000000aa"
 
 
-@pytest.fixture(autouse=True)
-def mocked():
-    responses.start()
-    try:
-        yield responses
-    finally:
-        responses.stop()
-        responses.reset()
+# Every request goes to `responses` (the `mocked` fixture in conftest.py), never the network.
+pytestmark = pytest.mark.usefixtures("mocked")
 
 
 @pytest.fixture

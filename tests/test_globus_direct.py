@@ -7,7 +7,6 @@ import json
 
 import globus_sdk
 import pytest
-import responses
 from globus_compute_sdk.serialize import ComputeSerializer
 from globus_sdk.testing import load_response
 from globus_testkit import make_settings, register, store_tokens
@@ -21,14 +20,8 @@ from beamflow.store import Store
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def mocked():
-    responses.start()
-    try:
-        yield responses
-    finally:
-        responses.stop()
-        responses.reset()
+# Every request goes to `responses` (the `mocked` fixture in conftest.py), never the network.
+pytestmark = pytest.mark.usefixtures("mocked")
 
 
 def setup(tmp_path):
