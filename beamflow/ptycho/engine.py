@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from . import probe as probe_module
 from .backend import Backend, get_backend
 from .core import Algorithm, Core
 from .dm import DM
@@ -37,7 +36,7 @@ from .epie import EPIE
 from .lsqml import LSQML
 from .modes import make_modes, orthogonalize_modes
 from .positions import remove_drift
-from .probe import mean_counts_per_frame, probe_from_diffraction
+from .probe import mean_counts_per_frame, probe_from_diffraction, scale_probe
 from .rpie import RPIE
 from .state import PtychoData, ReconParams, ReconState
 
@@ -65,18 +64,12 @@ def _mean_pattern(data: PtychoData) -> np.ndarray:
     return acc / data.n_positions
 
 
-def probe_from_data(data: PtychoData) -> np.ndarray:
+def probe_from_data(data: PtychoData, mean: np.ndarray | None = None) -> np.ndarray:
     """A probe guess from the mean diffraction amplitude √⟨I⟩ with a flat phase
-    (:func:`beamflow.ptycho.probe.probe_from_diffraction`), scaled to the counts. (M, M)."""
-    return probe_from_diffraction(_mean_pattern(data), mask=data.mask)[0]
-
-
-def scale_probe(probe: np.ndarray, data: PtychoData) -> np.ndarray:
-    """Scale the (K, M, M) modes so Σ_k Σ_valid |F[P_k]|² equals the mean counts per frame."""
-    mean = _mean_pattern(data)
-    return probe_module.scale_probe(
-        probe, mean_counts_per_frame(mean, data.mask), mask=data.mask
-    )
+    (:func:`beamflow.ptycho.probe.probe_from_diffraction`), scaled to the counts. (M, M).
+    ``mean``: the mean pattern, when the caller has it already."""
+    mean = _mean_pattern(data) if mean is None else mean
+    return probe_from_diffraction(mean, mask=data.mask)[0]
 
 
 def initial_state(data: PtychoData, params: ReconParams, probe: np.ndarray | None = None,
@@ -93,8 +86,9 @@ def initial_state(data: PtychoData, params: ReconParams, probe: np.ndarray | Non
     if not isinstance(params, ReconParams):
         raise TypeError(f"params must be a ReconParams, got {type(params).__name__}")
     m, k = data.frame_size, params.probe_modes
+    mean = _mean_pattern(data)  # one pass over the frames serves the guess and the scale
     if probe is None:
-        p = probe_from_data(data)[None]
+        p = probe_from_data(data, mean)[None]
     else:
         p = np.asarray(probe)
         if p.ndim == 2:
@@ -117,7 +111,7 @@ def initial_state(data: PtychoData, params: ReconParams, probe: np.ndarray | Non
     elif p.shape[0] < k:
         extra = make_modes(p[0], k - p.shape[0] + 1, rng)[1:]
         p = orthogonalize_modes(np.concatenate([p, extra]).astype(np.complex64))
-    p = scale_probe(p, data)
+    p = scale_probe(p, mean_counts_per_frame(mean, data.mask), mask=data.mask)
     h, w = data.object_shape
     if obj is None:
         o = np.ones((h, w), np.complex64)
