@@ -7,7 +7,7 @@ the page cache warm (what a detector computer copying a scan it just wrote sees)
 (source pages dropped with posix_fadvise before every run, so both tools read the disk).
 Tools: ``cp -r`` (GNU coreutils, the target), beamflow without checksums, and beamflow with
 ``verify_checksum`` (source hashed during the copy, destination re-read and hashed) using
-SHA-256 (the default) and CRC-32.
+XXH3-128 (the default), SHA-256 and CRC-32.
 Tools run in interleaved rounds; each result gives the median of ``--repeat`` runs
 (``ratio_vs_cp``: throughput / cp's) and the best (``ratio_vs_cp_best``), with the load
 average, since hashing competes with whatever else the machine is doing.
@@ -116,7 +116,7 @@ def main() -> None:
                 )
 
             def beamflow(
-                verify: bool, algorithm: str = "sha256", collections: Collections = collections
+                verify: bool, algorithm: str = "xxh3_128", collections: Collections = collections
             ) -> Callable[[], None]:
                 def go() -> None:
                     request = TransferRequest(
@@ -137,6 +137,7 @@ def main() -> None:
             tools = {
                 "cp": cp,
                 "beamflow": beamflow(False),
+                "beamflow_verify_xxh3_128": beamflow(True, "xxh3_128"),
                 "beamflow_verify_sha256": beamflow(True, "sha256"),
                 "beamflow_verify_crc32": beamflow(True, "crc32"),
             }

@@ -308,3 +308,128 @@ def test_preserve_timestamp(roots: tuple[Path, Path]) -> None:
     write(src / "t.bin", b"t", mtime=1_600_000_000)
     run(provider(roots), body(item("/t.bin", "/t.bin"), preserve_timestamp=True))
     assert int((dst / "t.bin").stat().st_mtime) == 1_600_000_000
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3_128", "sha256", "md5", "crc32", "adler32"])
+def test_every_checksum_algorithm_verifies_and_reports_itself(
+    roots: tuple[Path, Path], algorithm: str
+) -> None:
+    src, dst = roots
+    payload = os.urandom(300_000)
+    write(src / "f.bin", payload)
+    details = run(
+        provider(roots, checksum_algorithm=algorithm),
+        body(item("/f.bin", "/f.bin"), verify_checksum=True),
+    )
+    assert details["status"] == "SUCCEEDED"
+    assert details["checksum_algorithm"] == algorithm.upper()
+    assert details["bytes_checksummed"] == 2 * len(payload)  # source and destination
+    assert (dst / "f.bin").read_bytes() == payload
+
+
+def test_unknown_checksum_algorithm_is_refused(roots: tuple[Path, Path]) -> None:
+    with pytest.raises(ValueError, match="unknown checksum algorithm 'whirlpool'"):
+        provider(roots, checksum_algorithm="whirlpool").start(
+            body(item("/f.bin", "/f.bin"), verify_checksum=True), None
+        )
+
+
+def test_verified_pipeline_retries_the_one_corrupted_file_among_many(
+    roots: tuple[Path, Path],
+) -> None:
+    # Files are copied while earlier ones are still being verified: a corrupted file in the
+    # middle is retried on its own and every file ends complete and correct.
+    src, dst = roots
+    payloads = {f"scan/d{i % 3}/f{i:03d}.bin": os.urandom(100_000 + 997 * i) for i in range(24)}
+    for name, data in payloads.items():
+        write(src / name, data)
+    hit: list[str] = []
+
+    def corrupt_f013_once(tmp: Path, offset: int, length: int) -> None:
+        if tmp.name.startswith(".f013.bin") and not hit:
+            hit.append(tmp.name)
+            with open(tmp, "r+b") as fh:
+                fh.seek(offset)
+                fh.write(b"\x5a" * 8)
+
+    details = run(
+        provider(roots, after_write=corrupt_f013_once),
+        body(item("/scan", "/scan", recursive=True), verify_checksum=True),
+    )
+    assert hit
+    assert details["status"] == "SUCCEEDED"
+    assert details["files_transferred"] == len(payloads)
+    assert [f["code"] for f in details["fault_details"]] == ["CHECKSUM_MISMATCH"]
+    assert "f013.bin" in details["fault_details"][0]["description"]
+    for name, data in payloads.items():
+        assert (dst / name).read_bytes() == data, name
+    assert not list(dst.rglob(f"*{PARTIAL_MARK}*"))
+
+
+def test_a_source_growing_during_a_verified_copy_is_copied_as_planned(
+    roots: tuple[Path, Path],
+) -> None:
+    # A detector may still append to a file: the copy takes the size planned at the start
+    # (cp's snapshot), and both digests cover exactly those bytes.
+    src, dst = roots
+    first = os.urandom(400_000)
+    write(src / "growing.bin", first)
+    grown: list[int] = []
+
+    def append_once(tmp: Path, offset: int, length: int) -> None:
+        if not grown:
+            grown.append(offset)
+            with open(src / "growing.bin", "ab") as fh:
+                fh.write(os.urandom(50_000))
+
+    details = run(
+        provider(roots, after_write=append_once),
+        body(item("/growing.bin", "/growing.bin"), verify_checksum=True),
+    )
+    assert grown
+    assert details["status"] == "SUCCEEDED"
+    assert (dst / "growing.bin").read_bytes() == first
+
+
+def test_a_source_shrinking_during_a_verified_copy_fails_naming_the_file(
+    roots: tuple[Path, Path],
+) -> None:
+    src, dst = roots
+    write(src / "shrinks.bin", os.urandom(400_000))
+
+    def truncate(tmp: Path, offset: int, length: int) -> None:
+        os.truncate(src / "shrinks.bin", 100_000)
+
+    details = run(
+        provider(roots, after_write=truncate),
+        body(item("/shrinks.bin", "/shrinks.bin"), verify_checksum=True),
+    )
+    assert details["status"] == "FAILED"
+    assert details["fatal_error"]["code"] == "CHECKSUM_MISMATCH"
+    assert "shrinks.bin" in details["fatal_error"]["description"]
+    assert not (dst / "shrinks.bin").exists()
+    assert not list(dst.rglob(f"*{PARTIAL_MARK}*"))
+
+
+def test_a_write_error_mid_pipeline_fails_the_task_and_leaves_no_partial_files(
+    roots: tuple[Path, Path],
+) -> None:
+    src, dst = roots
+    for i in range(12):
+        write(src / f"scan/f{i:02d}.bin", os.urandom(150_000))
+
+    def disk_full_at_f07(tmp: Path, offset: int, length: int) -> None:
+        if tmp.name.startswith(".f07.bin"):
+            raise OSError(28, "No space left on device")
+
+    details = run(
+        provider(roots, after_write=disk_full_at_f07),
+        body(item("/scan", "/scan", recursive=True), verify_checksum=True),
+    )
+    assert details["status"] == "FAILED"
+    assert details["fatal_error"]["code"] == "NO_SPACE_LEFT"
+    assert "f07.bin" in details["fatal_error"]["description"]
+    assert not list(dst.rglob(f"*{PARTIAL_MARK}*"))
+    # Files verified before the failure are complete; none is half-written.
+    for out in (dst / "scan").glob("*.bin"):
+        assert out.read_bytes() == (src / "scan" / out.name).read_bytes()
