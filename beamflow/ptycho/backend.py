@@ -23,6 +23,9 @@ import numpy as np
 import scipy.fft as _sfft
 from numpy.lib.stride_tricks import sliding_window_view
 
+# Elements below which one FFT call runs in one thread (4 frames of 128x128).
+PARALLEL_FFT_MIN = 4 * 128 * 128
+
 __all__ = ["Backend", "BackendError", "get_backend", "cpu_count", "cuda_available"]
 
 
@@ -128,16 +131,17 @@ class Backend:
     def fft2(self, a: Any, workers: int | None = None) -> Any:
         """Unnormalised forward FFT over the last two axes; may overwrite and return ``a``.
 
-        ``workers``: scipy.fft threads for this call (CPU); default all CPUs. Callers that
-        already run in several threads pass 1.
+        ``workers``: scipy.fft threads for this call (CPU); default all CPUs for a stack of
+        frames and one thread for a single small array (waking threads for one 64x64 FFT
+        costs 4x the FFT). Callers that already run in several threads pass 1.
         """
         if self.is_gpu:
             import cupyx.scipy.fft as cfft  # noqa: PLC0415
 
             return cfft.fft2(a, axes=(-2, -1), overwrite_x=True)
         if _C2C is not None and a.dtype == np.complex64 and a.flags.c_contiguous:
-            return _C2C(a, (a.ndim - 2, a.ndim - 1), True, 0, a, workers or self.threads)
-        return _sfft.fft2(a, axes=(-2, -1), overwrite_x=True, workers=workers or self.threads)
+            return _C2C(a, (a.ndim - 2, a.ndim - 1), True, 0, a, workers or self._workers(a))
+        return _sfft.fft2(a, axes=(-2, -1), overwrite_x=True, workers=workers or self._workers(a))
 
     def ifft2(self, a: Any, workers: int | None = None) -> Any:
         """Inverse FFT (normalised by 1/(M·M)) over the last two axes; may overwrite ``a``."""
@@ -146,8 +150,11 @@ class Backend:
 
             return cfft.ifft2(a, axes=(-2, -1), overwrite_x=True)
         if _C2C is not None and a.dtype == np.complex64 and a.flags.c_contiguous:
-            return _C2C(a, (a.ndim - 2, a.ndim - 1), False, 2, a, workers or self.threads)
-        return _sfft.ifft2(a, axes=(-2, -1), overwrite_x=True, workers=workers or self.threads)
+            return _C2C(a, (a.ndim - 2, a.ndim - 1), False, 2, a, workers or self._workers(a))
+        return _sfft.ifft2(a, axes=(-2, -1), overwrite_x=True, workers=workers or self._workers(a))
+
+    def _workers(self, a: Any) -> int:
+        return self.threads if a.size >= PARALLEL_FFT_MIN else 1
 
     # -- patches --------------------------------------------------------------------------
     def gather(self, arr: Any, iy: np.ndarray, ix: np.ndarray, m: int, out: Any = None) -> Any:

@@ -217,8 +217,9 @@ class Core:
         """Sum the parts' accumulators over the box ``bb`` (in part order)."""
         num, den = accs[0][0][bb], accs[0][1][bb]
         if len(accs) > 1:
-            num, den = num.copy(), den.copy()
-            for a in accs[1:]:
+            # The first sum makes the new arrays (one pass, not a copy and an add).
+            num, den = num + accs[1][0][bb], den + accs[1][1][bb]
+            for a in accs[2:]:
                 num += a[0][bb]
                 den += a[1][bb]
         return num, den
