@@ -486,9 +486,9 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
         last_preview[0] = time.monotonic()
 
     try:
-        with Reconstructor(data, state, backend) as rec:
-            # the engine keeps its own (device) amplitudes and no reference to `data`:
-            # dropping ours frees the frames, so they are never held twice while iterating
+        # The engine turns the frames into amplitudes in place (on the GPU it copies them
+        # to the device): the frames are never held twice, and `data` is spent.
+        with Reconstructor(data, state, backend, consume_data=True) as rec:
             data = None
             _release_freed_memory()
             cache: dict[str, Any] = {}

@@ -284,13 +284,32 @@ def bench_progressive(args, root: Path) -> None:
 # --------------------------------------------------------------------------- memory
 
 
-def _peak_rss_mb(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
-    """Peak RSS of a child (wait4's ru_maxrss), in MiB."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
-    out, err = proc.stdout.read(), proc.stderr.read()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return usage.ru_maxrss / 1024, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+# The child reports its own high-water mark (VmHWM) at exit. Not wait4's ru_maxrss: Linux
+# carries that across exec, so a child forked (or vforked) from this process, which holds the
+# simulated scan, would report this process's RSS whenever it exceeds the child's own.
+_REPORT_HWM = """
+import atexit, runpy, sys
+def _report():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            sys.stderr.write("\\nVMHWM_KB " + line.split()[1] + "\\n")
+atexit.register(_report)
+module, sys.argv = sys.argv[1], sys.argv[1:]
+if module == "-":
+    exec(sys.argv[1])
+else:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+def _peak_rss_mb(module: str, args: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+    """Peak RSS (VmHWM) of ``python -m module args`` (module "-": args[0] is code), MiB."""
+    cmd = [sys.executable, "-c", _REPORT_HWM, module, *args]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    marks = [line.split()[1] for line in res.stderr.splitlines() if line.startswith("VMHWM_KB ")]
+    if not marks:
+        raise SystemExit(f"no peak RSS reported by {module} {args}: {res.stderr[-2000:]}")
+    return int(marks[-1]) / 1024, res
 
 
 def bench_memory(args, root: Path) -> None:
@@ -300,13 +319,12 @@ def bench_memory(args, root: Path) -> None:
     frames_mb = scan.n_frames * scan.frame_shape[0] * scan.frame_shape[1] * 4 / 2**20
     obj_mb = frame.object_shape[0] * frame.object_shape[1] * 8 / 2**20
     probe_mb = scan.frame_shape[0] ** 2 * 8 / 2**20
-    base_cmd = [sys.executable, "-c", "import beamflow.cli, beamflow.reconstruct, "
-                "beamflow.ptycho.engine, beamflow.ptycho.previews, matplotlib.figure"]
-    base_mb, _ = _peak_rss_mb(base_cmd)
-    cmd = [sys.executable, "-m", "beamflow.cli", "reconstruct", str(master), "--out",
-           str(root / "mem_out"), "--device", "cpu", "--iterations", "5", "--json",
-           "--checkpoint-every", "1"]
-    peak_mb, res = _peak_rss_mb(cmd)
+    base_mb, _ = _peak_rss_mb("-", ["import beamflow.cli, beamflow.reconstruct, "
+                                    "beamflow.ptycho.engine, beamflow.ptycho.previews, "
+                                    "matplotlib.figure"])
+    peak_mb, res = _peak_rss_mb("beamflow.cli", [
+        "reconstruct", str(master), "--out", str(root / "mem_out"), "--device", "cpu",
+        "--iterations", "5", "--json", "--checkpoint-every", "1"])
     if res.returncode != 0:
         raise SystemExit(f"reconstruct failed: {res.stderr}")
     target = 2 * frames_mb + obj_mb + probe_mb

@@ -447,3 +447,29 @@ def test_center_probe_moves_probe_and_object_together(scan):
     with Reconstructor(data, state2, "cpu") as after:
         loss1 = after.iterate()
     assert loss1 == pytest.approx(loss0, rel=0.05)
+
+
+def test_consuming_the_data_gives_the_same_result_and_spends_the_data(scan):
+    # beamflow reconstruct lets the engine turn the frames into amplitudes in place, so a
+    # scan is never held twice; the reconstruction must not change, and the spent data
+    # must refuse to be used again rather than feed amplitudes in as intensities.
+    params = ReconParams(iterations=4)
+    kept = data_of(scan, intensities=scan["intensities"].copy())
+    with Reconstructor(kept, initial_state(kept, params), "cpu") as rec:
+        expected = rec.run()
+    frames = scan["intensities"].copy()
+    spent = data_of(scan, intensities=frames)
+    state = initial_state(spent, params)
+    with Reconstructor(spent, state, "cpu", consume_data=True) as rec:
+        got = rec.run()
+    np.testing.assert_array_equal(got.object, expected.object)
+    np.testing.assert_array_equal(got.probe, expected.probe)
+    assert spent.n_positions == kept.n_positions  # the shape is still known
+    # the array itself now holds the (ifftshifted) amplitudes: the engine wrote in place
+    first = np.fft.ifftshift(scan["intensities"][0])
+    valid = np.fft.ifftshift(spent.mask)
+    np.testing.assert_allclose(frames[0][valid], np.sqrt(first[valid]), rtol=1e-6)
+    with pytest.raises(ValueError, match="consumed"):
+        Reconstructor(spent, initial_state(kept, params), "cpu")
+    with pytest.raises(ValueError, match="consumed"):
+        spent.append(scan["intensities"][:2], scan["positions"][:2])

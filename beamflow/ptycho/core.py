@@ -80,7 +80,8 @@ class Core:
     in place to keep numpy's memory traffic down.
     """
 
-    def __init__(self, data: PtychoData, state: ReconState, backend: Backend):
+    def __init__(self, data: PtychoData, state: ReconState, backend: Backend,
+                 consume: bool = False):
         self.backend = backend
         self.xp = backend.xp
         # No reference to data is kept: after this the caller may free the intensities.
@@ -89,8 +90,10 @@ class Core:
         self.N = data.n_positions
         self.H, self.W = data.object_shape
         # Measured amplitudes: ifftshift once, zero invalid pixels (they may hold NaN).
+        # Consuming (CPU): written over the intensities, block by block.
         mask_s = np.fft.ifftshift(data.mask)
-        sq = np.empty(data.intensities.shape, np.float32)
+        in_place = consume and not backend.is_gpu
+        sq = data.intensities if in_place else np.empty(data.intensities.shape, np.float32)
         norm = 0.0
         for s in range(0, self.N, DATA_BLOCK):
             blk = np.fft.ifftshift(data.intensities[s : s + DATA_BLOCK], axes=(-2, -1))
@@ -99,6 +102,8 @@ class Core:
             np.sqrt(blk, out=sq[s : s + DATA_BLOCK])
         self.sqrt_data = backend.to_device(sq)
         del sq
+        if consume:
+            data.consume()
         self.mask = backend.to_device(mask_s.astype(np.float32))
         self.full_mask = bool(mask_s.all())
         self.norm = max(norm, float(np.finfo(np.float64).tiny))

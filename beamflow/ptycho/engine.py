@@ -184,10 +184,14 @@ class Reconstructor:
 
     Memory: the measured amplitudes √I (float32, ifftshifted) live on the device; the
     Reconstructor keeps no reference to ``data``, so a caller that drops its PtychoData
-    after construction holds about one copy of the frames, not two.
+    after construction holds about one copy of the frames, not two. With
+    ``consume_data=True`` on the CPU the amplitudes are computed in place in
+    ``data.intensities``, which then no longer holds intensities (``data`` is marked
+    consumed and refuses further use): the frames are never held twice, even briefly.
     """
 
-    def __init__(self, data: PtychoData, state: ReconState, backend: Backend | str = "auto"):
+    def __init__(self, data: PtychoData, state: ReconState, backend: Backend | str = "auto",
+                 *, consume_data: bool = False):
         if isinstance(backend, str):
             backend = get_backend(backend)
         n = data.n_positions
@@ -215,7 +219,7 @@ class Reconstructor:
         self.backend = backend
         # Re-validate: model_copy(update=...) skips pydantic's checks.
         self.params = ReconParams.model_validate(state.params.model_dump())
-        self.core = Core(data, state, backend)
+        self.core = Core(data, state, backend, consume=consume_data)
         self.algorithm: Algorithm = ALGORITHMS[self.params.algorithm](self.core, self.params)
         self.algorithm.load_extras(state.extras)
         self.iteration = int(state.iteration)

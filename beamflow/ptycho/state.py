@@ -210,6 +210,21 @@ def _check_valid_pixels(what: str, inten: np.ndarray, mask: np.ndarray) -> None:
             )
 
 
+class _Consumed:
+    """Stands in for intensities an engine took over: keeps their shape, refuses their values."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError(
+            "PtychoData: the intensities were consumed by a Reconstructor "
+            "(consume_data=True) and now hold its amplitudes; build a new PtychoData"
+        )
+
+    __getitem__ = __array__ = _refuse
+
+
 @dataclass
 class PtychoData:
     """The measured data of one scan, on the host.
@@ -287,6 +302,10 @@ class PtychoData:
                 f"{pos[j, 1]:.2f}) with a {m} px window); enlarge object_shape or shift the "
                 "positions"
             )
+
+    def consume(self) -> None:
+        """Mark the data used up: an engine took over (and overwrote) the intensities."""
+        self.intensities = _Consumed(self.intensities.shape)  # type: ignore[assignment]
 
     @property
     def n_positions(self) -> int:
