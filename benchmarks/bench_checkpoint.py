@@ -30,9 +30,10 @@ Run from the repository root::
    what the fresh run converges to), the iterations on all frames a fresh run needs and
    those the continued one needs after its ``--half-iterations`` on the first half (also as
    totals and as full-iteration-equivalent cost).
-3. ``reconstruct_peak_rss`` — peak RSS of ``beamflow reconstruct`` (a subprocess) on a
-   larger scan against 2 × frames (float32) + object + probe, with the interpreter's own
-   baseline (same imports, no data) reported beside it.
+3. ``reconstruct_peak_rss`` — peak RSS (the child's own VmHWM) of ``beamflow reconstruct``
+   (a subprocess) on scans of ``--mem-positions`` frames (default 2000 and 8000 of 128²)
+   against 2 × frames (float32) + object + probe, with the interpreter's own baseline (same
+   imports, no data) reported beside it.
 """
 
 from __future__ import annotations
@@ -313,7 +314,12 @@ def _peak_rss_mb(module: str, args: list[str]) -> tuple[float, subprocess.Comple
 
 
 def bench_memory(args, root: Path) -> None:
-    master = make_scan(root, "mem", args.mem_positions, args.mem_size, 1e6)
+    for n in args.mem_positions:
+        _bench_memory_one(args, root, n)
+
+
+def _bench_memory_one(args, root: Path, n_positions: int) -> None:
+    master = make_scan(root, f"mem{n_positions}", n_positions, args.mem_size, 1e6)
     scan = load_scan(master)
     frame = _Frame.for_scan(scan, 8)
     frames_mb = scan.n_frames * scan.frame_shape[0] * scan.frame_shape[1] * 4 / 2**20
@@ -323,7 +329,7 @@ def bench_memory(args, root: Path) -> None:
                                     "beamflow.ptycho.engine, beamflow.ptycho.previews, "
                                     "matplotlib.figure"])
     peak_mb, res = _peak_rss_mb("beamflow.cli", [
-        "reconstruct", str(master), "--out", str(root / "mem_out"), "--device", "cpu",
+        "reconstruct", str(master), "--out", str(root / f"mem_out{n_positions}"), "--device", "cpu",
         "--iterations", "5", "--json", "--checkpoint-every", "1"])
     if res.returncode != 0:
         raise SystemExit(f"reconstruct failed: {res.stderr}")
@@ -347,7 +353,8 @@ def main() -> None:
     ap.add_argument("--half-iterations", type=int, nargs="+", default=[20, 50])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--guess-nrmse", type=float, default=0.6)
-    ap.add_argument("--mem-positions", type=int, default=2000)
+    # A small scan, where the interpreter's ~120 MB weighs, and a realistic one.
+    ap.add_argument("--mem-positions", type=int, nargs="+", default=[2000, 8000])
     ap.add_argument("--mem-size", type=int, default=128)
     ap.add_argument("--only", choices=["overhead", "progressive", "memory"], default=None)
     args = ap.parse_args()
