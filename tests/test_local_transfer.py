@@ -433,3 +433,26 @@ def test_a_write_error_mid_pipeline_fails_the_task_and_leaves_no_partial_files(
     # Files verified before the failure are complete; none is half-written.
     for out in (dst / "scan").glob("*.bin"):
         assert out.read_bytes() == (src / "scan" / out.name).read_bytes()
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_rename_refused_at_the_destination_fails_with_its_code(
+    roots: tuple[Path, Path], verify: bool
+) -> None:
+    # The destination name is taken by a non-empty directory created during the copy:
+    # the rename fails, and the task reports a transfer fault naming it (not an internal
+    # error), leaving no partial file.
+    src, dst = roots
+    write(src / "f.bin", os.urandom(200_000))
+
+    def block_the_name(tmp: Path, offset: int, length: int) -> None:
+        (dst / "f.bin" / "x").mkdir(parents=True, exist_ok=True)
+
+    details = run(
+        provider(roots, after_write=block_the_name),
+        body(item("/f.bin", "/f.bin"), verify_checksum=verify),
+    )
+    assert details["status"] == "FAILED"
+    assert details["fatal_error"]["code"] != "INTERNAL"
+    assert "f.bin" in details["fatal_error"]["description"]
+    assert not list(dst.rglob(f"*{PARTIAL_MARK}*"))

@@ -594,9 +594,12 @@ class TransferTask:
 
     def _publish(self, f: _File, tmp: Path) -> None:
         """Rename a complete temporary file into place."""
-        if self.request.preserve_timestamp:
-            os.utime(tmp, ns=(f.atime_ns, f.mtime_ns))
-        os.replace(tmp, f.dst)
+        try:
+            if self.request.preserve_timestamp:
+                os.utime(tmp, ns=(f.atime_ns, f.mtime_ns))
+            os.replace(tmp, f.dst)
+        except OSError as exc:
+            raise self._os_fault(exc, f.dst) from None
         with self._lock:
             self.stats.files_transferred += 1
 
@@ -676,8 +679,11 @@ class TransferTask:
         written: _Progress,
     ) -> None:
         try:
-            dst_digest, checked = self._hash_fd(fds[1], None, written)
-            src_digest, hashed = src_hash.result()
+            try:
+                dst_digest, checked = self._hash_fd(fds[1], None, written)
+                src_digest, hashed = src_hash.result()
+            except OSError as exc:  # a read error of either file
+                raise self._os_fault(exc, f.dst) from None
             if written.failed:
                 return
             copied = written.value
