@@ -16,6 +16,8 @@ Prints one JSON line per result:
   noise at ~3e5 photons/frame) from a probe guess ~0.6 NRMSE from the truth; complex object
   NRMSE after the optimal global complex factor (and, separately, with a linear phase ramp
   removed too) over the well-illuminated region.
+* ``--integer-positions`` rounds the positions: the engine then skips the exact sub-pixel
+  probe shifts (2 of its 4 FFTs per position), which shows what exactness costs.
 * ``{"bench": "scatter", ...}`` (``--scatter``/``--scatter-only``) — patch scatter-add
   variants, best of 10.
 
@@ -259,12 +261,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quality-only", action="store_true")
     ap.add_argument("--scatter", action="store_true", help="also time scatter-add variants")
     ap.add_argument("--scatter-only", action="store_true")
+    ap.add_argument("--integer-positions", action="store_true",
+                    help="round the positions: what the exact sub-pixel shifts cost (speed only)")
     args = ap.parse_args(argv)
 
     m, n = args.probe_px, args.positions
     sim = simulate(n=n, m=m)
+    if args.integer_positions:
+        # The engine skips the probe's Fourier shifts (2 of its 4 FFTs per position) when
+        # no position has a fractional part; the data stay those of the sub-pixel scan.
+        sim["positions"] = np.rint(sim["positions"])
     threads = get_backend("cpu").threads
     common = {"positions": n, "probe_px": m, "modes": args.modes, "device": "cpu",
+              "subpixel": not args.integer_positions,
               "threads": threads, "cpus": os.cpu_count()}
     if not (args.quality_only or args.scatter_only):
         # The head-to-head run on the same data is benchmarks/bench_ptychi.py; here the
