@@ -1,0 +1,114 @@
+"""The device-only branches of the engine (flat-index gathers, atomic scatter-adds, device
+copies, one chunk per batch), run on the CPU through a numpy stand-in for cupy.
+
+These machines have no GPU, so `tests/test_ptycho_engine_gpu.py` skips here. The stand-in
+runs every `is_gpu` branch of `beamflow.ptycho` with numpy arrays: what it cannot check is
+cupy itself (kernels, streams, memory), which the `gpu` tests do on a device.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+import scipy.fft
+from test_ptycho_engine import data_of, simulate
+
+from beamflow.ptycho import ReconParams, Reconstructor, get_backend, initial_state
+from beamflow.ptycho.backend import Backend
+
+
+def _fake_cupy() -> types.SimpleNamespace:
+    stream = types.SimpleNamespace(synchronize=lambda: None)
+    return types.SimpleNamespace(
+        ndarray=np.ndarray,
+        # host <-> device always copies, as it does on a GPU
+        asarray=lambda a, dtype=None: np.array(a, dtype=dtype),
+        asnumpy=lambda a: np.array(a),
+        iscomplexobj=np.iscomplexobj,
+        float32=np.float32,
+        cuda=types.SimpleNamespace(get_current_stream=lambda: stream),
+    )
+
+
+@pytest.fixture
+def device(monkeypatch: pytest.MonkeyPatch) -> Backend:
+    """A Backend that takes the GPU branches, on numpy."""
+
+    def fft2(a, axes=(-2, -1), overwrite_x=False):
+        return scipy.fft.fft2(a, axes=axes, overwrite_x=overwrite_x, workers=1)
+
+    def ifft2(a, axes=(-2, -1), overwrite_x=False):
+        return scipy.fft.ifft2(a, axes=axes, overwrite_x=overwrite_x, workers=1)
+
+    cupyx = types.ModuleType("cupyx")
+    cupyx.scatter_add = np.add.at  # unbuffered: repeated indices accumulate, like atomics
+    scipy_mod = types.ModuleType("cupyx.scipy")
+    fft_mod = types.ModuleType("cupyx.scipy.fft")
+    fft_mod.fft2, fft_mod.ifft2 = fft2, ifft2
+    cupyx.scipy, scipy_mod.fft = scipy_mod, fft_mod
+    monkeypatch.setitem(sys.modules, "cupyx", cupyx)
+    monkeypatch.setitem(sys.modules, "cupyx.scipy", scipy_mod)
+    monkeypatch.setitem(sys.modules, "cupyx.scipy.fft", fft_mod)
+    backend = Backend(name="cuda:0", xp=np, threads=1, _cupy=_fake_cupy())
+    assert backend.is_gpu
+    return backend
+
+
+def test_gather_and_scatter_agree_with_the_cpu_path(device: Backend) -> None:
+    rng = np.random.default_rng(3)
+    cpu = get_backend("cpu", threads=1)
+    m, iy, ix = 8, np.array([0, 3, 3, 10, 12]), np.array([1, 1, 9, 0, 12])
+    for tail in ((), (2,)):
+        shape = (20, 21, *tail)
+        obj = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
+        patches = (rng.standard_normal((5, m, m, *tail))
+                   + 1j * rng.standard_normal((5, m, m, *tail))).astype(np.complex64)
+        if not tail:
+            np.testing.assert_array_equal(device.gather(obj, iy, ix, m),
+                                          cpu.gather(obj, iy, ix, m))
+        # windows (0,1) and (3,1) overlap: their patches must add, not overwrite
+        a, b = obj.copy(), obj.copy()
+        device.scatter_add(a, patches, iy, ix)
+        cpu.scatter_add(b, patches, iy, ix)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        count = np.zeros(shape[:2], np.float32)
+        device.scatter_add(count, np.ones((5, m, m), np.float32), iy, ix)
+        assert count[3, 1] == 2 and count[0, 1] == 1 and count[19, 19] == 1 and count[19, 0] == 0
+    disjoint_y, disjoint_x = np.array([0, 10]), np.array([0, 10])
+    a, b = obj[..., 0].copy(), obj[..., 0].copy()
+    device.scatter_set(a, patches[:2, ..., 0], disjoint_y, disjoint_x)
+    cpu.scatter_set(b, patches[:2, ..., 0], disjoint_y, disjoint_x)
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"algorithm": "rpie"},
+        {"algorithm": "rpie", "probe_modes": 2, "position_correction": True,
+         "position_correction_start": 1},
+        {"algorithm": "epie"},
+        {"algorithm": "dm"},
+        {"algorithm": "lsqml", "noise_model": "poisson"},
+    ],
+    ids=["rpie", "rpie-modes-poscorr", "epie", "dm", "lsqml"],
+)
+def test_device_path_matches_the_cpu_path(device: Backend, extra: dict) -> None:
+    sim = simulate()
+    params = ReconParams(iterations=6, **extra)
+    out = {}
+    for name, backend in (("cpu", get_backend("cpu", threads=1)), ("device", device)):
+        data = data_of(sim, intensities=sim["intensities"].copy())
+        # consume_data on a device copies the frames to it and must leave them alone
+        with Reconstructor(data, initial_state(data, params), backend, consume_data=True) as rec:
+            out[name] = rec.run()
+    cpu, dev = out["cpu"], out["device"]
+    assert isinstance(dev.object, np.ndarray) and dev.object.dtype == np.complex64
+    # Same algorithm and batches; the chunking and summation order differ.
+    np.testing.assert_allclose(dev.loss_history, cpu.loss_history, rtol=2e-3)
+    assert np.abs(dev.object - cpu.object).max() < 2e-3 * np.abs(cpu.object).max()
+    assert np.abs(dev.probe - cpu.probe).max() < 2e-3 * np.abs(cpu.probe).max()
+    np.testing.assert_allclose(dev.positions_px, cpu.positions_px, atol=1e-3)
