@@ -44,10 +44,12 @@ from .state import PtychoData, ReconState
 
 __all__ = ["Core", "Chunk"]
 
-# Pixels per work chunk on CPU: 16 windows of 64x64 (0.5 MiB per complex64 array), so a
-# chunk's handful of arrays stays in L2/L3 between the elementwise passes; fewer windows
-# per chunk for larger frames.
-CPU_CHUNK_PX = 16 * 64 * 64
+# Pixels per work chunk on CPU: 32 windows of 64x64 (1 MiB per complex64 array), so a
+# chunk's handful of arrays stays in L3 between the elementwise passes while the per-chunk
+# call overhead stays small; fewer windows per chunk for larger frames. Measured (rPIE, 400
+# x 64², 2 threads, 30 shuffled rounds against the FFT floor): 32, 64 and 128 windows alike,
+# 16 about 3 % slower.
+CPU_CHUNK_PX = 32 * 64 * 64
 # Frames per block when preparing the data (bounds the temporaries).
 DATA_BLOCK = 64
 GPU_CHUNK = 4096
