@@ -67,7 +67,7 @@ class ReconParams(BaseModel):
     objects), ``"sparse"`` (random sets of mutually non-overlapping positions, which
     reproduces one-position-at-a-time PIE semantics exactly), ``"all"`` (one batch of every
     position), or ``"auto"`` (ePIE: sparse; rPIE/LSQ-ML: random, or compact when the object
-    is larger than a third of the batch's windows; DM: all — DM is a global algorithm).
+    is larger than twice the batch's windows; DM: all — DM is a global algorithm).
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
