@@ -26,10 +26,10 @@ What users rely on:
 
 Speed: files are copied in the kernel (``copy_file_range``, falling back to ``sendfile`` and
 then to a read/write loop). With checksums (XXH3-128 by default; SHA-256, SHA-1, SHA-512,
-MD5, CRC-32, Adler-32 on request) the copy runs in a pipeline: one thread copies, one hashes
-the sources, one re-reads each destination behind the copy, compares and renames, so the next
-file is copied while the last one is verified. ``benchmarks/bench_transfer.py`` compares it
-with ``cp``.
+MD5, CRC-32, Adler-32 on request) the copy runs in a pipeline: one thread copies while a
+verifier follows it block by block, reading and hashing the source and the destination, then
+compares and renames, so the next file is copied while the last one is verified.
+``benchmarks/bench_transfer.py`` compares it with ``cp``.
 
 Action details follow the Transfer task document: ``task_id``, ``status``, ``label``,
 ``files``, ``directories``, ``files_transferred``, ``files_skipped``,
@@ -289,10 +289,9 @@ class TransferTask:
         self.completion_time: float | None = None
         self._cancel = threading.Event()
         self._lock = threading.Lock()
-        self._src_pool: ThreadPoolExecutor | None = None
-        self._dst_pool: ThreadPoolExecutor | None = None
+        self._verify_pool: ThreadPoolExecutor | None = None
         self._stop_followers = threading.Event()
-        self._thread_buffers = threading.local()  # one hash buffer per pool thread
+        self._thread_buffers = threading.local()  # the verifier's read buffer
         self._ready_dirs: set[Path] = set()
         self._src_root = collections.root(request.source_endpoint)
         self._dst_root = collections.root(request.destination_endpoint)
@@ -337,10 +336,9 @@ class TransferTask:
         finally:
             # The pools' threads and their hash buffers go with the task's end: finished
             # tasks are kept (keep_finished) for their documents.
-            for pool in (self._src_pool, self._dst_pool):
-                if pool is not None:
-                    pool.shutdown(wait=True)
-            self._src_pool = self._dst_pool = None
+            if self._verify_pool is not None:
+                self._verify_pool.shutdown(wait=True)
+                self._verify_pool = None
         with self._lock:
             self.completion_time = time.time()
             self.status = status
@@ -543,8 +541,7 @@ class TransferTask:
                 self._check_cancel()
                 self._transfer(f)
             return
-        self._src_pool = ThreadPoolExecutor(1, thread_name_prefix="transfer-hash-source")
-        self._dst_pool = ThreadPoolExecutor(1, thread_name_prefix="transfer-verify")
+        self._verify_pool = ThreadPoolExecutor(1, thread_name_prefix="transfer-verify")
         attempts = 1 + self.max_checksum_retries
         todo = deque((f, 1) for f in files)
         pending: deque[tuple[_File, int, Future[None]]] = deque()
@@ -636,26 +633,23 @@ class TransferTask:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
 
-    # With checksums, a pipeline of three threads: this one copies (in the kernel, as
-    # without checksums), one hashes the sources, one re-reads each destination behind the
-    # copy and then compares and renames. The copy of the next file starts while the last
-    # blocks of this one are verified (up to VERIFY_DEPTH files in flight). The source is
-    # hashed from its own reads, not the copy's, so the digests agree only if the bytes that
-    # landed are the source's. Measured (bench_transfer.py, 256 MiB, warm cache): ~0.8x cp's
-    # throughput for one file, ~0.85x for 64 files, where a copy loop feeding hash threads
-    # file by file ran at ~0.6x.
+    # With checksums, a pipeline of two threads: this one copies (in the kernel, as without
+    # checksums) and the verifier follows it block by block, reading and hashing the source
+    # and then the destination, and at the end of a file compares and renames. The copy of
+    # the next file starts while the last blocks of this one are verified (up to
+    # VERIFY_DEPTH files in flight). The source is hashed from its own reads, not the copy's,
+    # so the digests agree only if the bytes that landed are the source's. Two busy threads
+    # fit a 2-core node: measured (bench_transfer.py, 512 MiB, warm cache) at ~0.85x cp's
+    # throughput, where a copy loop feeding hash threads file by file ran at ~0.6x.
     def _start_verified(self, f: _File) -> Future[None] | None:
         """Copy ``f`` and start its verification; the future raises CHECKSUM_MISMATCH."""
         tmp = self._prepare(f)
         if tmp is None:
             return None
-        assert self._src_pool is not None and self._dst_pool is not None
+        assert self._verify_pool is not None
         src_fd, dst_fd = self._open_pair(f, tmp)
         written = _Progress()
-        src_hash = self._src_pool.submit(self._hash_fd, src_fd, f.size, None)
-        finished = self._dst_pool.submit(
-            self._finish_verified, f, tmp, (src_fd, dst_fd), src_hash, written
-        )
+        finished = self._verify_pool.submit(self._verify, f, tmp, (src_fd, dst_fd), written)
         try:
             self._copy_fast(
                 src_fd, dst_fd, tmp, f.size, chunk=VERIFY_BLOCK, progress=written.publish
@@ -670,30 +664,22 @@ class TransferTask:
         written.close()
         return finished
 
-    def _finish_verified(
-        self,
-        f: _File,
-        tmp: Path,
-        fds: tuple[int, int],
-        src_hash: Future[tuple[str, int]],
-        written: _Progress,
-    ) -> None:
+    def _verify(self, f: _File, tmp: Path, fds: tuple[int, int], written: _Progress) -> None:
         try:
             try:
-                dst_digest, checked = self._hash_fd(fds[1], None, written)
-                src_digest, hashed = src_hash.result()
+                src_digest, dst_digest, checked = self._hash_pair(fds, written)
             except OSError as exc:  # a read error of either file
                 raise self._os_fault(exc, f.dst) from None
             if written.failed:
                 return
             copied = written.value
             with self._lock:
-                self.stats.bytes_checksummed += hashed + checked
-            if not hashed == checked == copied == f.size:
+                self.stats.bytes_checksummed += 2 * checked
+            if not checked == copied == f.size:
                 raise TransferFault(
                     "CHECKSUM_MISMATCH",
                     f"checksum verification failed for {f.dst}: the source changed during "
-                    f"the copy ({f.size} bytes planned, {copied} copied, {hashed} hashed)",
+                    f"the copy ({f.size} bytes planned, {copied} copied, {checked} verified)",
                     f.dst,
                 )
             if src_digest != dst_digest:
@@ -705,35 +691,33 @@ class TransferTask:
                 )
             self._publish(f, tmp)
         finally:
-            if not src_hash.done():
-                src_hash.result()  # it reads fds[0]: never close under it
             os.close(fds[0])
             os.close(fds[1])
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
 
-    def _hash_fd(self, fd: int, size: int | None, follow: _Progress | None) -> tuple[str, int]:
-        """Digest and length of a file's first ``size`` bytes, or of what ``follow``
-        publishes until it closes. pread: the copy moves the descriptor's offset."""
+    def _hash_pair(self, fds: tuple[int, int], written: _Progress) -> tuple[str, str, int]:
+        """Source and destination digests of what the copy publishes, block by block, and
+        how many bytes both held. pread: the copy moves the descriptors' offsets."""
         buf = getattr(self._thread_buffers, "buf", None)
         if buf is None:
             buf = self._thread_buffers.buf = bytearray(VERIFY_BLOCK)
         view = memoryview(buf)
-        h = Checksum(self.algorithm)
+        hashes = (Checksum(self.algorithm), Checksum(self.algorithm))
         done = 0
         while not (self._stop_followers.is_set() or self._cancel.is_set()):
-            limit = size if follow is None else follow.wait_beyond(done)
+            limit = written.wait_beyond(done)
             if limit is None:
                 break
             while done < limit:
-                n = os.preadv(fd, [view[: min(VERIFY_BLOCK, limit - done)]], done)
-                if not n:
-                    return h.hexdigest(), done
-                h.update(view[:n])
-                done += n
-            if follow is None:
-                break
-        return h.hexdigest(), done
+                want = min(VERIFY_BLOCK, limit - done)
+                for fd, h in zip(fds, hashes, strict=True):
+                    n = os.preadv(fd, [view[:want]], done)
+                    h.update(view[:n])
+                    if n != want:  # a file shorter than what was copied: changed under us
+                        return hashes[0].hexdigest(), hashes[1].hexdigest(), done
+                done += want
+        return hashes[0].hexdigest(), hashes[1].hexdigest(), done
 
     @staticmethod
     def _os_fault(exc: OSError, path: Path) -> TransferFault:
