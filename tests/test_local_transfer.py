@@ -456,3 +456,30 @@ def test_a_rename_refused_at_the_destination_fails_with_its_code(
     assert details["fatal_error"]["code"] != "INTERNAL"
     assert "f.bin" in details["fatal_error"]["description"]
     assert not list(dst.rglob(f"*{PARTIAL_MARK}*"))
+
+
+def test_cancel_mid_pipeline_stops_every_file_and_leaves_no_partial_file(
+    roots: tuple[Path, Path],
+) -> None:
+    # Several files are in flight (copied, still being verified) when the cancel comes.
+    src, dst = roots
+    for i in range(10):
+        write(src / f"scan/f{i:02d}.bin", os.urandom(300_000))
+    gate, release = threading.Event(), threading.Event()
+
+    def hold_at_f05(tmp: Path, offset: int, length: int) -> None:
+        if tmp.name.startswith(".f05.bin"):
+            gate.set()
+            release.wait(10)
+
+    p = provider(roots, after_write=hold_at_f05)
+    started = p.start(body(item("/scan", "/scan", recursive=True), verify_checksum=True), None)
+    assert gate.wait(10)
+    threading.Timer(0.2, release.set).start()
+    final = p.cancel(started.action_id)
+    assert final.status == "FAILED"
+    assert final.details["fatal_error"]["code"] == "CANCELED"
+    assert not list(dst.rglob(f"*{PARTIAL_MARK}*"))
+    for out in (dst / "scan").glob("*.bin"):  # whatever landed is whole
+        assert out.read_bytes() == (src / "scan" / out.name).read_bytes()
+    assert not (dst / "scan" / "f05.bin").exists()
