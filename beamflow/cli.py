@@ -317,6 +317,35 @@ def reconstruct(
         err_console.print(f"[yellow]warning:[/] {e}", highlight=False)
 
 
+@app.command()
+def previews(
+    checkpoints: Annotated[
+        list[Path],
+        typer.Argument(help="Checkpoint directories (e.g. RUN/checkpoints and the L1 dir)."),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the PNGs.")] = ...,  # type: ignore[assignment]
+) -> None:
+    """Previews of the newest verified checkpoint, while a reconstruction runs or after it.
+
+    Safe at any moment: a checkpoint is read only once its sha256 verifies, never a file
+    being written. Exit 1 with a message when no checkpoint verifies yet.
+    """
+    from beamflow.checkpoint import CorruptCheckpoint
+    from beamflow.reconstruct import ReconstructError, previews_from_checkpoint
+
+    missing = [str(d) for d in checkpoints if not d.is_dir()]
+    if missing:
+        fail(f"not a directory: {', '.join(missing)}")
+    try:
+        files = previews_from_checkpoint(list(checkpoints), out)
+    except (ReconstructError, CorruptCheckpoint, OSError, ValueError) as exc:
+        fail(str(exc))
+    if files is None:
+        fail(f"no verified checkpoint yet in {', '.join(str(d) for d in checkpoints)}")
+    for p in files.values():
+        console.print(f"  preview     {p}")
+
+
 # -- runs ------------------------------------------------------------------------------------
 def _duration(seconds: float | None) -> str:
     if seconds is None:

@@ -200,3 +200,22 @@ def test_previews_from_the_latest_checkpoint_by_another_reader(scan: Path, tmp_p
     files = previews_from_checkpoint(tmp_path / "out" / "checkpoints", tmp_path / "p")
     assert sorted(files) == ["convergence", "object_amplitude", "object_phase", "probe"]
     assert all(p.stat().st_size > 1000 and p.parent == tmp_path / "p" for p in files.values())
+
+
+def test_previews_command_renders_the_latest_checkpoint(scan: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from beamflow.cli import app
+
+    runner = CliRunner()
+    ck = tmp_path / "out" / "checkpoints"
+    ck.mkdir(parents=True)
+    empty = runner.invoke(app, ["previews", str(ck), "--out", str(tmp_path / "p")])
+    assert empty.exit_code == 1 and "no verified checkpoint" in empty.output
+    missing = runner.invoke(app, ["previews", str(tmp_path / "nope"), "--out", str(tmp_path)])
+    assert missing.exit_code == 1 and "not a directory" in missing.output
+    run_reconstruction(job(scan, tmp_path / "out", iterations=3))
+    ok = runner.invoke(app, ["previews", str(ck), "--out", str(tmp_path / "p")])
+    assert ok.exit_code == 0, ok.output
+    assert sorted(p.name for p in (tmp_path / "p").glob("*.png")) == [
+        "convergence.png", "object_amplitude.png", "object_phase.png", "probe.png"]
