@@ -290,7 +290,7 @@ class TransferTask:
         self._cancel = threading.Event()
         self._lock = threading.Lock()
         self._verify_pool: ThreadPoolExecutor | None = None
-        self._stop_followers = threading.Event()
+        self._stop_verifying = threading.Event()
         self._thread_buffers = threading.local()  # the verifier's read buffer
         self._ready_dirs: set[Path] = set()
         self._src_root = collections.root(request.source_endpoint)
@@ -563,7 +563,7 @@ class TransferTask:
                     self._fault(fault)  # retried, as Globus retries checksum faults
                     todo.append((f, attempt + 1))
         finally:
-            self._stop_followers.set()
+            self._stop_verifying.set()
             for _f, _a, started in pending:
                 with contextlib.suppress(BaseException):
                     started.result()
@@ -705,7 +705,7 @@ class TransferTask:
         view = memoryview(buf)
         hashes = (Checksum(self.algorithm), Checksum(self.algorithm))
         done = 0
-        while not (self._stop_followers.is_set() or self._cancel.is_set()):
+        while not (self._stop_verifying.is_set() or self._cancel.is_set()):
             limit = written.wait_beyond(done)
             if limit is None:
                 break
