@@ -48,6 +48,19 @@ def run(p: LocalTransferProvider, b: dict[str, Any]) -> dict[str, Any]:
     return {"status": final.status, **final.details}
 
 
+def scan_of(src: Path, n: int, size: int) -> None:
+    """n random files scan/fNN.bin under the source root."""
+    for i in range(n):
+        write(src / f"scan/f{i:02d}.bin", os.urandom(size))
+
+
+def assert_only_whole_files(src: Path, dst: Path) -> None:
+    """No partial file anywhere; every file that landed is the source's, byte for byte."""
+    assert not list(dst.rglob(f"*{PARTIAL_MARK}*"))
+    for out in (dst / "scan").glob("*.bin"):
+        assert out.read_bytes() == (src / "scan" / out.name).read_bytes()
+
+
 def write(path: Path, data: bytes, mtime: float | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
@@ -415,8 +428,7 @@ def test_a_write_error_mid_pipeline_fails_the_task_and_leaves_no_partial_files(
     roots: tuple[Path, Path],
 ) -> None:
     src, dst = roots
-    for i in range(12):
-        write(src / f"scan/f{i:02d}.bin", os.urandom(150_000))
+    scan_of(src, 12, 150_000)
 
     def disk_full_at_f07(tmp: Path, offset: int, length: int) -> None:
         if tmp.name.startswith(".f07.bin"):
@@ -429,10 +441,7 @@ def test_a_write_error_mid_pipeline_fails_the_task_and_leaves_no_partial_files(
     assert details["status"] == "FAILED"
     assert details["fatal_error"]["code"] == "NO_SPACE_LEFT"
     assert "f07.bin" in details["fatal_error"]["description"]
-    assert not list(dst.rglob(f"*{PARTIAL_MARK}*"))
-    # Files verified before the failure are complete; none is half-written.
-    for out in (dst / "scan").glob("*.bin"):
-        assert out.read_bytes() == (src / "scan" / out.name).read_bytes()
+    assert_only_whole_files(src, dst)  # those verified before the failure landed whole
 
 
 @pytest.mark.parametrize("verify", [False, True])
@@ -463,8 +472,7 @@ def test_cancel_mid_pipeline_stops_every_file_and_leaves_no_partial_file(
 ) -> None:
     # Several files are in flight (copied, still being verified) when the cancel comes.
     src, dst = roots
-    for i in range(10):
-        write(src / f"scan/f{i:02d}.bin", os.urandom(300_000))
+    scan_of(src, 10, 300_000)
     gate, release = threading.Event(), threading.Event()
 
     def hold_at_f05(tmp: Path, offset: int, length: int) -> None:
@@ -479,7 +487,5 @@ def test_cancel_mid_pipeline_stops_every_file_and_leaves_no_partial_file(
     final = p.cancel(started.action_id)
     assert final.status == "FAILED"
     assert final.details["fatal_error"]["code"] == "CANCELED"
-    assert not list(dst.rglob(f"*{PARTIAL_MARK}*"))
-    for out in (dst / "scan").glob("*.bin"):  # whatever landed is whole
-        assert out.read_bytes() == (src / "scan" / out.name).read_bytes()
+    assert_only_whole_files(src, dst)
     assert not (dst / "scan" / "f05.bin").exists()

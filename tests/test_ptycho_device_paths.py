@@ -14,7 +14,7 @@ import types
 import numpy as np
 import pytest
 import scipy.fft
-from test_ptycho_engine import data_of, simulate
+from test_ptycho_engine import DEVICE_SETUP_IDS, DEVICE_SETUPS, data_of, simulate
 
 from beamflow.ptycho import ReconParams, Reconstructor, get_backend, initial_state
 from beamflow.ptycho.backend import Backend
@@ -84,18 +84,7 @@ def test_gather_and_scatter_agree_with_the_cpu_path(device: Backend) -> None:
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [
-        {"algorithm": "rpie"},
-        {"algorithm": "rpie", "probe_modes": 2, "position_correction": True,
-         "position_correction_start": 1},
-        {"algorithm": "epie"},
-        {"algorithm": "dm"},
-        {"algorithm": "lsqml", "noise_model": "poisson"},
-    ],
-    ids=["rpie", "rpie-modes-poscorr", "epie", "dm", "lsqml"],
-)
+@pytest.mark.parametrize("extra", DEVICE_SETUPS, ids=DEVICE_SETUP_IDS)
 def test_device_path_matches_the_cpu_path(device: Backend, extra: dict) -> None:
     sim = simulate()
     params = ReconParams(iterations=6, **extra)

@@ -84,6 +84,18 @@ def simulate(n=60, photons=1e6, modes=None, seed=0, poisson=True, step=3.2):
     }
 
 
+# Algorithm set-ups the device tests (test_ptycho_engine_gpu, test_ptycho_device_paths) run.
+DEVICE_SETUPS = [
+    {"algorithm": "rpie"},
+    {"algorithm": "rpie", "probe_modes": 2, "position_correction": True,
+     "position_correction_start": 1},
+    {"algorithm": "epie"},
+    {"algorithm": "dm"},
+    {"algorithm": "lsqml", "noise_model": "poisson"},
+]
+DEVICE_SETUP_IDS = ["rpie", "rpie-modes-poscorr", "epie", "dm", "lsqml"]
+
+
 def data_of(sim, positions=None, mask=None, intensities=None):
     return PtychoData(sim["intensities"] if intensities is None else intensities,
                       sim["positions"] if positions is None else positions, sim["shape"],

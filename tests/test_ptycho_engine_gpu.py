@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_ptycho_engine import data_of, nrmse, region, simulate
+from test_ptycho_engine import DEVICE_SETUP_IDS, DEVICE_SETUPS, data_of, nrmse, region, simulate
 
 from beamflow.ptycho import ReconParams, Reconstructor, get_backend, initial_state
 from beamflow.ptycho.backend import cuda_available
@@ -15,18 +15,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [
-        {"algorithm": "rpie"},
-        {"algorithm": "rpie", "probe_modes": 2, "position_correction": True,
-         "position_correction_start": 1},
-        {"algorithm": "epie"},
-        {"algorithm": "dm"},
-        {"algorithm": "lsqml", "noise_model": "poisson"},
-    ],
-    ids=["rpie", "rpie-modes-poscorr", "epie", "dm", "lsqml"],
-)
+@pytest.mark.parametrize("extra", DEVICE_SETUPS, ids=DEVICE_SETUP_IDS)
 def test_cuda_matches_numpy(extra):
     sim = simulate()
     data = data_of(sim)
