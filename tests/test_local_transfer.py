@@ -489,3 +489,20 @@ def test_cancel_mid_pipeline_stops_every_file_and_leaves_no_partial_file(
     assert final.details["fatal_error"]["code"] == "CANCELED"
     assert_only_whole_files(src, dst)
     assert not (dst / "scan" / "f05.bin").exists()
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_empty_files_and_directories_are_copied(roots: tuple[Path, Path], verify: bool) -> None:
+    src, dst = roots
+    write(src / "scan/empty.bin", b"")
+    write(src / "scan/one.bin", b"x")
+    (src / "scan/empty_dir").mkdir()
+    details = run(
+        provider(roots),
+        body(item("/scan", "/scan", recursive=True), verify_checksum=verify),
+    )
+    assert details["status"] == "SUCCEEDED"
+    assert details["files_transferred"] == 2
+    assert (dst / "scan/empty.bin").read_bytes() == b""
+    assert (dst / "scan/one.bin").read_bytes() == b"x"
+    assert (dst / "scan/empty_dir").is_dir()
