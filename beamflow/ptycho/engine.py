@@ -185,9 +185,9 @@ class Reconstructor:
     Memory: the measured amplitudes √I (float32, ifftshifted) live on the device; the
     Reconstructor keeps no reference to ``data``, so a caller that drops its PtychoData
     after construction holds about one copy of the frames, not two. With
-    ``consume_data=True`` on the CPU the amplitudes are computed in place in
-    ``data.intensities``, which then no longer holds intensities (``data`` is marked
-    consumed and refuses further use): the frames are never held twice, even briefly.
+    ``consume_data=True`` the data is spent: on the CPU the amplitudes are computed in place
+    in ``data.intensities`` (the frames are never held twice, even briefly), and on either
+    device ``data`` is marked consumed and refuses further use.
     """
 
     def __init__(self, data: PtychoData, state: ReconState, backend: Backend | str = "auto",
