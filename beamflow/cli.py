@@ -355,7 +355,7 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds / 60:.1f} min"
 
 
-_STATUS_STYLE = {
+STATUS_STYLE = {
     RunStatus.QUEUED: "blue",
     RunStatus.ACTIVE: "yellow",
     RunStatus.INACTIVE: "magenta",
@@ -363,6 +363,11 @@ _STATUS_STYLE = {
     RunStatus.FAILED: "red",
     RunStatus.CANCELLED: "dim",
 }
+
+
+def styled_status(status: RunStatus) -> str:
+    """A run status in its colour (rich markup)."""
+    return f"[{STATUS_STYLE[status]}]{status}[/]"
 
 
 @runs_app.command("list")
@@ -390,7 +395,7 @@ def runs_list(
         table.add_row(
             r.id[:8],
             r.scan,
-            f"[{_STATUS_STYLE[r.status]}]{r.status}[/]",
+            styled_status(r.status),
             r.current_step or "-",
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at)),
             _duration(r.duration),
@@ -443,7 +448,7 @@ def runs_show(
         print(json.dumps(data))
         return
     console.print(f"[bold]{run.scan}[/]  run {run.id}")
-    console.print(f"  status    [{_STATUS_STYLE[run.status]}]{run.status}[/]")
+    console.print(f"  status    {styled_status(run.status)}")
     console.print(f"  flow      {run.flow} on {run.backend}")
     console.print(f"  duration  {_duration(run.duration)}")
     if run.iteration is not None:
@@ -532,9 +537,8 @@ def _report(store: Store, run, as_json: bool) -> None:  # noqa: ANN001
         data["steps"] = [s.model_dump(mode="json") for s in store.steps(run.id)]
         print(json.dumps(data))
     else:
-        style = _STATUS_STYLE[run.status]
         out = {"highlight": False, "soft_wrap": True}  # paths stay whole, one per line
-        console.print(f"run {run.id}  [{style}]{run.status}[/]  {run.scan}", **out)
+        console.print(f"run {run.id}  {styled_status(run.status)}  {run.scan}", **out)
         if run.backend_run_id:
             console.print(f"  {run.backend} run  {run.backend_run_id}", **out)
         for s in store.steps(run.id):

@@ -23,6 +23,15 @@ CONFIG_NAME = "beamflow.toml"
 USER_CONFIG = Path("~/.config/beamflow") / CONFIG_NAME
 
 
+def is_uuid(value: object) -> bool:
+    """Whether ``value`` spells a UUID (Globus collection, endpoint, client and flow ids)."""
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True
+
+
 class ConfigError(Exception):
     """The configuration cannot be used; the message names the file, the key and the fix."""
 

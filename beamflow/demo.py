@@ -21,6 +21,7 @@ from rich.live import Live
 from rich.table import Table
 
 from beamflow.backend import get_backend
+from beamflow.cli import styled_status
 from beamflow.config import CONFIG_NAME, Settings, load_config, local_workspace_toml
 from beamflow.formats import read_product
 from beamflow.runs import retry_run
@@ -28,15 +29,6 @@ from beamflow.simulate import read_ground_truth, score_product, simulate_scan
 from beamflow.status.server import build_app, free_port, serve_in_thread
 from beamflow.store import Run, RunStatus, Store
 from edge_agent.agent import FINAL, EdgeAgent, dedupe_key
-
-STYLE = {
-    RunStatus.QUEUED: "blue",
-    RunStatus.ACTIVE: "yellow",
-    RunStatus.INACTIVE: "magenta",
-    RunStatus.SUCCEEDED: "green",
-    RunStatus.FAILED: "red",
-    RunStatus.CANCELLED: "dim",
-}
 
 
 @dataclass
@@ -139,7 +131,7 @@ def _live_table(store: Store, scans: _Scans, names: list[str], url: str) -> Grou
         for run in runs[name] or [None]:
             part = "-" if run is None else ("final" if run.fraction in (None, 1.0)
                                             else f"{run.fraction:.0%} of frames")
-            status = "-" if run is None else f"[{STYLE[run.status]}]{run.status}[/]"
+            status = "-" if run is None else styled_status(run.status)
             table.add_row(
                 name if first else "",
                 f"{written}/{total}" if first else "",
@@ -186,7 +178,7 @@ def summary_table(store: Store, settings: Settings, scans: _Scans, names: list[s
         wall = sum(r.duration or 0.0 for r in _runs_by_scan(store, [name])[name])
         table.add_row(
             name,
-            f"[{STYLE[run.status]}]{run.status}[/]" + (f" ({run.error})" if run.error else ""),
+            styled_status(run.status) + (f" ({run.error})" if run.error else ""),
             iterations,
             nrmse,
             f"{wall:.1f} s",

@@ -43,6 +43,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+from beamflow.processes import pid_alive
+
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
@@ -336,16 +338,6 @@ def apply_retention(directory: Path | str, *, keep: int, current_iteration: int 
     return removed
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale_temps(directory: Path | str, *, max_age_s: float = 24 * 3600) -> list[Path]:
     """Delete temp files left by dead writers on this host (or older than `max_age_s`)."""
     directory = Path(directory)
@@ -362,7 +354,7 @@ def clean_stale_temps(directory: Path | str, *, max_age_s: float = 24 * 3600) ->
         m = re.search(r"\.([^.]+)-(\d+)-[0-9a-f]+$", e.name)
         if m and m.group(1) == _HOST:
             pid = int(m.group(2))
-            stale = pid != os.getpid() and not _pid_alive(pid)
+            stale = pid != os.getpid() and not pid_alive(pid)
         with contextlib.suppress(FileNotFoundError):
             if not stale and now - e.stat().st_mtime > max_age_s:
                 stale = True

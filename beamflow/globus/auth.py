@@ -27,7 +27,6 @@ import sqlite3
 import stat
 import sys
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +52,7 @@ from globus_sdk.token_storage import (
 from globus_sdk.transport import RequestsTransport, RetryConfig
 
 from beamflow.backend import BackendError
-from beamflow.config import Settings
+from beamflow.config import Settings, is_uuid
 from beamflow.globus.errors import ConfigIncomplete, LoginRequired, globus_errors
 
 log = logging.getLogger(__name__)
@@ -128,14 +127,6 @@ class SecureSQLiteTokenStorage(SQLiteTokenStorage):
 
 
 # -- scopes -----------------------------------------------------------------------------------
-def _is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(str(value))
-    except ValueError:
-        return False
-    return True
-
-
 def data_access_collections(settings: Settings) -> list[str]:
     """Collections whose data_access consent the flows and Transfer need.
 
@@ -153,7 +144,7 @@ def data_access_collections(settings: Settings) -> list[str]:
             settings.hpc.collection_id,
         ]
     )
-    return sorted({c for c in ids if c and _is_uuid(c)})
+    return sorted({c for c in ids if c and is_uuid(c)})
 
 
 def transfer_scope(collections: Sequence[str]) -> Scope:
@@ -182,7 +173,7 @@ def scope_requirements(settings: Settings, flow_ids: Iterable[str] = ()) -> dict
         ComputeScopes.resource_server: [ComputeScopes.all],
     }
     for flow_id in flow_ids:
-        if flow_id and _is_uuid(flow_id):
+        if flow_id and is_uuid(flow_id):
             scopes = SpecificFlowScopes(flow_id)
             required[scopes.resource_server] = [scopes.user, flow_run_scope(flow_id, collections)]
     return required
@@ -288,7 +279,7 @@ class GlobusAuth:
         network: NetworkPolicy = AGENT,
     ) -> None:
         client_id = settings.globus.client_id
-        if not _filled(client_id) or not _is_uuid(client_id):
+        if not _filled(client_id) or not is_uuid(client_id):
             where = settings.source or "beamflow.toml"
             raise ConfigIncomplete(
                 f"{where}: globus.client_id is not set to a Globus app's client id "

@@ -11,7 +11,6 @@ are skipped rather than each waiting for the same timeout.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 from typing import Literal
 
@@ -20,7 +19,7 @@ from pydantic import BaseModel
 
 from beamflow import registry as reg
 from beamflow.backend import BackendError
-from beamflow.config import Settings, environ_overrides
+from beamflow.config import Settings, environ_overrides, is_uuid
 from beamflow.globus import compute, transfer
 from beamflow.globus import flows as gflows
 from beamflow.globus.auth import (
@@ -42,14 +41,6 @@ class Check(BaseModel):
     fix: str | None = None
 
 
-def _is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-    except (ValueError, TypeError, AttributeError):
-        return False
-    return True
-
-
 def config_checks(settings: Settings) -> list[Check]:
     where = str(settings.source or "beamflow.toml")
     checks: list[Check] = []
@@ -69,7 +60,7 @@ def config_checks(settings: Settings) -> list[Check]:
         "compute.endpoint_id": settings.compute.endpoint_id,
     }
     for key, value in ids.items():
-        if _is_uuid(value):
+        if is_uuid(value):
             checks.append(Check(name=key, outcome="ok", detail=value))
         else:
             env = "BEAMFLOW_" + key.replace(".", "__").upper()
@@ -92,7 +83,7 @@ def config_checks(settings: Settings) -> list[Check]:
 def run_checks(settings: Settings, *, network: NetworkPolicy = INTERACTIVE) -> list[Check]:
     """Every check; never raises for a failed check."""
     checks = config_checks(settings)
-    if not _is_uuid(settings.globus.client_id):
+    if not is_uuid(settings.globus.client_id):
         checks.append(
             Check(
                 name="login",
@@ -145,9 +136,9 @@ def run_checks(settings: Settings, *, network: NetworkPolicy = INTERACTIVE) -> l
         network_check("identity", lambda: _identity(auth))
         for side in ("beamline", "hpc"):
             coll = getattr(settings, side).collection_id
-            if _is_uuid(coll):
+            if is_uuid(coll):
                 network_check(f"{side} collection", lambda c=coll, s=side: _collection(auth, s, c))
-        if _is_uuid(settings.compute.endpoint_id):
+        if is_uuid(settings.compute.endpoint_id):
             network_check("compute endpoint", lambda: _endpoint(auth, settings.compute.endpoint_id))
         _registered_checks(auth, checks, network_check, flow_entries, function_entries)
     return checks

@@ -9,7 +9,6 @@ A fault a person must fix by logging in again is a :class:`LoginRequired`.
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import Iterator
 
 import globus_sdk
@@ -25,6 +24,7 @@ from globus_sdk.token_storage.validating_token_storage import (
 )
 
 from beamflow.backend import BackendError
+from beamflow.config import is_uuid
 
 LOGIN = "run `beamflow login`"
 
@@ -35,14 +35,6 @@ class LoginRequired(BackendError):
 
 class ConfigIncomplete(BackendError):
     """A Globus id the configuration needs is not filled in."""
-
-
-def _is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(str(value))
-    except ValueError:
-        return False
-    return True
 
 
 def _service_of(exc: globus_sdk.GlobusAPIError) -> str:
@@ -61,7 +53,7 @@ def explain(exc: BaseException, *, action: str, step: str | None = None) -> Back
     """The BackendError that says what went wrong while doing ``action`` (e.g. "start the run")."""
     if isinstance(exc, BackendError):
         return exc
-    if isinstance(exc, MissingTokenError) and _is_uuid(exc.resource_server):
+    if isinstance(exc, MissingTokenError) and is_uuid(exc.resource_server):
         # A flow is its own resource server: logged in, but not yet consented to run it.
         return LoginRequired(
             f"no consent yet to run flow {exc.resource_server} (registered after the last "

@@ -42,6 +42,7 @@ from beamflow.local.interpreter import (
     RunResult,
 )
 from beamflow.local.validation import validate_input
+from beamflow.processes import pid_alive
 from beamflow.registry import (
     Registry,
     RegistryError,
@@ -78,16 +79,6 @@ def _parse_time(text: Any) -> float | None:
 
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: alive
-    return True
 
 
 class _LocalRun:
@@ -385,7 +376,7 @@ class LocalBackend:
         if host == self._host and isinstance(pid, int):
             if pid == os.getpid():
                 return False  # another backend object in this process owns it
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 return True
         beat = record.get("heartbeat") or 0
         return time.time() - beat > self.stale_after

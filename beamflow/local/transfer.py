@@ -291,7 +291,7 @@ class TransferTask:
         self._lock = threading.Lock()
         self._verify_pool: ThreadPoolExecutor | None = None
         self._stop_verifying = threading.Event()
-        self._thread_buffers = threading.local()  # the verifier's read buffer
+        self._verify_buffer = b""  # the verifier thread's read buffer, while verifying
         self._ready_dirs: set[Path] = set()
         self._src_root = collections.root(request.source_endpoint)
         self._dst_root = collections.root(request.destination_endpoint)
@@ -334,11 +334,12 @@ class TransferTask:
             status = "FAILED"
             self.fatal_error = {"code": "INTERNAL", "description": f"{type(exc).__name__}: {exc}"}
         finally:
-            # The pools' threads and their hash buffers go with the task's end: finished
+            # The verifier thread and its buffer go with the task's end: finished
             # tasks are kept (keep_finished) for their documents.
             if self._verify_pool is not None:
                 self._verify_pool.shutdown(wait=True)
                 self._verify_pool = None
+                self._verify_buffer = b""
         with self._lock:
             self.completion_time = time.time()
             self.status = status
@@ -542,6 +543,7 @@ class TransferTask:
                 self._transfer(f)
             return
         self._verify_pool = ThreadPoolExecutor(1, thread_name_prefix="transfer-verify")
+        self._verify_buffer = bytearray(VERIFY_BLOCK)
         attempts = 1 + self.max_checksum_retries
         todo = deque((f, 1) for f in files)
         pending: deque[tuple[_File, int, Future[None]]] = deque()
@@ -699,10 +701,7 @@ class TransferTask:
     def _hash_pair(self, fds: tuple[int, int], written: _Progress) -> tuple[str, str, int]:
         """Source and destination digests of what the copy publishes, block by block, and
         how many bytes both held. pread: the copy moves the descriptors' offsets."""
-        buf = getattr(self._thread_buffers, "buf", None)
-        if buf is None:
-            buf = self._thread_buffers.buf = bytearray(VERIFY_BLOCK)
-        view = memoryview(buf)
+        view = memoryview(self._verify_buffer)
         hashes = (Checksum(self.algorithm), Checksum(self.algorithm))
         done = 0
         while not (self._stop_verifying.is_set() or self._cancel.is_set()):
