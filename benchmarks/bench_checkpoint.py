@@ -80,6 +80,18 @@ def make_scan(root: Path, name: str, positions: int, size: int, photons: float) 
 # --------------------------------------------------------------------------- overhead
 
 
+def _pooled_interval(means: list[float], base: list[float]) -> list[float]:
+    """90 % bootstrap interval (over rounds, paired) of the pooled overhead in percent."""
+    rng = random.Random(7)
+    n = len(base)
+    stats = []
+    for _ in range(2000):
+        idx = [rng.randrange(n) for _ in range(n)]
+        stats.append(100 * (sum(means[i] for i in idx) / sum(base[i] for i in idx) - 1))
+    stats.sort()
+    return [round(stats[100], 2), round(stats[1900], 2)]
+
+
 def bench_overhead(args, root: Path) -> None:
     master = make_scan(root, "ovh", args.positions, args.size, 3e5)
     scan = load_scan(master)
@@ -96,6 +108,7 @@ def bench_overhead(args, root: Path) -> None:
     settings: dict[str, tuple[int, float | None] | None] = {
         "none": None, "control": None, "every_1": (1, 0.04), "every_1_no_budget": (1, None),
         "every_10": (10, 0.04)}
+    settings = {k: v for k, v in settings.items() if k == "none" or k in args.settings}
     times: dict[str, list[list[float]]] = {k: [] for k in settings}
     cpu: dict[str, float] = dict.fromkeys(settings, 0.0)
     ckpts = {k: Checkpointer(CheckpointPolicy(
@@ -132,13 +145,15 @@ def bench_overhead(args, root: Path) -> None:
                     ck.flush()  # untimed: the next block starts with an idle writer
     base = [statistics.fmean(b) for b in times["none"]]
     nbytes = sum(a.nbytes for a in rec.snapshot().to_host_arrays().values())
-    control = [statistics.fmean(b) for b in times["control"]]
-    per_round = [m / b - 1 for m, b in zip(control, base, strict=True)]
-    emit(bench="checkpoint_overhead_control", what="no checkpoints vs no checkpoints",
-         overhead_pct_median=round(100 * statistics.median(per_round), 2),
-         overhead_pct_pooled=round(100 * (statistics.fmean(control) / statistics.fmean(base)
-                                          - 1), 2),
-         round_spread_pct=round(100 * statistics.pstdev(per_round), 2))
+    if "control" in settings:
+        control = [statistics.fmean(b) for b in times["control"]]
+        per_round = [m / b - 1 for m, b in zip(control, base, strict=True)]
+        emit(bench="checkpoint_overhead_control", what="no checkpoints vs no checkpoints",
+             overhead_pct_median=round(100 * statistics.median(per_round), 2),
+             overhead_pct_pooled=round(100 * (statistics.fmean(control)
+                                              / statistics.fmean(base) - 1), 2),
+             pooled_pct_90=_pooled_interval(control, base),
+             round_spread_pct=round(100 * statistics.pstdev(per_round), 2))
     for name, setting in settings.items():
         if setting is None:
             continue
@@ -158,6 +173,7 @@ def bench_overhead(args, root: Path) -> None:
              overhead_pct_median=round(100 * statistics.median(per_round), 2),
              overhead_pct_pooled=round(100 * (statistics.fmean(means) / statistics.fmean(base)
                                               - 1), 2),
+             pooled_pct_90=_pooled_interval(means, base),
              target_pct=5.0 if every == 1 else 1.0,
              iteration_s=round(statistics.fmean(means), 5),
              baseline_iteration_s=round(statistics.fmean(base), 5),
@@ -287,13 +303,29 @@ def bench_progressive(args, root: Path) -> None:
 
 # The child reports its own high-water mark (VmHWM) at exit. Not wait4's ru_maxrss: Linux
 # carries that across exec, so a child forked (or vforked) from this process, which holds the
-# simulated scan, would report this process's RSS whenever it exceeds the child's own.
+# simulated scan, would report this process's RSS whenever it exceeds the child's own. Its
+# own children (the checkpoint writer process) are polled every 20 ms for theirs.
 _REPORT_HWM = """
-import atexit, runpy, sys
+import atexit, glob, os, runpy, sys, threading, time
+def _hwm_kb(pid):
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+kids = {}
+def _poll():
+    while True:
+        for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+            for pid in open(path).read().split():
+                kids[pid] = max(kids.get(pid, 0), _hwm_kb(pid))
+        time.sleep(0.02)
+threading.Thread(target=_poll, daemon=True).start()
 def _report():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            sys.stderr.write("\\nVMHWM_KB " + line.split()[1] + "\\n")
+    sys.stderr.write("\\nVMHWM_KB " + str(_hwm_kb("self")) + "\\n")
+    sys.stderr.write("\\nCHILDREN_VMHWM_KB " + str(max(kids.values(), default=0)) + "\\n")
 atexit.register(_report)
 module, sys.argv = sys.argv[1], sys.argv[1:]
 if module == "-":
@@ -303,14 +335,18 @@ else:
 """
 
 
-def _peak_rss_mb(module: str, args: list[str]) -> tuple[float, subprocess.CompletedProcess]:
-    """Peak RSS (VmHWM) of ``python -m module args`` (module "-": args[0] is code), MiB."""
+def _peak_rss_mb(module: str, args: list[str]
+                 ) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Peak RSS (VmHWM) of ``python -m module args`` (module "-": args[0] is code) and the
+    largest of its child processes', MiB."""
     cmd = [sys.executable, "-c", _REPORT_HWM, module, *args]
     res = subprocess.run(cmd, capture_output=True, text=True)
-    marks = [line.split()[1] for line in res.stderr.splitlines() if line.startswith("VMHWM_KB ")]
-    if not marks:
+    lines = res.stderr.splitlines()
+    marks = [line.split()[1] for line in lines if line.startswith("VMHWM_KB ")]
+    kids = [line.split()[1] for line in lines if line.startswith("CHILDREN_VMHWM_KB ")]
+    if not marks or not kids:
         raise SystemExit(f"no peak RSS reported by {module} {args}: {res.stderr[-2000:]}")
-    return int(marks[-1]) / 1024, res
+    return int(marks[-1]) / 1024, int(kids[-1]) / 1024, res
 
 
 def bench_memory(args, root: Path) -> None:
@@ -325,10 +361,10 @@ def _bench_memory_one(args, root: Path, n_positions: int) -> None:
     frames_mb = scan.n_frames * scan.frame_shape[0] * scan.frame_shape[1] * 4 / 2**20
     obj_mb = frame.object_shape[0] * frame.object_shape[1] * 8 / 2**20
     probe_mb = scan.frame_shape[0] ** 2 * 8 / 2**20
-    base_mb, _ = _peak_rss_mb("-", ["import beamflow.cli, beamflow.reconstruct, "
+    base_mb, _, _ = _peak_rss_mb("-", ["import beamflow.cli, beamflow.reconstruct, "
                                     "beamflow.ptycho.engine, beamflow.ptycho.previews, "
                                     "matplotlib.figure"])
-    peak_mb, res = _peak_rss_mb("beamflow.cli", [
+    peak_mb, writer_mb, res = _peak_rss_mb("beamflow.cli", [
         "reconstruct", str(master), "--out", str(root / f"mem_out{n_positions}"), "--device", "cpu",
         "--iterations", "5", "--json", "--checkpoint-every", "1"])
     if res.returncode != 0:
@@ -338,6 +374,7 @@ def _bench_memory_one(args, root: Path, n_positions: int) -> None:
          frames_float32_mb=round(frames_mb, 1), target_mb=round(target, 1),
          peak_rss_mb=round(peak_mb, 1), interpreter_baseline_mb=round(base_mb, 1),
          peak_minus_baseline_mb=round(peak_mb - base_mb, 1),
+         checkpoint_writer_peak_rss_mb=round(writer_mb, 1),
          within_target=peak_mb <= target,
          within_target_above_baseline=peak_mb - base_mb <= target)
 
@@ -348,6 +385,11 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--block", type=int, default=20)
+    ap.add_argument("--settings", nargs="+",
+                    default=["control", "every_1", "every_1_no_budget", "every_10"],
+                    choices=["control", "every_1", "every_1_no_budget", "every_10"],
+                    help="overhead: the settings run beside 'none' (fewer: more rounds per "
+                    "minute on a noisy machine)")
     ap.add_argument("--l1-dir", default=None, help="node-local base dir (default: $TMPDIR)")
     ap.add_argument("--iterations", type=int, default=100, help="progressive: full-data run")
     ap.add_argument("--half-iterations", type=int, nargs="+", default=[20, 50])

@@ -6,7 +6,9 @@ import errno
 import hashlib
 import json
 import os
+import signal
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +43,13 @@ def arrays_for(it: int) -> dict[str, np.ndarray]:
         "valid": rng.random(10) > 0.5,
         "seed": np.array(1234, dtype=np.uint64),
     }
+
+
+def wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
 
 
 def path_of(d: Path, it: int) -> Path:
@@ -102,6 +111,32 @@ def test_round_trip_preserves_dtypes_values_meta_fingerprint(tmp_path: Path) -> 
         assert f["arrays/object"].dtype == np.complex64
         assert f["arrays/object"].fletcher32
         assert json.loads(f.attrs["meta_json"]) == {"iteration": 7, "loss": [0.125]}
+
+
+def test_rewritten_files_hold_each_snapshot_and_do_not_grow(tmp_path: Path) -> None:
+    """Successive commits rewrite one in-memory file while the layout holds: every file must
+    still hold exactly its own snapshot, through layout changes, at a constant size."""
+    def arrays(it: int, n_positions: int) -> dict[str, np.ndarray]:
+        a = arrays_for(it)
+        a["positions"] = np.random.default_rng(it).random((n_positions, 2)).astype(np.float32)
+        return a
+
+    plan = [(it, 50) for it in range(1, 41)] + [(41, 70), (42, 70), (43, 50), (44, 50)]
+    sizes: dict[int, set[int]] = {}
+    with Checkpointer(one_level(tmp_path, keep=100), fingerprint={"hard": {}}) as ck:
+        for it, n in plan:
+            # metadata of varying length exercises the rewritten string attributes
+            ck.save(it, arrays(it, n), {"iteration": it, "note": "x" * (it % 13)})
+            ck.flush()
+        assert not ck.errors and ck.stats.commits == len(plan)
+    for it, n in plan:
+        got = read_checkpoint(path_of(tmp_path, it))
+        assert got.iteration == it and got.meta == {"iteration": it, "note": "x" * (it % 13)}
+        for k, a in arrays(it, n).items():
+            np.testing.assert_array_equal(got.arrays[k], a, err_msg=f"{k} at {it}")
+            assert got.arrays[k].dtype == a.dtype
+        sizes.setdefault(n, set()).add(got.path.stat().st_size)
+    assert len(sizes[50]) == 1 and len(sizes[70]) == 1, sizes
 
 
 def test_device_arrays_go_through_to_host(tmp_path: Path) -> None:
@@ -336,7 +371,7 @@ def test_maybe_save_defers_a_busy_level_instead_of_copying(tmp_path: Path) -> No
         for it in range(1, 6):
             saved = ck.maybe_save(it, lambda it=it: asked.append(it) or {"x": np.full(2, it)})
             assert ("L2" in saved) == (it == 1)
-            ck.flush(timeout=0.3) if it < 5 else None
+            wait_for(lambda it=it: "L1" in ck.committed and ck.committed["L1"].iteration == it)
         gate.set()
         ck.flush()
         assert ck.maybe_save(6, lambda: {"x": np.full(2, 6)}) == {"L1", "L2"}
@@ -488,11 +523,11 @@ def test_writers_run_at_idle_priority_and_a_starving_one_is_lifted(tmp_path: Pat
     lifted = threading.Event()
     release = threading.Event()
 
-    def hook(level, step, path):
+    def hook(level, step, path):  # runs here while the writer process waits at the step
         if step == "temp_written":
-            while not release.is_set() and os.sched_getscheduler(0) == os.SCHED_IDLE:
+            while not release.is_set() and policy_of(ck) == os.SCHED_IDLE:
                 threading.Event().wait(0.01)  # a write that makes no progress
-            if os.sched_getscheduler(0) == os.SCHED_OTHER:
+            if policy_of(ck) == os.SCHED_OTHER:
                 lifted.set()
 
     def policy_of(ck) -> int | None:
@@ -529,3 +564,49 @@ def test_cpu_budget_spaces_out_policy_saves_but_not_explicit_ones(tmp_path: Path
         ck.save(4, {"x": np.full(2, 4)})  # explicit (final, SIGTERM): always written
     assert ck.stats.deferred == 2
     assert [it for it, _ in list_checkpoints(tmp_path)] == [4, 1]
+
+
+# --------------------------------------------------------------------------- writer process
+
+
+def test_writer_process_killed_mid_write_is_reported_and_replaced(tmp_path: Path) -> None:
+    """An OOM kill of the writer costs the write in flight (reported), not the run."""
+    seen = []
+
+    def hook(level, step, path):
+        if step == "temp_written" and ".tmp-ckpt-000000002-" in path.name:
+            os.kill(ck._proc.proc.pid, signal.SIGKILL)
+            ck._proc.proc.wait(10)
+
+    with Checkpointer(one_level(tmp_path), hook=hook, on_error=seen.append) as ck:
+        ck.save(1, arrays_for(1), {"iteration": 1, "loss": [1 / 2]})
+        ck.flush()
+        first = ck._proc.proc.pid
+        ck.save(2, arrays_for(2), {"iteration": 2, "loss": [1 / 3]})
+        ck.flush()
+        assert [e.iteration for e in seen] == [2]
+        assert "writer process" in seen[0].message and "exited" in seen[0].message
+        ck.save(3, arrays_for(3), {"iteration": 3, "loss": [1 / 4]})
+        ck.flush()
+        assert ck._proc.proc.pid != first
+    assert len(seen) == 1
+    assert_matches(load_latest(tmp_path), 3)
+    assert [i for i, _ in list_checkpoints(tmp_path)] == [3, 1]
+
+
+def test_writer_process_outlives_interrupts_for_the_final_flush(tmp_path: Path) -> None:
+    """Ctrl-C or a scheduler's SIGTERM to the whole process group must not kill the writer
+    before the job's own handler has flushed the last checkpoint."""
+    with Checkpointer(one_level(tmp_path)) as ck:
+        ck.save(1, arrays_for(1), {"iteration": 1, "loss": [1 / 2]})
+        ck.flush()
+        pid = ck._proc.proc.pid
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            os.kill(pid, sig)
+        time.sleep(0.2)
+        assert ck._proc.proc.poll() is None
+        ck.save(2, arrays_for(2), {"iteration": 2, "loss": [1 / 3]})
+        ck.flush()
+        assert ck._proc.proc.pid == pid and not ck.errors
+    assert ck._proc.proc.poll() == 0  # closed: it exits once its sockets close
+    assert_matches(load_latest(tmp_path), 2)

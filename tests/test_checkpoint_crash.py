@@ -114,6 +114,35 @@ def kill9(proc: subprocess.Popen) -> None:
     proc.stderr.close()
 
 
+def writers_of(parent: int) -> list[int]:
+    """Checkpoint writer processes started by `parent` that still exist."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (len(argv) > 3 and b"beamflow.checkpoint.worker" in argv[2]
+                and argv[3] == str(parent).encode()):
+            try:
+                state = (entry / "stat").read_text().split(")")[-1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def assert_no_writer_left(parent: int) -> None:
+    """A kill -9 of the job takes its writer process with it (PR_SET_PDEATHSIG)."""
+    deadline = time.monotonic() + 10
+    while writers_of(parent):
+        assert time.monotonic() < deadline, f"writer processes outlived {parent}"
+        time.sleep(0.01)
+
+
 def assert_verified(dirs, it_min: int, it_max: int) -> int:
     ck = load_latest(dirs)
     assert ck is not None
@@ -131,7 +160,9 @@ def assert_verified(dirs, it_min: int, it_max: int) -> int:
 def test_kill9_at_each_commit_step(tmp_path: Path, step: str) -> None:
     proc = start("step", str(tmp_path), step, "3")
     wait_marker(tmp_path, proc)
+    assert writers_of(proc.pid)  # the write is in a writer process, paused at `step`
     kill9(proc)
+    assert_no_writer_left(proc.pid)
     committed = COMMIT_STEPS.index(step) >= COMMIT_STEPS.index("latest_renamed")
     got = assert_verified(tmp_path / "ck", 2, 3)
     assert got == (3 if committed else 2)
@@ -193,6 +224,7 @@ def test_kill9_at_random_moments(tmp_path: Path) -> None:
         time.sleep(rnd.uniform(0.0, 0.2))
         os.kill(child.pid, signal.SIGKILL)
         child.join(10)
+        assert_no_writer_left(child.pid)
         assert_verified([root / "l1", root / "l2"], 3, 10**6)
         for level in ("l1", "l2"):  # each level on its own is consistent too
             if list_checkpoints(root / level):

@@ -154,37 +154,110 @@ def _chunks(a: np.ndarray) -> tuple[int, ...]:
     return (rows, *a.shape[1:])
 
 
+class FileImages:
+    """Builds checkpoint file images, rewriting one in-memory HDF5 file while the layout holds.
+
+    Creating an HDF5 file, its attributes and its datasets costs a few milliseconds whatever
+    the data, as much as everything else in a small commit together. So successive
+    checkpoints with the same arrays (names, dtypes, shapes) rewrite the datasets and the
+    changed attributes of the file they last built (in place: chunks keep their size,
+    attributes their type, so the file does not grow) and take its image again. A new layout
+    starts a new file. Files above `keep_below` bytes are not kept: for them the fixed
+    costs are small and a second copy of the state in memory is not.
+    """
+
+    def __init__(self, keep_below: int = 64 << 20) -> None:
+        self.keep_below = keep_below
+        self._lock = threading.Lock()
+        self._file: h5py.File | None = None
+        self._header: str | None = None
+        self._attrs: dict[str, Any] = {}
+
+    def build(self, iteration: int, arrays: Mapping[str, np.ndarray], meta_json: str,
+              fingerprint_json: str, created: float | None = None) -> bytes:
+        """The complete HDF5 file image of one checkpoint."""
+        check_arrays(arrays)
+        header = _header(arrays)
+        attrs = {
+            "format": FORMAT_NAME,
+            "schema_version": SCHEMA_VERSION,
+            "iteration": int(iteration),
+            "time": float(time.time() if created is None else created),
+            "meta_json": meta_json,
+            "fingerprint_json": fingerprint_json,
+            "header_json": header,
+            "content_sha256": _content_digest(header, iteration, meta_json, fingerprint_json),
+        }
+        with self._lock:
+            if self._file is None or header != self._header:
+                self._new_file(header, attrs, arrays)
+            else:
+                self._rewrite(attrs, arrays)
+            f = self._file
+            assert f is not None
+            f.flush()
+            image = f.id.get_file_image()
+            if len(image) > self.keep_below:
+                self._close()
+            return image
+
+    def _new_file(self, header: str, attrs: dict[str, Any],
+                  arrays: Mapping[str, np.ndarray]) -> None:
+        self._close()
+        # the core driver keeps the whole file in C memory (no Python callbacks per write, as
+        # a file-like object would need); the name only identifies it while open.
+        name = f"beamflow-ckpt-{os.getpid()}-{id(self)}-{secrets.token_hex(4)}.h5"
+        f = h5py.File(name, "w", driver="core", backing_store=False)
+        try:
+            for key, value in attrs.items():
+                f.attrs[key] = value
+            g = f.create_group("arrays")
+            for key, a in arrays.items():
+                # fletcher32 needs chunked storage; scalars and empty arrays cannot be chunked
+                # (the file's sha256 still covers them).
+                if a.ndim == 0 or a.size == 0:
+                    g.create_dataset(key, data=a)
+                else:
+                    g.create_dataset(key, data=a, fletcher32=True, chunks=_chunks(a))
+        except BaseException:
+            f.close()
+            raise
+        self._file, self._header, self._attrs = f, header, attrs
+
+    def _rewrite(self, attrs: dict[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+        f = self._file
+        assert f is not None
+        try:
+            for key, value in attrs.items():
+                if value != self._attrs[key]:
+                    f.attrs.modify(key, value)
+            g = f["arrays"]
+            for key, a in arrays.items():
+                if a.size:
+                    g[key].write_direct(np.ascontiguousarray(a))
+        except BaseException:
+            self._close()  # half rewritten: never take an image of it
+            raise
+        self._attrs = attrs
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file, self._header, self._attrs = None, None, {}
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+
 def serialize(iteration: int, arrays: Mapping[str, np.ndarray], meta_json: str,
               fingerprint_json: str, created: float | None = None) -> bytes:
     """The complete HDF5 file image of one checkpoint, built in memory (HDF5 core driver)."""
-    check_arrays(arrays)
-    header = _header(arrays)
-    digest = _content_digest(header, iteration, meta_json, fingerprint_json)
-    # the core driver keeps the whole file in C memory (no Python callbacks per write, as a
-    # file-like object would need); the name only identifies it while open.
-    name = f"beamflow-ckpt-{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}.h5"
-    f = h5py.File(name, "w", driver="core", backing_store=False)
+    images = FileImages(keep_below=0)
     try:
-        f.attrs["format"] = FORMAT_NAME
-        f.attrs["schema_version"] = SCHEMA_VERSION
-        f.attrs["iteration"] = int(iteration)
-        f.attrs["time"] = float(time.time() if created is None else created)
-        f.attrs["meta_json"] = meta_json
-        f.attrs["fingerprint_json"] = fingerprint_json
-        f.attrs["header_json"] = header
-        f.attrs["content_sha256"] = digest
-        g = f.create_group("arrays")
-        for key, a in arrays.items():
-            # fletcher32 needs chunked storage; scalars and empty arrays cannot be chunked
-            # (the file's sha256 still covers them).
-            if a.ndim == 0 or a.size == 0:
-                g.create_dataset(key, data=a)
-            else:
-                g.create_dataset(key, data=a, fletcher32=True, chunks=_chunks(a))
-        f.flush()
-        return f.id.get_file_image()
+        return images.build(iteration, arrays, meta_json, fingerprint_json, created)
     finally:
-        f.close()
+        images.close()
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -195,9 +268,9 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _tmp_path(directory: Path, final_name: str) -> Path:
+def _tmp_path(directory: Path, final_name: str, owner: int) -> Path:
     # host and pid in the name let a later process tell a dead writer's leftovers from a live one
-    return directory / f"{_TMP_PREFIX}{final_name}.{_HOST}-{os.getpid()}-{secrets.token_hex(4)}"
+    return directory / f"{_TMP_PREFIX}{final_name}.{_HOST}-{owner}-{secrets.token_hex(4)}"
 
 
 def _write_durable(path: Path, data: bytes) -> None:
@@ -231,14 +304,20 @@ def commit(
     protect: Iterable[Path] = (),
     hook: CommitHook | None = None,
     sha256: str | None = None,
+    owner: int | None = None,
 ) -> LatestRecord:
-    """Atomically write one serialized checkpoint into `directory` and point LATEST.json at it."""
+    """Atomically write one serialized checkpoint into `directory` and point LATEST.json at it.
+
+    `owner`: the pid named in temp files (default this process's): a writer process gives its
+    parent's, whose death ends the write, so that a restarted job can tell its leftovers.
+    """
+    owner = os.getpid() if owner is None else owner
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     digest = sha256 or hashlib.sha256(image).hexdigest()
     name = checkpoint_name(iteration, digest)
     final = directory / name
-    tmp = _tmp_path(directory, name)
+    tmp = _tmp_path(directory, name, owner)
 
     def step(s: str, p: Path) -> None:
         if hook is not None:
@@ -262,7 +341,7 @@ def commit(
                           schema_version=SCHEMA_VERSION,
                           fingerprint=dict(fingerprint) if fingerprint is not None else None,
                           time=time.time(), size=len(image))
-    latest_tmp = _tmp_path(directory, LATEST_NAME)
+    latest_tmp = _tmp_path(directory, LATEST_NAME, owner)
     try:
         _write_durable(latest_tmp, dumps(record.__dict__).encode())
         _fsync_file(latest_tmp)

@@ -1,12 +1,14 @@
 """Asynchronous two-phase checkpointing: snapshot on the caller's thread, write in the background.
 
-Phase 1 (`save`, on the caller's thread): copy each array to host memory with `to_host`
-(a device->host copy for GPU arrays; a plain copy for numpy, since the caller mutates its
-arrays in place) and serialize the metadata. Phase 2: one writer thread per level builds the
-HDF5 image (once per snapshot, shared by the levels) and commits it. Per level, at most one
-write is in flight and at most one snapshot waits; a newer snapshot REPLACES the waiting one,
-so memory stays bounded and the caller never waits on disk. Levels are independent: a slow
-shared filesystem (L2) never holds up the node-local level (L1).
+Phase 1 (`save`, on the caller's thread): bring each array to host memory with `to_host`
+(a device->host copy for GPU arrays) and copy it, with the metadata, into a shared-memory
+snapshot. Phase 2: a writer process (`beamflow.checkpoint.worker`: h5py holds the GIL, so
+HDF5 work on a thread of this process would stall the caller) builds the HDF5 image (once
+per snapshot, shared by the levels) and commits it, one thread per level; a thread per level
+here hands it the snapshots and waits. Per level, at most one write is in flight and at most
+one snapshot waits; a newer snapshot REPLACES the waiting one, so memory stays bounded and
+the caller never waits on disk. Levels are independent: a slow shared filesystem (L2) never
+holds up the node-local level (L1).
 
 `maybe_save` snapshots a level only when its writer is idle and its CPU budget allows
 (`CheckpointPolicy.max_overhead`: after a write that cost c CPU-seconds, the level waits
@@ -15,7 +17,7 @@ Mohan et al., FAST'21); otherwise the level stays due and the next iteration tri
 so a write always carries the freshest state and the caller pays no copy for snapshots
 that would be dropped. Explicit `save()` calls are never held back.
 
-The writer threads run at idle CPU priority (Linux SCHED_IDLE) so that they use the cycles
+The writer process runs at idle CPU priority (Linux SCHED_IDLE) so that it uses the cycles
 the reconstruction leaves free rather than competing with it. So that a saturated machine
 cannot starve them, a writer whose write has taken longer than `starvation_s` while its level
 is due again is lifted to normal priority (until that write ends), as are all writers while
@@ -30,40 +32,36 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import hashlib
+import itertools
 import logging
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from beamflow.checkpoint.policy import CheckpointPolicy, LevelConfig
-from beamflow.checkpoint.store import (
-    CommitHook,
-    LatestRecord,
-    check_arrays,
-    clean_stale_temps,
-    commit,
-    dumps,
-    serialize,
+from beamflow.checkpoint.store import LatestRecord, check_arrays, clean_stale_temps, dumps
+from beamflow.checkpoint.worker import (
+    SharedSnapshot,
+    SnapshotBuffers,
+    WriteFailed,
+    WriterGone,
+    WriterProcess,
 )
 
 log = logging.getLogger(__name__)
 
 ToHost = Callable[[Any], np.ndarray]
-#: hook(level, step, path): called by a writer thread at each commit step (tests, tracing)
+#: hook(level, step, path): called at each commit step, on this process's thread for the
+#: level while the writer waits (tests, tracing); an exception fails the write at that step
 WriterHook = Callable[[str, str, Path], None]
 Priority = Literal["idle", "normal"]
-
-
-def _copy_to_host(a: Any) -> np.ndarray:
-    return np.array(a, copy=True, order="C")
 
 
 @functools.cache
@@ -126,24 +124,13 @@ class CheckpointStats:
     bytes_written: int = 0
 
 
-@dataclass(eq=False)
 class _Snapshot:
-    iteration: int
-    arrays: dict[str, np.ndarray]
-    meta_json: str
-    fingerprint: dict[str, Any] | None
-    created: float = field(default_factory=time.time)
-    _image: tuple[bytes, str] | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    """A shared-memory snapshot; its memory is freed when no level holds it any more."""
 
-    def image(self) -> tuple[bytes, str]:
-        """The serialized file and its sha256, built by the first level that needs it."""
-        with self._lock:
-            if self._image is None:
-                data = serialize(self.iteration, self.arrays, self.meta_json,
-                                 dumps(self.fingerprint), created=self.created)
-                self._image = (data, hashlib.sha256(data).hexdigest())
-            return self._image
+    def __init__(self, shared: SharedSnapshot) -> None:
+        self.shared = shared
+        self.iteration = shared.iteration
+        weakref.finalize(self, shared.close)
 
 
 class Checkpointer:
@@ -167,7 +154,7 @@ class Checkpointer:
     ) -> None:
         self.policy = policy
         self.levels: dict[str, LevelConfig] = policy.levels()
-        self._to_host = to_host or _copy_to_host
+        self._to_host = to_host or np.asarray
         self.fingerprint = dict(fingerprint) if fingerprint is not None else None
         self.on_error = on_error
         self.hook = hook
@@ -195,6 +182,10 @@ class Checkpointer:
         self._not_before: dict[str, float] = {}  # monotonic time the budget allows next
         self.starvation_s = starvation_s
         self._closed = False
+        self._ids = itertools.count(1)
+        self._buffers = SnapshotBuffers()
+        self._proc_lock = threading.Lock()
+        self._proc = self._start_process()
         for name, cfg in self.levels.items():
             try:
                 Path(cfg.dir).mkdir(parents=True, exist_ok=True)
@@ -275,7 +266,10 @@ class Checkpointer:
             self.fingerprint = dict(fingerprint)
         host = {k: self._to_host(v) for k, v in arrays.items()}
         check_arrays(host)  # a programming error: raise here, on the caller's thread
-        snap = _Snapshot(int(iteration), host, dumps(dict(meta or {})), self.fingerprint)
+        snap = _Snapshot(self._buffers.snapshot(
+            next(self._ids), int(iteration), host, dumps(dict(meta or {})),
+            dumps(self.fingerprint), time.time()))
+        del host
         now = self._clock()
         for name in levels:
             self._last_iter[name] = int(iteration)
@@ -349,6 +343,10 @@ class Checkpointer:
             self._cv.notify_all()
         for t in self._threads:
             t.join(timeout)
+        if not any(t.is_alive() for t in self._threads):
+            if self._proc is not None:
+                self._proc.close()
+            self._buffers.close()
         atexit.unregister(self._atexit)
 
     def __enter__(self) -> Checkpointer:
@@ -364,10 +362,33 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ writer threads
 
+    def _start_process(self) -> WriterProcess | None:
+        try:
+            return WriterProcess(list(self.levels), idle=self.priority == "idle")
+        except OSError as e:  # no writes can succeed; each one reports why
+            log.error("checkpoint writer process did not start: %s", e)
+            return None
+
+    def _writer(self, name: str) -> WriterProcess:
+        """The live writer process, started again if the last one died; knows `name`'s tid."""
+        with self._proc_lock:
+            if self._proc is None or not self._proc.alive:
+                if self._proc is not None:
+                    self._proc.close(timeout=1.0)
+                self._proc = self._start_process()
+            proc = self._proc
+        if proc is None:
+            raise WriterGone("checkpoint writer process could not be started")
+        if name not in proc.tids:
+            tid = proc.hello(name)
+            self._tids[name] = tid
+            if name in self._boosted:
+                _set_thread_priority(tid, "normal")
+        return proc
+
     def _run(self, name: str) -> None:
-        self._tids[name] = threading.get_native_id()
-        if self.priority == "idle":
-            _set_thread_priority(self._tids[name], "idle")
+        with contextlib.suppress(OSError, WriterGone):
+            self._writer(name)  # learn the writer's thread id before the first write
         while True:
             with self._cv:
                 while self._pending[name] is None and not self._closed:
@@ -394,25 +415,30 @@ class Checkpointer:
     def _write(self, name: str, snap: _Snapshot) -> None:
         t0 = time.perf_counter()
         start = time.monotonic()
-        c0 = time.thread_time()
+        cost = 0.0
         cfg = self.levels[name]
-        hook: CommitHook | None = None
+        step_hook = None
         if self.hook is not None:
             user_hook = self.hook
 
-            def hook(step: str, path: Path) -> None:
+            def step_hook(step: str, path: Path) -> None:
                 user_hook(name, step, path)
 
         try:
-            image, sha = snap.image()
+            proc = self._writer(name)
             protect = [self._protect[name]] if name in self._protect else []
-            rec = commit(cfg.dir, snap.iteration, image, fingerprint=snap.fingerprint,
-                         keep=cfg.keep, protect=protect, hook=hook, sha256=sha)
-        except Exception as e:
+            rec, cost = proc.write(name, snap.shared, cfg.dir, cfg.keep, protect, step_hook)
+        except WriteFailed as e:
+            cost = e.cpu
+            self._record(name, cfg, snap.iteration, str(e))
+            return
+        except (OSError, WriterGone) as e:
+            with self._proc_lock:
+                if self._proc is not None:
+                    self._proc.kill()  # out of step with us: start afresh on the next write
             self._record(name, cfg, snap.iteration, e)
             return
         finally:
-            cost = time.thread_time() - c0
             with self._cv:
                 self.stats.write_seconds += time.perf_counter() - t0
                 self.stats.write_cpu_seconds += cost
@@ -422,10 +448,11 @@ class Checkpointer:
             self.committed[name] = rec
             self._protect.pop(name, None)
             self.stats.commits += 1
-            self.stats.bytes_written += len(image)
+            self.stats.bytes_written += rec.size or 0
 
-    def _record(self, level: str, cfg: LevelConfig, iteration: int, e: BaseException) -> None:
-        msg = f"{type(e).__name__}: {e}"
+    def _record(self, level: str, cfg: LevelConfig, iteration: int,
+                e: BaseException | str) -> None:
+        msg = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
         err = CheckpointError(level, Path(cfg.dir), iteration, msg, time.time())
         with self._cv:
             self.n_errors += 1
