@@ -586,12 +586,17 @@ def test_writer_process_killed_mid_write_is_reported_and_replaced(tmp_path: Path
         ck.flush()
         assert [e.iteration for e in seen] == [2]
         assert "writer process" in seen[0].message and "exited" in seen[0].message
+        # restarts are spaced out (a broken install must not cost a start per checkpoint)
         ck.save(3, arrays_for(3), {"iteration": 3, "loss": [1 / 4]})
         ck.flush()
+        assert [e.iteration for e in seen] == [2, 3] and "at most every" in seen[1].message
+        ck.RESTART_INTERVAL_S = 0.0  # as if the interval had passed
+        ck.save(4, arrays_for(4), {"iteration": 4, "loss": [1 / 5]})
+        ck.flush()
         assert ck._proc.proc.pid != first
-    assert len(seen) == 1
-    assert_matches(load_latest(tmp_path), 3)
-    assert [i for i, _ in list_checkpoints(tmp_path)] == [3, 1]
+    assert len(seen) == 2
+    assert_matches(load_latest(tmp_path), 4)
+    assert [i for i, _ in list_checkpoints(tmp_path)] == [4, 1]
 
 
 def test_writer_process_outlives_interrupts_for_the_final_flush(tmp_path: Path) -> None:

@@ -231,12 +231,16 @@ class WriterProcess:
             self._socks[name] = ours
             child_ends.append(theirs)
         args = [f"{name}={s.fileno()}" for name, s in zip(levels, child_ends, strict=True)]
+        # the child imports the same beamflow as this process, installed or not
+        source = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", "import sys; from beamflow.checkpoint.worker import main; "
                  "main(sys.argv[1:])", str(os.getpid()),
                  "idle" if idle else "normal", *args],
-                pass_fds=[s.fileno() for s in child_ends], stdin=subprocess.DEVNULL)
+                pass_fds=[s.fileno() for s in child_ends], stdin=subprocess.DEVNULL, env=env)
         finally:
             for s in child_ends:
                 s.close()

@@ -362,7 +362,12 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ writer threads
 
+    #: a writer process that died is started again at most this often (a broken install or
+    #: repeated OOM kills must not cost a process start per checkpoint)
+    RESTART_INTERVAL_S = 10.0
+
     def _start_process(self) -> WriterProcess | None:
+        self._started_at = time.monotonic()
         try:
             return WriterProcess(list(self.levels), idle=self.priority == "idle")
         except OSError as e:  # no writes can succeed; each one reports why
@@ -373,6 +378,10 @@ class Checkpointer:
         """The live writer process, started again if the last one died; knows `name`'s tid."""
         with self._proc_lock:
             if self._proc is None or not self._proc.alive:
+                if time.monotonic() - self._started_at < self.RESTART_INTERVAL_S:
+                    code = None if self._proc is None else self._proc.proc.returncode
+                    raise WriterGone(f"checkpoint writer process exited (code {code}); "
+                                     f"started again at most every {self.RESTART_INTERVAL_S} s")
                 if self._proc is not None:
                     self._proc.close(timeout=1.0)
                 self._proc = self._start_process()
