@@ -31,7 +31,9 @@ Run from the repository root::
    (every iteration) against the truth. Reports, per NRMSE level (0.1, 0.05, and 5 % above
    what the fresh run converges to), the iterations on all frames a fresh run needs and
    those the continued one needs after its ``--half-iterations`` on the first half (also as
-   totals and as full-iteration-equivalent cost).
+   totals and as full-iteration-equivalent cost). ``--batch 0``: the job's default batch
+   size, chosen by frame count (so the first half runs with smaller batches than all
+   frames), as ``beamflow reconstruct`` and flow runs do; default 32 for both phases.
 3. ``reconstruct_peak_rss`` — peak RSS (the child's own VmHWM) of ``beamflow reconstruct``
    (a subprocess) on scans of ``--mem-positions`` frames (default 2000 and 8000 of 128²)
    against 2 × frames (float32) + object + probe, with the interpreter's own baseline (same
@@ -357,7 +359,7 @@ def bench_progressive(args, root: Path) -> None:
     # a checkpoint after every iteration (no CPU budget): the NRMSE curve from the files
     common = dict(scan=master, device="cpu", probe=root / "guess.npy", checkpoint_every=1,
                   checkpoint_keep=100_000, checkpoint_max_overhead=None, preview_every=0,
-                  batch=args.batch, seed=0)
+                  batch=args.batch or None, seed=0)
     n_full = args.iterations
 
     t0 = time.perf_counter()
@@ -501,7 +503,8 @@ def main() -> None:
     ap.add_argument("--l1-dir", default=None, help="node-local base dir (default: $TMPDIR)")
     ap.add_argument("--iterations", type=int, default=100, help="progressive: full-data run")
     ap.add_argument("--half-iterations", type=int, nargs="+", default=[20, 50])
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=32,
+                    help="progressive: batch size (0: the job's default, by frame count)")
     ap.add_argument("--guess-nrmse", type=float, default=0.6)
     # A small scan, where the interpreter's ~120 MB weighs, and a realistic one.
     ap.add_argument("--mem-positions", type=int, nargs="+", default=[2000, 8000])
