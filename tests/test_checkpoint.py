@@ -119,6 +119,7 @@ def test_rewritten_files_hold_each_snapshot_and_do_not_grow(tmp_path: Path) -> N
     def arrays(it: int, n_positions: int) -> dict[str, np.ndarray]:
         a = arrays_for(it)
         a["positions"] = np.random.default_rng(it).random((n_positions, 2)).astype(np.float32)
+        a["seed"] = np.array(1000 + it, dtype=np.uint64)  # a scalar dataset, rewritten too
         return a
 
     plan = [(it, 50) for it in range(1, 41)] + [(41, 70), (42, 70), (43, 50), (44, 50)]

@@ -250,16 +250,6 @@ class FileImages:
             self._close()
 
 
-def serialize(iteration: int, arrays: Mapping[str, np.ndarray], meta_json: str,
-              fingerprint_json: str, created: float | None = None) -> bytes:
-    """The complete HDF5 file image of one checkpoint, built in memory (HDF5 core driver)."""
-    images = FileImages(keep_below=0)
-    try:
-        return images.build(iteration, arrays, meta_json, fingerprint_json, created)
-    finally:
-        images.close()
-
-
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:

@@ -119,7 +119,7 @@ class CheckpointStats:
     commits: int = 0
     failures: int = 0
     snapshot_seconds: float = 0.0  # time spent on the caller's thread
-    write_seconds: float = 0.0  # wall time of the writer threads (serialize + commit)
+    write_seconds: float = 0.0  # wall time of the writes (build the file + commit)
     write_cpu_seconds: float = 0.0  # CPU time of the writer threads (what they take from others)
     bytes_written: int = 0
 
@@ -360,7 +360,7 @@ class Checkpointer:
         with self._cv:
             return not self._idle()
 
-    # ------------------------------------------------------------------ writer threads
+    # ------------------------------------------------------------------ writer side
 
     #: a writer process that died is started again at most this often (a broken install or
     #: repeated OOM kills must not cost a process start per checkpoint)
@@ -433,6 +433,7 @@ class Checkpointer:
             def step_hook(step: str, path: Path) -> None:
                 user_hook(name, step, path)
 
+        proc: WriterProcess | None = None
         try:
             proc = self._writer(name)
             protect = [self._protect[name]] if name in self._protect else []
@@ -442,9 +443,8 @@ class Checkpointer:
             self._record(name, cfg, snap.iteration, str(e))
             return
         except (OSError, WriterGone) as e:
-            with self._proc_lock:
-                if self._proc is not None:
-                    self._proc.kill()  # out of step with us: start afresh on the next write
+            if proc is not None:
+                proc.kill()  # out of step with us: the next write starts a new one
             self._record(name, cfg, snap.iteration, e)
             return
         finally:
