@@ -120,7 +120,7 @@ class CheckpointStats:
     failures: int = 0
     snapshot_seconds: float = 0.0  # time spent on the caller's thread
     write_seconds: float = 0.0  # wall time of the writes (build the file + commit)
-    write_cpu_seconds: float = 0.0  # CPU time of the writer threads (what they take from others)
+    write_cpu_seconds: float = 0.0  # CPU time of the writer process (what it takes from others)
     bytes_written: int = 0
 
 
