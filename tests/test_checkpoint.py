@@ -114,12 +114,14 @@ def test_round_trip_preserves_dtypes_values_meta_fingerprint(tmp_path: Path) -> 
 
 
 def test_rewritten_files_hold_each_snapshot_and_do_not_grow(tmp_path: Path) -> None:
-    """Successive commits rewrite one in-memory file while the layout holds: every file must
-    still hold exactly its own snapshot, through layout changes, at a constant size."""
+    """Successive commits rewrite one in-memory file while the layout holds (a first axis may
+    grow): every file must still hold exactly its own snapshot, through layout changes, at a
+    constant size."""
     def arrays(it: int, n_positions: int) -> dict[str, np.ndarray]:
         a = arrays_for(it)
         a["positions"] = np.random.default_rng(it).random((n_positions, 2)).astype(np.float32)
         a["seed"] = np.array(1000 + it, dtype=np.uint64)  # a scalar dataset, rewritten too
+        a["loss"] = 1.0 / np.arange(1, it + 1)  # grows by one each time (resized in place)
         return a
 
     plan = [(it, 50) for it in range(1, 41)] + [(41, 70), (42, 70), (43, 50), (44, 50)]
