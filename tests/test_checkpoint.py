@@ -618,3 +618,23 @@ def test_writer_process_outlives_interrupts_for_the_final_flush(tmp_path: Path) 
         assert ck._proc.proc.pid == pid and not ck.errors
     assert ck._proc.proc.poll() == 0  # closed: it exits once its sockets close
     assert_matches(load_latest(tmp_path), 2)
+
+
+def test_no_shared_memory_for_a_snapshot_is_reported_and_the_job_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import beamflow.checkpoint.worker as worker
+
+    seen = []
+    with Checkpointer(one_level(tmp_path), on_error=seen.append) as ck:
+        real = worker._anonymous_file
+
+        def no_memory() -> int:
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+        monkeypatch.setattr(worker, "_anonymous_file", no_memory)
+        ck.save(1, arrays_for(1), {"iteration": 1, "loss": [1 / 2]})  # does not raise
+        assert [e.iteration for e in seen] == [1] and "Cannot allocate" in seen[0].message
+        monkeypatch.setattr(worker, "_anonymous_file", real)
+        ck.save(2, arrays_for(2), {"iteration": 2, "loss": [1 / 3]})
+    assert len(seen) == 1
+    assert_matches(load_latest(tmp_path), 2)

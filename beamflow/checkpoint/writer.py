@@ -266,10 +266,16 @@ class Checkpointer:
             self.fingerprint = dict(fingerprint)
         host = {k: self._to_host(v) for k, v in arrays.items()}
         check_arrays(host)  # a programming error: raise here, on the caller's thread
-        snap = _Snapshot(self._buffers.snapshot(
-            next(self._ids), int(iteration), host, dumps(dict(meta or {})),
-            dumps(self.fingerprint), time.time()))
-        del host
+        meta_json, fingerprint_json = dumps(dict(meta or {})), dumps(self.fingerprint)
+        try:
+            snap = _Snapshot(self._buffers.snapshot(next(self._ids), int(iteration), host,
+                                                    meta_json, fingerprint_json, time.time()))
+        except OSError as e:  # no shared memory (ENOMEM, EMFILE): report; the job goes on
+            for name in levels:
+                self._record(name, self.levels[name], int(iteration), e)
+            return
+        finally:
+            del host
         now = self._clock()
         for name in levels:
             self._last_iter[name] = int(iteration)
