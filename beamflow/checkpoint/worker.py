@@ -247,9 +247,21 @@ class WriterProcess:
                 s.close()
         self.tids: dict[str, int] = {}
 
+    #: how long a writer process may take to start (imports numpy and h5py: ~0.5 s)
+    START_TIMEOUT_S = 120.0
+
     def hello(self, level: str) -> int:
         """The child's thread id for `level` (blocks until the child has started)."""
-        msg, _ = _recv(self._socks[level])
+        sock = self._socks[level]
+        sock.settimeout(self.START_TIMEOUT_S)  # a child stuck in its imports must not hang us
+        try:
+            msg, _ = _recv(sock)
+        except TimeoutError as e:
+            self.kill()
+            raise WriterGone(f"checkpoint writer process did not start in "
+                             f"{self.START_TIMEOUT_S} s") from e
+        finally:
+            sock.settimeout(None)
         if msg.get("op") != "hello":
             raise WriterGone(f"checkpoint writer said {msg.get('op')!r} instead of hello")
         self.tids[level] = int(msg["tid"])
@@ -263,7 +275,8 @@ class WriterProcess:
               protect: Sequence[Path], hook: StepHook | None) -> tuple[LatestRecord, float]:
         """Commit `snap` at `level`; returns the record and the child's CPU seconds.
 
-        Raises RuntimeError with the child's message when the write failed there.
+        Raises WriteFailed (the child's error: a full disk, say) or WriterGone (the process
+        died or is out of step).
         """
         sock = self._socks[level]
         try:
