@@ -638,3 +638,25 @@ def test_no_shared_memory_for_a_snapshot_is_reported_and_the_job_goes_on(
         ck.save(2, arrays_for(2), {"iteration": 2, "loss": [1 / 3]})
     assert len(seen) == 1
     assert_matches(load_latest(tmp_path), 2)
+
+
+def test_writer_outlives_the_thread_that_made_the_checkpointer(tmp_path: Path) -> None:
+    """PR_SET_PDEATHSIG fires when the *thread* that started a process ends: the writer is
+    started by the checkpointer's own level thread, not by its creator."""
+    made = []
+
+    def make() -> None:
+        made.append(Checkpointer(one_level(tmp_path)))
+        made[0].flush()
+        time.sleep(1.5)  # the writer is up (PR_SET_PDEATHSIG set) before this thread ends
+
+    t = threading.Thread(target=make)
+    t.start()
+    t.join()
+    with made[0] as ck:
+        for it in (1, 2):
+            ck.save(it, arrays_for(it), {"iteration": it, "loss": [1 / (it + 1)]})
+            ck.flush()
+            time.sleep(0.2)
+        assert not ck.errors and ck.stats.commits == 2
+    assert_matches(load_latest(tmp_path), 2)

@@ -34,6 +34,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -185,7 +186,10 @@ class Checkpointer:
         self._ids = itertools.count(1)
         self._buffers = SnapshotBuffers()
         self._proc_lock = threading.Lock()
-        self._proc = self._start_process()
+        # started by the first level thread: the process dies with the thread that started
+        # it (PR_SET_PDEATHSIG), and the level threads live exactly as long as this object
+        self._proc: WriterProcess | None = None
+        self._started_at = -math.inf
         for name, cfg in self.levels.items():
             try:
                 Path(cfg.dir).mkdir(parents=True, exist_ok=True)
@@ -343,15 +347,19 @@ class Checkpointer:
     def close(self, timeout: float | None = None) -> None:
         if self._closed:
             return
-        self.flush(timeout)
+        drained = self.flush(timeout)
+        with self._proc_lock:
+            proc = self._proc
+        if drained and proc is not None:
+            proc.close()  # before the level thread that started it ends (PR_SET_PDEATHSIG)
         with self._cv:
             self._closed = True
             self._cv.notify_all()
         for t in self._threads:
             t.join(timeout)
         if not any(t.is_alive() for t in self._threads):
-            if self._proc is not None:
-                self._proc.close()
+            if proc is not None:
+                proc.close()
             self._buffers.close()
         atexit.unregister(self._atexit)
 
@@ -385,8 +393,9 @@ class Checkpointer:
         with self._proc_lock:
             if self._proc is None or not self._proc.alive:
                 if time.monotonic() - self._started_at < self.RESTART_INTERVAL_S:
-                    code = None if self._proc is None else self._proc.proc.returncode
-                    raise WriterGone(f"checkpoint writer process exited (code {code}); "
+                    why = ("could not be started" if self._proc is None else
+                           f"exited (code {self._proc.proc.returncode})")
+                    raise WriterGone(f"checkpoint writer process {why}; "
                                      f"started again at most every {self.RESTART_INTERVAL_S} s")
                 if self._proc is not None:
                     self._proc.close(timeout=1.0)
