@@ -21,7 +21,9 @@ The child starts with a ``{"op": "hello", "tid"}`` per level (the thread id, so 
 lift its scheduling priority), ignores SIGINT/SIGTERM (the parent decides when to flush and
 exit; a signal to the process group must not kill the final write), dies with the parent
 (PR_SET_PDEATHSIG on Linux, like the threads it replaces: a kill -9 stops a write where it
-is), and exits when its sockets close.
+is), and exits when its sockets close. PR_SET_PDEATHSIG fires when the *thread* that started
+the process ends: start it from a thread that lives as long as its sockets (the
+`Checkpointer`'s level threads do).
 """
 
 from __future__ import annotations
