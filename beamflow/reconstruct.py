@@ -458,8 +458,7 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
     policy = job.policy()
     protect = {name: ckpt.path for name, cfg in policy.levels().items()
                if ckpt is not None and Path(cfg.dir) == ckpt.path.parent}
-    # snapshots are fresh host copies already (ReconState from Reconstructor.snapshot)
-    ck = Checkpointer(policy, to_host=np.asarray, fingerprint=fingerprint,
+    ck = Checkpointer(policy, fingerprint=fingerprint,
                       start_iteration=state.iteration, protect=protect)
     guard: TerminationGuard | None = None
     if job.handle_sigterm and threading.current_thread() is threading.main_thread():

@@ -63,7 +63,7 @@ from beamflow.formats import Product, load_scan
 from beamflow.ptycho.backend import cpu_count, get_backend
 from beamflow.ptycho.engine import Reconstructor, initial_state
 from beamflow.ptycho.metrics import compare
-from beamflow.ptycho.state import PtychoData, ReconParams
+from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
 from beamflow.reconstruct import ReconstructJob, _Frame, _read_frames, run_reconstruction
 from beamflow.simulate import read_ground_truth, score_product, simulate_scan
 
@@ -96,15 +96,20 @@ def _pooled_interval(means: list[float], base: list[float]) -> list[float]:
     return [round(stats[100], 2), round(stats[1900], 2)]
 
 
-def bench_overhead(args, root: Path) -> None:
-    master = make_scan(root, "ovh", args.positions, args.size, 3e5)
+def _rpie_job(args, root: Path, name: str) -> tuple[PtychoData, ReconState]:
+    """A simulated scan's data and an rPIE state from the true probe (one mode)."""
+    master = make_scan(root, name, args.positions, args.size, 3e5)
     scan = load_scan(master)
     frame = _Frame.for_scan(scan, 8)
     data = PtychoData(intensities=_read_frames(scan), positions_px=frame.corners(scan.positions_m),
                       object_shape=frame.object_shape, mask=scan.mask)
     params = ReconParams(algorithm="rpie", iterations=10**6, probe_modes=1)
     gt = read_ground_truth(master.parent / "ground_truth.h5")
-    state = initial_state(data, params, probe=gt.probe)
+    return data, initial_state(data, params, probe=gt.probe)
+
+
+def bench_overhead(args, root: Path) -> None:
+    data, state = _rpie_job(args, root, "ovh")
     backend = get_backend("cpu")
     l1_base = Path(tempfile.mkdtemp(prefix="bench-l1-", dir=args.l1_dir))
     # "control" is a second no-checkpoint setting: its "overhead" is the noise floor.
@@ -117,7 +122,7 @@ def bench_overhead(args, root: Path) -> None:
     cpu: dict[str, float] = dict.fromkeys(settings, 0.0)
     ckpts = {k: Checkpointer(CheckpointPolicy(
                  l1=LevelConfig(dir=l1_base / k, every_iterations=v[0], keep=2),
-                 max_overhead=v[1]), to_host=np.asarray) if v else None
+                 max_overhead=v[1])) if v else None
              for k, v in settings.items()}
     rng = random.Random(1)
     with Reconstructor(data, state, backend) as rec:
@@ -191,7 +196,7 @@ def bench_overhead(args, root: Path) -> None:
                                      / max(1, ck.stats.commits), 2),
              iteration_cpu_s=round(cpu["none"] / n_iter, 5),
              checkpoint_mb=round(nbytes / 2**20, 3), l1_dir=str(l1_base),
-             positions=args.positions, frame=args.size, object=list(frame.object_shape),
+             positions=args.positions, frame=args.size, object=list(data.object_shape),
              threads=backend.threads, cpus=os.cpu_count(), rounds=args.rounds, block=args.block)
     shutil.rmtree(l1_base, ignore_errors=True)
 
@@ -235,13 +240,7 @@ def bench_placement(args, root: Path) -> None:
     import multiprocessing
     import threading
 
-    master = make_scan(root, "place", args.positions, args.size, 3e5)
-    scan = load_scan(master)
-    frame = _Frame.for_scan(scan, 8)
-    data = PtychoData(intensities=_read_frames(scan), positions_px=frame.corners(scan.positions_m),
-                      object_shape=frame.object_shape, mask=scan.mask)
-    gt = read_ground_truth(master.parent / "ground_truth.h5")
-    state = initial_state(data, ReconParams(algorithm="rpie", iterations=10**6), probe=gt.probe)
+    data, state = _rpie_job(args, root, "place")
     spawn = multiprocessing.get_context("spawn")
     times: dict[str, list[float]] = {"none": [], "thread": [], "process": []}
     rng = random.Random(3)

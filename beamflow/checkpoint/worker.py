@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -126,21 +127,18 @@ def _anonymous_file() -> int:
 
 
 class SharedSnapshot:
-    """One snapshot in a shared-memory buffer, handed to the writer by descriptor."""
+    """One snapshot in a shared-memory buffer, handed to the writer by descriptor.
+
+    The buffer goes back to its pool when the snapshot is closed or no longer referenced
+    (once no level holds it, pending or in flight).
+    """
 
     def __init__(self, buffer: _Buffer, snapshot_id: int, iteration: int,
                  release: Callable[[_Buffer], None]) -> None:
-        self._buffer: _Buffer | None = buffer
         self.fd = buffer.fd
         self.id = snapshot_id
         self.iteration = iteration
-        self._release = release
-
-    def close(self) -> None:
-        """Give the buffer back (once the writer is done with it)."""
-        if self._buffer is not None:
-            self._release(self._buffer)
-            self._buffer = None
+        self.close = weakref.finalize(self, release, buffer)
 
 
 class SnapshotBuffers:
@@ -346,7 +344,8 @@ class _Images:
         self._lock = threading.Lock()
         self._last: tuple[int, bytes, str] | None = None
 
-    def get(self, fd: int) -> tuple[int, dict[str, Any], bytes, str]:
+    def get(self, fd: int) -> tuple[dict[str, Any], bytes, str]:
+        """The snapshot's header, and its file image and sha256."""
         mm, header, arrays = _open_snapshot(fd)
         try:
             with self._lock:
@@ -359,7 +358,7 @@ class _Images:
             del arrays
             with contextlib.suppress(BufferError):  # a traceback may still hold a view
                 mm.close()
-        return header["iteration"], header, image, sha
+        return header, image, sha
 
 
 def _ask(sock: socket.socket, step: str, path: Path) -> None:
@@ -383,11 +382,11 @@ def _serve(level: str, sock: socket.socket, images: _Images, parent: int) -> Non
             if fd is None:
                 raise RuntimeError("a write request came without its snapshot")
             try:
-                iteration, header, image, sha = images.get(fd)
+                header, image, sha = images.get(fd)
             finally:
                 os.close(fd)
             hook = ((lambda step, path: _ask(sock, step, path)) if msg["hook"] else None)
-            rec = commit(Path(msg["dir"]), iteration, image,
+            rec = commit(Path(msg["dir"]), header["iteration"], image,
                          fingerprint=json.loads(header["fingerprint_json"]), keep=msg["keep"],
                          protect=[Path(p) for p in msg["protect"]], hook=hook, sha256=sha,
                          owner=parent)

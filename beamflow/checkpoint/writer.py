@@ -125,15 +125,6 @@ class CheckpointStats:
     bytes_written: int = 0
 
 
-class _Snapshot:
-    """A shared-memory snapshot; its memory is freed when no level holds it any more."""
-
-    def __init__(self, shared: SharedSnapshot) -> None:
-        self.shared = shared
-        self.iteration = shared.iteration
-        weakref.finalize(self, shared.close)
-
-
 class Checkpointer:
     """Multi-level asynchronous checkpointer of named arrays and JSON metadata."""
 
@@ -175,9 +166,8 @@ class Checkpointer:
         self._last_time = dict.fromkeys(self.levels, now)
 
         self._cv = threading.Condition()
-        self._pending: dict[str, _Snapshot | None] = dict.fromkeys(self.levels)
+        self._pending: dict[str, SharedSnapshot | None] = dict.fromkeys(self.levels)
         self._busy = dict.fromkeys(self.levels, False)
-        self._tids: dict[str, int] = {}
         self._boosted: set[str] = set()
         self._busy_since: dict[str, float] = {}
         self._not_before: dict[str, float] = {}  # monotonic time the budget allows next
@@ -272,8 +262,8 @@ class Checkpointer:
         check_arrays(host)  # a programming error: raise here, on the caller's thread
         meta_json, fingerprint_json = dumps(dict(meta or {})), dumps(self.fingerprint)
         try:
-            snap = _Snapshot(self._buffers.snapshot(next(self._ids), int(iteration), host,
-                                                    meta_json, fingerprint_json, time.time()))
+            snap = self._buffers.snapshot(next(self._ids), int(iteration), host, meta_json,
+                                          fingerprint_json, time.time())
         except OSError as e:  # no shared memory (ENOMEM, EMFILE): report; the job goes on
             for name in levels:
                 self._record(name, self.levels[name], int(iteration), e)
@@ -376,6 +366,12 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ writer side
 
+    @property
+    def _tids(self) -> dict[str, int]:
+        """The writer process's thread id per level (levels it has greeted us on)."""
+        proc = self._proc
+        return {} if proc is None else proc.tids
+
     #: a writer process that died is started again at most this often (a broken install or
     #: repeated OOM kills must not cost a process start per checkpoint)
     RESTART_INTERVAL_S = 10.0
@@ -405,7 +401,6 @@ class Checkpointer:
             raise WriterGone("checkpoint writer process could not be started")
         if name not in proc.tids:
             tid = proc.hello(name)
-            self._tids[name] = tid
             if name in self._boosted:
                 _set_thread_priority(tid, "normal")
         return proc
@@ -436,7 +431,7 @@ class Checkpointer:
                     self._busy_since.pop(name, None)
                     self._cv.notify_all()
 
-    def _write(self, name: str, snap: _Snapshot) -> None:
+    def _write(self, name: str, snap: SharedSnapshot) -> None:
         t0 = time.perf_counter()
         start = time.monotonic()
         cost = 0.0
@@ -452,7 +447,7 @@ class Checkpointer:
         try:
             proc = self._writer(name)
             protect = [self._protect[name]] if name in self._protect else []
-            rec, cost = proc.write(name, snap.shared, cfg.dir, cfg.keep, protect, step_hook)
+            rec, cost = proc.write(name, snap, cfg.dir, cfg.keep, protect, step_hook)
         except WriteFailed as e:
             cost = e.cpu
             self._record(name, cfg, snap.iteration, str(e))
