@@ -37,6 +37,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -214,6 +215,10 @@ def probe_guess(true_probe: np.ndarray, target: float = 0.6) -> tuple[np.ndarray
 
 
 def bench_scatter(m: int = 64, n: int = 400) -> list[dict]:
+    """Scatter-add variants on one thread (best of 10), and the engine's two CPU paths with
+    every thread scattering its own share at once, as the engine's threads do."""
+    import threading  # noqa: PLC0415
+
     from numpy.lib.stride_tricks import sliding_window_view  # noqa: PLC0415
 
     rng = np.random.default_rng(0)
@@ -222,6 +227,7 @@ def bench_scatter(m: int = 64, n: int = 400) -> list[dict]:
     p = np.exp(2j * np.pi * rng.random((n, m, m))).astype(np.complex64)
     acc = np.zeros((h, w), np.complex64)
     idx = ((iy * w + ix)[:, None, None] + (np.arange(m)[:, None] * w + np.arange(m))).ravel()
+    loop_backend, coo_backend = get_backend("cpu", threads=1), get_backend("cpu", threads=2)
 
     def loop() -> None:
         for j in range(n):
@@ -237,17 +243,49 @@ def bench_scatter(m: int = 64, n: int = 400) -> list[dict]:
     def add_at_window() -> None:
         np.add.at(sliding_window_view(acc, (m, m), writeable=True), (iy, ix), p)
 
+    def coo() -> None:
+        coo_backend.scatter_add(acc, p, iy, ix)
+
     methods = [("slice_loop", loop), ("add_at", add_at), ("bincount", bincount),
-               ("add_at_window", add_at_window)]
+               ("add_at_window", add_at_window), ("coo_matvec", coo)]
     times: dict[str, list[float]] = {name: [] for name, _ in methods}
     for _ in range(10):  # interleaved, best of 10: robust on a shared machine
         for name, fn in methods:
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
-    return [{"bench": "scatter", "method": name, "patches": n, "patch_px": m,
+    rows = [{"bench": "scatter", "method": name, "patches": n, "patch_px": m, "threads": 1,
              "seconds": min(v), "seconds_median": statistics.median(v)}
             for name, v in times.items()]
+
+    # Two threads, each scattering half of the patches into its own accumulator, in
+    # chunks of 32 (as the engine's threads do), against one thread doing all of them.
+    halves = np.array_split(np.arange(n), 2)
+    accs = [np.zeros((h, w), np.complex64) for _ in halves]
+
+    def share(backend: Any, t: int) -> None:
+        for part in np.array_split(halves[t], max(1, len(halves[t]) // 32)):
+            backend.scatter_add(accs[t], p[part], iy[part], ix[part])
+
+    for name, backend in (("slice_loop", loop_backend), ("coo_matvec", coo_backend)):
+        one, two = [], []
+        for _ in range(10):
+            t0 = time.perf_counter()
+            share(backend, 0)
+            share(backend, 1)
+            one.append(time.perf_counter() - t0)
+            threads = [threading.Thread(target=share, args=(backend, t)) for t in (0, 1)]
+            t0 = time.perf_counter()
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            two.append(time.perf_counter() - t0)
+        rows.append({"bench": "scatter_two_threads", "method": name, "patches": n,
+                     "patch_px": m, "seconds_one_thread": statistics.median(one),
+                     "seconds_two_threads": statistics.median(two),
+                     "speedup": statistics.median(one) / statistics.median(two)})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -370,20 +370,34 @@ def test_backend_selection(monkeypatch):
             get_backend("cuda")
 
 
-def test_gather_and_scatter_match_naive():
-    be = get_backend("cpu")
+@pytest.mark.parametrize("path", ["loop", "coo", "coo-missing"])
+def test_gather_and_scatter_match_naive(path, monkeypatch):
+    """Every CPU scatter path (one thread: slice adds; several: scipy's coo_matvec, or the
+    slice adds when that private kernel is missing) adds overlapping patches exactly like a
+    naive loop, in patch order, for complex and real accumulators, broadcast patches and a
+    trailing axis."""
+    from beamflow.ptycho import backend as bmod
+
+    if path == "coo-missing":
+        monkeypatch.setattr(bmod, "_COO_MATVEC", None)
+    be = get_backend("cpu", threads=1 if path == "loop" else 2)
     rng = np.random.default_rng(0)
     obj = (rng.random((50, 60)) + 1j * rng.random((50, 60))).astype(np.complex64)
     iy, ix = rng.integers(0, 50 - 8, 20), rng.integers(0, 60 - 8, 20)
     patches = be.gather(obj, iy, ix, 8)
     for j in range(20):
         np.testing.assert_array_equal(patches[j], obj[iy[j] : iy[j] + 8, ix[j] : ix[j] + 8])
-    acc = np.zeros_like(obj)
-    be.scatter_add(acc, patches, iy, ix)
-    ref = np.zeros(obj.shape, np.complex128)
-    for j in range(20):
-        ref[iy[j] : iy[j] + 8, ix[j] : ix[j] + 8] += patches[j]
-    np.testing.assert_allclose(acc, ref, rtol=1e-5, atol=1e-5)
+    real = rng.random((8, 8)).astype(np.float32)
+    tail = rng.random((20, 8, 8, 3)).astype(np.float32)
+    cases = [(obj, patches), (obj.real.copy(), np.broadcast_to(real, (20, 8, 8))),
+             (np.zeros((50, 60, 3), np.float32), tail)]
+    for start, add in cases:
+        acc = start.copy()
+        be.scatter_add(acc, add, iy, ix)
+        ref = start.copy()
+        for j in range(20):
+            ref[iy[j] : iy[j] + 8, ix[j] : ix[j] + 8] += add[j]
+        np.testing.assert_array_equal(acc, ref)
 
 
 def test_sparse_batches_do_not_overlap(scan):
