@@ -6,12 +6,10 @@ operations whose best implementation differs between CPU and GPU live here:
 * FFTs over the last two axes of a stack (unnormalised forward, ``1/M²`` inverse, like numpy):
   ``scipy.fft`` with ``workers`` threads on CPU, cupy's cuFFT (plans cached by cupy) on GPU;
 * gathering object patches at integer corners, and scatter-adding patches back into an
-  object-sized accumulator (on several CPU threads with scipy's compiled sparse kernel,
-  which releases the GIL);
+  object-sized accumulator;
 * host <-> device moves.
 
-This is the only module of the engine that imports ``cupy`` or ``scipy`` (the previews use
-scipy.fft's DCT to unwrap phase).
+This is the only module of the package that imports ``cupy`` or ``scipy.fft``.
 """
 
 from __future__ import annotations
@@ -53,30 +51,6 @@ def _raw_pocketfft() -> Any:
 
 
 _C2C = _raw_pocketfft()
-
-
-def _raw_coo_matvec() -> Any:
-    """scipy's compiled sparse kernel ``coo_matvec``, used as a scatter-add.
-
-    ``coo_matvec(nnz, Ai, Aj, Ax, Xx, Yx)`` adds ``Ax[k]·Xx[Aj[k]]`` to ``Yx[Ai[k]]`` for every
-    k, repeated ``Ai`` summed, in one call that releases the GIL. The binding is private: it
-    is checked here, and a loop of slice adds is used if it moved.
-    """
-    try:
-        from scipy.sparse import _sparsetools  # noqa: PLC0415
-
-        fn = _sparsetools.coo_matvec
-        y = np.zeros(3, np.complex64)
-        fn(3, np.array([2, 0, 2], np.int32), np.array([0, 1, 1], np.int32),
-           np.array([1, 2j, 3], np.complex64), np.array([1, 2], np.complex64), y)
-        if np.array_equal(y, np.array([4j, 0, 7], np.complex64)):
-            return fn
-    except Exception:
-        pass
-    return None
-
-
-_COO_MATVEC = _raw_coo_matvec()
 
 
 class BackendError(RuntimeError):
@@ -130,7 +104,6 @@ class Backend:
     xp: ModuleType
     threads: int = 1
     _cupy: Any = field(default=None, repr=False)
-    _zeros: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32), repr=False)
 
     @property
     def is_gpu(self) -> bool:
@@ -203,17 +176,16 @@ class Backend:
     def scatter_add(self, acc: Any, patches: Any, iy: np.ndarray, ix: np.ndarray) -> None:
         """``acc[iy_j:iy_j+m, ix_j:ix_j+m, ...] += patches[j]`` for every j (overlaps add).
 
-        ``acc`` is (H, W, *tail) and ``patches`` (b, m, m, *tail), same dtype (a broadcast
-        array, one patch for all, is fine). Contributions to a pixel are added in patch order
-        on every path.
-        CPU, one thread: a loop of b in-place slice adds. It beat ``np.add.at`` on flat indices
+        ``acc`` is (H, W, *tail) and ``patches`` (b, m, m, *tail), same dtype.
+        CPU: a loop of b in-place slice adds. It beat ``np.add.at`` on flat indices
         (1.3-1.8x), ``np.bincount`` (~4x) and ``np.add.at`` on a window view (4-7x) for 400
-        patches of 64x64 complex64 (benchmarks/bench_engine.py --scatter-only).
-        CPU, several threads: one call of scipy's compiled ``coo_matvec`` on flat indices.
-        It costs 1.25-1.5x the loop's CPU, but each slice add of the loop takes and releases
-        the GIL, and with every thread scattering at once those hand-offs serialise the
-        scatter: two threads scattering their halves took 0.95x the time of one thread doing
-        both with the loop, 0.68x with ``coo_matvec`` (``--scatter-only``, 2 cores).
+        patches of 64x64 complex64 (benchmarks/bench_engine.py --scatter-only). Each slice
+        add is row-bound (~0.15 µs per row), so separate arrays beat packing them. Each also
+        takes and releases the GIL, so the engine's threads scattering at once do not run in
+        parallel (two threads: 0.75-0.95x the speed of one). scipy's compiled ``coo_matvec``
+        as a scatter-add is one call that releases the GIL and scales (1.3-1.5x with two),
+        but costs 1.25-1.5x the loop's CPU: in the engine on 2 cores it made an rPIE
+        iteration ~5 % slower against the FFT floor, so the loop stays.
         GPU: one atomic scatter-add kernel over flat indices.
         """
         m = patches.shape[1]
@@ -231,25 +203,9 @@ class Backend:
 
             cupyx.scatter_add(a.ravel(), idx.ravel(), p.ravel())
             return
-        if self.threads == 1 or _COO_MATVEC is None or not acc.flags.c_contiguous:
-            for j in range(len(iy)):
-                y, x = int(iy[j]), int(ix[j])
-                acc[y : y + m, x : x + m] += patches[j]
-            return
-        tail = int(np.prod(acc.shape[2:], dtype=np.int64))
-        itype = np.int32 if acc.size < 2**31 else np.int64
-        row = acc.shape[1] * tail
-        base = np.asarray(iy, itype) * row + np.asarray(ix, itype) * tail
-        off = (np.arange(m, dtype=itype)[:, None] * row
-               + np.arange(m * tail, dtype=itype)[None, :]).reshape(-1)
-        idx = (base[:, None] + off[None, :]).reshape(-1)
-        vals = np.ascontiguousarray(patches, dtype=acc.dtype).reshape(-1)
-        # y[idx[k]] += vals[k] · x[0] with x = [1]: the column indices are all zero.
-        zeros = self._zeros
-        if zeros.size < idx.size or zeros.dtype != itype:
-            zeros = self._zeros = np.zeros(idx.size, itype)
-        _COO_MATVEC(idx.size, idx, zeros[: idx.size], vals, np.ones(1, acc.dtype),
-                    acc.reshape(-1))
+        for j in range(len(iy)):
+            y, x = int(iy[j]), int(ix[j])
+            acc[y : y + m, x : x + m] += patches[j]
 
     def scatter_set(self, arr: Any, patches: Any, iy: np.ndarray, ix: np.ndarray) -> None:
         """``arr[iy_j:iy_j+m, ix_j:ix_j+m] = patches[j]``; the patches must not overlap."""
