@@ -488,7 +488,10 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
         # The engine turns the frames into amplitudes in place (on the GPU it copies them
         # to the device): the frames are never held twice, and `data` is spent.
         with Reconstructor(data, state, backend, consume_data=True) as rec:
-            data = None
+            # The engine holds its own copy of the state: drop ours (the initial object, a
+            # resumed checkpoint's arrays) with the spent data before the iterations start.
+            last_loss = state.loss_history[-1] if state.loss_history else None
+            data = state = ckpt = None
             _release_freed_memory()
             cache: dict[str, Any] = {}
 
@@ -519,10 +522,9 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
                 cache.clear()
 
             if progress is not None:
-                last = state.loss_history[-1] if state.loss_history else None
-                progress(state.iteration, target, last)
+                progress(start_iteration, target, last_loss)
             t_iter = [time.perf_counter()]
-            final = rec.run(max(0, target - state.iteration), callback=callback)
+            final = rec.run(max(0, target - start_iteration), callback=callback)
         ck.finalize(final.iteration, final.to_host_arrays,
                     {"state": final.meta(), "job": job_meta()})
     finally:

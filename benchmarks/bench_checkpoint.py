@@ -475,11 +475,12 @@ def _bench_memory_one(args, root: Path, n_positions: int) -> None:
                                     "matplotlib.figure"])
     peak_mb, writer_mb, res = _peak_rss_mb("beamflow.cli", [
         "reconstruct", str(master), "--out", str(root / f"mem_out{n_positions}"), "--device", "cpu",
-        "--iterations", "5", "--json", "--checkpoint-every", "1"])
+        "--iterations", str(args.mem_iterations), "--json", "--checkpoint-every", "1"])
     if res.returncode != 0:
         raise SystemExit(f"reconstruct failed: {res.stderr}")
     target = 2 * frames_mb + obj_mb + probe_mb
     emit(bench="reconstruct_peak_rss", frames=scan.n_frames, frame=scan.frame_shape[0],
+         iterations=args.mem_iterations,
          frames_float32_mb=round(frames_mb, 1), target_mb=round(target, 1),
          peak_rss_mb=round(peak_mb, 1), interpreter_baseline_mb=round(base_mb, 1),
          peak_minus_baseline_mb=round(peak_mb - base_mb, 1),
@@ -508,6 +509,8 @@ def main() -> None:
     # A small scan, where the interpreter's ~120 MB weighs, and a realistic one.
     ap.add_argument("--mem-positions", type=int, nargs="+", default=[2000, 8000])
     ap.add_argument("--mem-size", type=int, default=128)
+    ap.add_argument("--mem-iterations", type=int, default=12,
+                    help="memory: iterations (past 10 the job draws a live preview)")
     ap.add_argument("--only", choices=["overhead", "placement", "progressive", "memory"],
                     default=None)
     args = ap.parse_args()

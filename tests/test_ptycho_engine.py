@@ -492,3 +492,38 @@ def test_consuming_the_data_gives_the_same_result_and_spends_the_data(scan):
         Reconstructor(spent, initial_state(kept, params), "cpu")
     with pytest.raises(ValueError, match="consumed"):
         spent.append(scan["intensities"][:2], scan["positions"][:2])
+
+
+def test_fft_and_dct_without_the_private_binding_match(monkeypatch):
+    """The engine's FFTs and the previews' DCT give the same results through scipy's private
+    pocketfft binding (loaded without the scipy.fft package) and through scipy.fft's public
+    functions, which take over if the binding cannot be loaded."""
+    from beamflow.ptycho import backend as bmod
+
+    assert bmod._POCKETFFT is not None, "the binding no longer loads: check _raw_pocketfft"
+    be = get_backend("cpu", threads=2)
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((3, 16, 16)) + 1j * rng.standard_normal((3, 16, 16))).astype(
+        np.complex64)
+    r = rng.standard_normal((9, 12))
+    fast = (be.fft2(x.copy()), be.ifft2(x.copy()), bmod.dct2(r), bmod.dct2(r, inverse=True))
+    monkeypatch.setattr(bmod, "_POCKETFFT", None)
+    public = (be.fft2(x.copy()), be.ifft2(x.copy()), bmod.dct2(r), bmod.dct2(r, inverse=True))
+    for a, b in zip(fast, public, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(fast[0], np.fft.fft2(x), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(bmod.dct2(fast[2], inverse=True), r, atol=1e-12)
+
+
+def test_reconstruction_modules_do_not_import_scipy_fft():
+    """scipy.fft's package costs ~28 MB of resident memory (it imports scipy.special): the
+    reconstruction process must not load it (its peak is budgeted against the frames)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, beamflow.cli, beamflow.reconstruct, beamflow.ptycho.engine, "
+            "beamflow.ptycho.previews; print(sorted(m for m in sys.modules "
+            "if m.startswith(('scipy.fft', 'scipy.special'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]", out

@@ -4,53 +4,87 @@ Everything in :mod:`beamflow.ptycho` is written once against an array module ``x
 operations whose best implementation differs between CPU and GPU live here:
 
 * FFTs over the last two axes of a stack (unnormalised forward, ``1/M²`` inverse, like numpy):
-  ``scipy.fft`` with ``workers`` threads on CPU, cupy's cuFFT (plans cached by cupy) on GPU;
+  scipy's pocketfft with ``workers`` threads on CPU, cupy's cuFFT (plans cached by cupy) on
+  GPU;
 * gathering object patches at integer corners, and scatter-adding patches back into an
   object-sized accumulator;
 * host <-> device moves.
 
-This is the only module of the package that imports ``cupy`` or ``scipy.fft``.
+This is the only module of the package that imports ``cupy`` or ``scipy`` (the previews' phase
+unwrapping takes its DCT from here).
 """
 
 from __future__ import annotations
 
+import glob
+import importlib.machinery
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 import numpy as np
-import scipy.fft as _sfft
 from numpy.lib.stride_tricks import sliding_window_view
 
 # Elements below which one FFT call runs in one thread (4 frames of 128x128).
 PARALLEL_FFT_MIN = 4 * 128 * 128
 
-__all__ = ["Backend", "BackendError", "get_backend", "cpu_count", "cuda_available"]
+__all__ = ["Backend", "BackendError", "get_backend", "cpu_count", "cuda_available", "dct2"]
 
 
-def _raw_pocketfft() -> Any:
-    """scipy's pocketfft binding, called directly for contiguous complex64 stacks.
+def _raw_pocketfft() -> ModuleType | None:
+    """scipy's pocketfft binding, loaded from its file without importing ``scipy.fft``.
 
-    scipy.fft's public wrappers cost ~30 µs of Python per call (argument normalisation,
-    uarray dispatch) — a few percent of an iteration that makes four FFT calls per chunk.
-    The binding is private, so it is checked here and the public API is used if it moved.
+    Two reasons. scipy.fft's public wrappers cost ~30 µs of Python per call (argument
+    normalisation, uarray dispatch) — a few percent of an iteration that makes four FFT calls
+    per chunk. And importing the scipy.fft package imports scipy.special and numpy.f2py on
+    the way: 28 MB of resident memory and 0.4 s in every reconstruction process, whose peak
+    memory is budgeted at twice the frames. The binding is private: it is checked here against
+    numpy's FFT, and scipy.fft's public functions are used if it moved.
     """
     try:
-        from scipy.fft._pocketfft import pypocketfft as pp  # noqa: PLC0415
+        import scipy  # noqa: PLC0415 - the bare package: 2 MB
 
-        t = np.arange(8, dtype=np.complex64).reshape(2, 2, 2)
-        want = _sfft.fft2(t, axes=(-2, -1))
+        name = "scipy.fft._pocketfft.pypocketfft"
+        found = [p for suffix in importlib.machinery.EXTENSION_SUFFIXES
+                 for p in glob.glob(os.path.join(scipy.__path__[0], "fft", "_pocketfft",
+                                                 "pypocketfft" + suffix))]
+        loader = importlib.machinery.ExtensionFileLoader(name, found[0])
+        spec = importlib.util.spec_from_file_location(name, found[0], loader=loader)
+        pp = importlib.util.module_from_spec(spec)
+        loader.exec_module(pp)
+        t = (np.arange(8) * (1 + 0.5j)).astype(np.complex64).reshape(2, 2, 2)
         got = pp.c2c(t.copy(), (1, 2), True, 0, None, 1)
         back = pp.c2c(got.copy(), (1, 2), False, 2, None, 1)
-        if np.allclose(got, want) and np.allclose(back, t):
-            return pp.c2c
+        r = np.arange(12.0).reshape(3, 4)
+        dct = pp.dct(r.copy(), 2, (0, 1), 1, None, 1, None)
+        if (np.allclose(got, np.fft.fft2(t)) and np.allclose(back, t)
+                and np.isclose(dct[0, 0], r.sum() / np.sqrt(r.size))
+                and np.allclose(pp.dct(dct.copy(), 3, (0, 1), 1, None, 1, None), r)):
+            return pp
     except Exception:
         pass
     return None
 
 
-_C2C = _raw_pocketfft()
+_POCKETFFT = _raw_pocketfft()
+
+
+def _public_fft() -> ModuleType:
+    import scipy.fft  # noqa: PLC0415 - only if the binding could not be loaded
+
+    return scipy.fft
+
+
+def dct2(a: np.ndarray, inverse: bool = False) -> np.ndarray:
+    """Orthonormal 2-D DCT-II of a host float array (``inverse``: its inverse, the DCT-III),
+    as ``scipy.fft.dctn``/``idctn(type=2, norm="ortho")``; a new array."""
+    a = np.asarray(a, np.float64)
+    if _POCKETFFT is not None:
+        return _POCKETFFT.dct(a.copy(), 3 if inverse else 2, (0, 1), 1, None, 1, None)
+    sfft = _public_fft()
+    return (sfft.idctn if inverse else sfft.dctn)(a, type=2, norm="ortho")
 
 
 class BackendError(RuntimeError):
@@ -139,9 +173,11 @@ class Backend:
             import cupyx.scipy.fft as cfft  # noqa: PLC0415
 
             return cfft.fft2(a, axes=(-2, -1), overwrite_x=True)
-        if _C2C is not None and a.dtype == np.complex64 and a.flags.c_contiguous:
-            return _C2C(a, (a.ndim - 2, a.ndim - 1), True, 0, a, workers or self._workers(a))
-        return _sfft.fft2(a, axes=(-2, -1), overwrite_x=True, workers=workers or self._workers(a))
+        if _POCKETFFT is not None and a.dtype == np.complex64 and a.flags.c_contiguous:
+            return _POCKETFFT.c2c(a, (a.ndim - 2, a.ndim - 1), True, 0, a,
+                                  workers or self._workers(a))
+        return _public_fft().fft2(a, axes=(-2, -1), overwrite_x=True,
+                                  workers=workers or self._workers(a))
 
     def ifft2(self, a: Any, workers: int | None = None) -> Any:
         """Inverse FFT (normalised by 1/(M·M)) over the last two axes; may overwrite ``a``."""
@@ -149,9 +185,11 @@ class Backend:
             import cupyx.scipy.fft as cfft  # noqa: PLC0415
 
             return cfft.ifft2(a, axes=(-2, -1), overwrite_x=True)
-        if _C2C is not None and a.dtype == np.complex64 and a.flags.c_contiguous:
-            return _C2C(a, (a.ndim - 2, a.ndim - 1), False, 2, a, workers or self._workers(a))
-        return _sfft.ifft2(a, axes=(-2, -1), overwrite_x=True, workers=workers or self._workers(a))
+        if _POCKETFFT is not None and a.dtype == np.complex64 and a.flags.c_contiguous:
+            return _POCKETFFT.c2c(a, (a.ndim - 2, a.ndim - 1), False, 2, a,
+                                  workers or self._workers(a))
+        return _public_fft().ifft2(a, axes=(-2, -1), overwrite_x=True,
+                                   workers=workers or self._workers(a))
 
     def _workers(self, a: Any) -> int:
         return self.threads if a.size >= PARALLEL_FFT_MIN else 1

@@ -47,6 +47,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, NullFormatter
 from numpy.typing import ArrayLike, NDArray
 
+from .backend import dct2
 from .metrics import fit_phase_ramp
 
 __all__ = [
@@ -151,8 +152,6 @@ def unwrap_phase(wrapped: ArrayLike) -> NDArray[np.float64]:
     differences, with Neumann boundaries. Smooth and robust to noise; where the phase has
     residues (true discontinuities) it is not congruent with the wrapped input.
     """
-    from scipy.fft import dctn, idctn
-
     p = np.asarray(wrapped, dtype=np.float64)
     if p.ndim != 2:
         raise ValueError(f"phase: expected a 2-D array, got shape {p.shape}")
@@ -169,14 +168,14 @@ def unwrap_phase(wrapped: ArrayLike) -> NDArray[np.float64]:
     rho[1:] -= dy[:-1]
     rho += dx
     rho[:, 1:] -= dx[:, :-1]
-    rho_hat = dctn(rho, type=2, norm="ortho")
+    rho_hat = dct2(rho)
     i = np.arange(h)[:, None]
     j = np.arange(w)[None, :]
     denom = 2 * (np.cos(np.pi * i / h) + np.cos(np.pi * j / w) - 2)
     denom[0, 0] = 1.0
     phi_hat = rho_hat / denom
     phi_hat[0, 0] = 0.0
-    return idctn(phi_hat, type=2, norm="ortho")
+    return dct2(phi_hat, inverse=True)
 
 
 def complex_to_rgb(z: ArrayLike, vmax: float | None = None) -> NDArray[np.float64]:
