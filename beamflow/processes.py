@@ -1,8 +1,12 @@
-"""Processes on this host, as the crash-recovery code sees them."""
+"""Processes on this host, as the crash-recovery code and the job's helper processes (the
+checkpoint writer, the live previews) see them."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 
 
 def pid_alive(pid: int) -> bool:
@@ -14,3 +18,12 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's process: alive
     return True
+
+
+def die_with_parent(parent: int) -> None:
+    """Be killed when the parent process (more exactly: the thread that started us) ends."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(0)

@@ -54,6 +54,7 @@ from beamflow.checkpoint import (
 )
 from beamflow.config import Reconstruction
 from beamflow.formats import Product, Scan, load_scan, write_product
+from beamflow.live_previews import LivePreviews
 from beamflow.ptycho.backend import get_backend
 from beamflow.ptycho.engine import Reconstructor, initial_state
 from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
@@ -375,6 +376,20 @@ def _load_resume(job: ReconstructJob) -> Checkpoint | None:
 
 def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) -> ReconstructSummary:
     """Run (or resume, or continue) the reconstruction `job` describes."""
+    # Live previews are drawn by a helper process (see beamflow.live_previews), started now
+    # so that its imports overlap the reading of the frames; the final previews are drawn
+    # here, once the engine's memory is released.
+    live = LivePreviews(job.out / "previews")
+    if job.preview_every:
+        live.start()
+    try:
+        return _run_reconstruction(job, progress, live)
+    finally:
+        live.close()
+
+
+def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
+                        live: LivePreviews) -> ReconstructSummary:
     t_start = time.perf_counter()
     scan = load_scan(job.scan, max_frames=job.max_frames, allow_partial=job.allow_partial)
     params = job.params
@@ -469,20 +484,9 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
     last_preview = [-math.inf]
     start_iteration = state.iteration
 
-    def write_previews_now(st: ReconState | None, view: Any = None) -> None:
-        from beamflow.ptycho.previews import write_previews
+    def title(iteration: int) -> str:
+        return f"{scan.name} · {params.algorithm} · iteration {iteration}"
 
-        obj = st.object if st is not None else view.object()
-        probe = st.probe if st is not None else view.probe()
-        losses = st.loss_history if st is not None else view.loss_history
-        it = st.iteration if st is not None else view.iteration
-        try:
-            previews.update(write_previews(
-                preview_dir, obj, probe, frame.pixel_size_m, losses, scan_extent_px=extent,
-                title=f"{scan.name} · {params.algorithm} · iteration {it}"))
-        except ValueError as e:  # a diverged state: report, do not draw it
-            log.warning("previews not written: %s", e)
-        last_preview[0] = time.monotonic()
 
     try:
         # The engine turns the frames into amplitudes in place (on the GPU it copies them
@@ -516,7 +520,10 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
                 if (job.preview_every and (it - start_iteration) % job.preview_every == 0
                         and time.monotonic() - last_preview[0] >= job.preview_min_seconds
                         and it < target):
-                    write_previews_now(None, view)
+                    st = snapshot()  # the checkpoint's, when one is due now too
+                    live.submit(st.object, st.probe, st.loss_history, title(it),
+                                frame.pixel_size_m, scan_extent_px=extent)
+                    last_preview[0] = time.monotonic()
                 if progress is not None:
                     progress(it, target, float(info["loss"]))
                 cache.clear()
@@ -529,12 +536,21 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
                     {"state": final.meta(), "job": job_meta()})
     finally:
         ck.close()
+        live.close()  # before the final previews: they are the same files
         if guard is not None:
             guard.uninstall()
 
     # release the engine's copy of the frames before rendering and writing
     rec = None  # noqa: F841 - the callbacks' closure cell keeps it alive otherwise
-    write_previews_now(final)
+    from beamflow.ptycho.previews import write_previews
+
+    previews.update(live.files)
+    try:
+        previews.update(write_previews(
+            preview_dir, final.object, final.probe, frame.pixel_size_m, final.loss_history,
+            scan_extent_px=extent, title=title(final.iteration)))
+    except ValueError as e:  # a diverged state: report, do not draw it
+        log.warning("previews not written: %s", e)
     positions_m = frame.to_metres(final.positions_px)
     h, w = final.object.shape
     product_path = job.out / "product.h5"

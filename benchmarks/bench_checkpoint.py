@@ -409,7 +409,7 @@ def bench_progressive(args, root: Path) -> None:
 # own children (the checkpoint writer process) are polled every 20 ms for theirs, once they
 # have exec'd.
 _REPORT_HWM = """
-import atexit, glob, os, runpy, sys, threading, time
+import atexit, glob, json, os, runpy, sys, threading, time
 def _hwm_kb(pid):
     try:
         for line in open(f"/proc/{pid}/status"):
@@ -424,17 +424,20 @@ def _poll():
     while True:
         for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
             for pid in open(path).read().split():
-                try:  # between fork and exec a child still shows our memory: skip it then
-                    if open(f"/proc/{pid}/cmdline", "rb").read() == me:
-                        continue
+                try:
+                    cmd = open(f"/proc/{pid}/cmdline", "rb").read()
                 except OSError:
                     continue
-                kids[pid] = max(kids.get(pid, 0), _hwm_kb(pid))
+                if cmd == me:  # between fork and exec a child still shows our memory
+                    continue
+                kind = ("previews" if b"live_previews" in cmd
+                        else "writer" if b"checkpoint" in cmd else "other")
+                kids[kind] = max(kids.get(kind, 0), _hwm_kb(pid))
         time.sleep(0.02)
 threading.Thread(target=_poll, daemon=True).start()
 def _report():
     sys.stderr.write("\\nVMHWM_KB " + str(_hwm_kb("self")) + "\\n")
-    sys.stderr.write("\\nCHILDREN_VMHWM_KB " + str(max(kids.values(), default=0)) + "\\n")
+    sys.stderr.write("\\nCHILDREN_VMHWM_KB " + json.dumps(kids) + "\\n")
 atexit.register(_report)
 module, sys.argv = sys.argv[1], sys.argv[1:]
 if module == "-":
@@ -445,17 +448,17 @@ else:
 
 
 def _peak_rss_mb(module: str, args: list[str]
-                 ) -> tuple[float, float, subprocess.CompletedProcess]:
-    """Peak RSS (VmHWM) of ``python -m module args`` (module "-": args[0] is code) and the
-    largest of its child processes', MiB."""
+                 ) -> tuple[float, dict[str, float], subprocess.CompletedProcess]:
+    """Peak RSS (VmHWM) of ``python -m module args`` (module "-": args[0] is code) and of its
+    child processes by kind ("writer": checkpoint writer, "previews": live previews), MiB."""
     cmd = [sys.executable, "-c", _REPORT_HWM, module, *args]
     res = subprocess.run(cmd, capture_output=True, text=True)
     lines = res.stderr.splitlines()
     marks = [line.split()[1] for line in lines if line.startswith("VMHWM_KB ")]
-    kids = [line.split()[1] for line in lines if line.startswith("CHILDREN_VMHWM_KB ")]
+    kids = [line.split(" ", 1)[1] for line in lines if line.startswith("CHILDREN_VMHWM_KB ")]
     if not marks or not kids:
         raise SystemExit(f"no peak RSS reported by {module} {args}: {res.stderr[-2000:]}")
-    return int(marks[-1]) / 1024, int(kids[-1]) / 1024, res
+    return int(marks[-1]) / 1024, {k: v / 1024 for k, v in json.loads(kids[-1]).items()}, res
 
 
 def bench_memory(args, root: Path) -> None:
@@ -473,7 +476,7 @@ def _bench_memory_one(args, root: Path, n_positions: int) -> None:
     base_mb, _, _ = _peak_rss_mb("-", ["import beamflow.cli, beamflow.reconstruct, "
                                     "beamflow.ptycho.engine, beamflow.ptycho.previews, "
                                     "matplotlib.figure"])
-    peak_mb, writer_mb, res = _peak_rss_mb("beamflow.cli", [
+    peak_mb, children_mb, res = _peak_rss_mb("beamflow.cli", [
         "reconstruct", str(master), "--out", str(root / f"mem_out{n_positions}"), "--device", "cpu",
         "--iterations", str(args.mem_iterations), "--json", "--checkpoint-every", "1"])
     if res.returncode != 0:
@@ -484,7 +487,8 @@ def _bench_memory_one(args, root: Path, n_positions: int) -> None:
          frames_float32_mb=round(frames_mb, 1), target_mb=round(target, 1),
          peak_rss_mb=round(peak_mb, 1), interpreter_baseline_mb=round(base_mb, 1),
          peak_minus_baseline_mb=round(peak_mb - base_mb, 1),
-         checkpoint_writer_peak_rss_mb=round(writer_mb, 1),
+         checkpoint_writer_peak_rss_mb=round(children_mb.get("writer", 0.0), 1),
+         live_previews_peak_rss_mb=round(children_mb.get("previews", 0.0), 1),
          within_target=peak_mb <= target,
          within_target_above_baseline=peak_mb - base_mb <= target)
 

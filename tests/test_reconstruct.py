@@ -219,3 +219,18 @@ def test_previews_command_renders_the_latest_checkpoint(scan: Path, tmp_path: Pa
     assert ok.exit_code == 0, ok.output
     assert sorted(p.name for p in (tmp_path / "p").glob("*.png")) == [
         "convergence.png", "object_amplitude.png", "object_phase.png", "probe.png"]
+
+
+def test_live_previews_are_drawn_by_the_helper_during_the_run(
+        scan: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """With live previews on, the job hands its states to the helper (whose drawings are
+    the previews until the final ones), waits for none of them, and leaves no bundle."""
+    with caplog.at_level(logging.INFO, logger="beamflow.live_previews"):
+        s = run_reconstruction(job(scan, tmp_path, iterations=8, preview_every=2,
+                                   preview_min_seconds=0))
+    drawn = [r.getMessage() for r in caplog.records if "drawn by the helper" in r.getMessage()]
+    assert len(drawn) == 1 and int(drawn[0].split()[2]) >= 1, drawn
+    names = {Path(p).name for p in s.previews}
+    assert names == {"object_phase.png", "object_amplitude.png", "probe.png",
+                     "convergence.png"}
+    assert not any(p.name.startswith(".live-preview") for p in (tmp_path / "previews").iterdir())

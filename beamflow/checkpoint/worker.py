@@ -29,7 +29,6 @@ the process ends: start it from a thread that lives as long as its sockets (the
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import json
 import mmap
@@ -50,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from beamflow.checkpoint.store import FileImages, LatestRecord, commit
+from beamflow.processes import die_with_parent
 
 _LEN = struct.Struct("<Q")
 _ALIGN = 64
@@ -402,19 +402,11 @@ def _serve(level: str, sock: socket.socket, images: _Images, parent: int) -> Non
             return
 
 
-def _die_with_parent(parent: int) -> None:
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(0)
-
-
 def main(argv: Sequence[str]) -> None:
     parent, priority, *levels = argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _die_with_parent(int(parent))
+    die_with_parent(int(parent))
     if priority == "idle" and hasattr(os, "SCHED_IDLE"):
         # level threads inherit it; the parent lifts them when it must
         with contextlib.suppress(OSError):
