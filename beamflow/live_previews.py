@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from beamflow.processes import die_with_parent
+from beamflow.processes import die_with_parent, helper_command
 
 __all__ = ["LivePreviews"]
 
@@ -168,15 +168,10 @@ class LivePreviews:
         if self._starts >= self.MAX_STARTS:
             return False
         self._starts += 1
-        # the helper imports the same beamflow as this process, installed or not
-        source = str(Path(__file__).resolve().parents[1])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
+        cmd, env = helper_command(__name__, str(os.getpid()), str(self.out_dir))
         try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-c", "import sys; from beamflow.live_previews import main; "
-                 "main(sys.argv[1:])", str(os.getpid()), str(self.out_dir)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          text=True, env=env)
         except OSError as e:  # no process to be had: the job goes on without live previews
             self.errors.append(f"live preview helper not started: {e}")
             log.warning("%s", self.errors[-1])

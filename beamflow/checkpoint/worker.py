@@ -37,7 +37,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -49,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from beamflow.checkpoint.store import FileImages, LatestRecord, commit
-from beamflow.processes import die_with_parent
+from beamflow.processes import die_with_parent, helper_command
 
 _LEN = struct.Struct("<Q")
 _ALIGN = 64
@@ -232,16 +231,11 @@ class WriterProcess:
             self._socks[name] = ours
             child_ends.append(theirs)
         args = [f"{name}={s.fileno()}" for name, s in zip(levels, child_ends, strict=True)]
-        # the child imports the same beamflow as this process, installed or not
-        source = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
+        cmd, env = helper_command(__name__, str(os.getpid()), "idle" if idle else "normal",
+                                  *args)
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", "import sys; from beamflow.checkpoint.worker import main; "
-                 "main(sys.argv[1:])", str(os.getpid()),
-                 "idle" if idle else "normal", *args],
-                pass_fds=[s.fileno() for s in child_ends], stdin=subprocess.DEVNULL, env=env)
+            self.proc = subprocess.Popen(cmd, pass_fds=[s.fileno() for s in child_ends],
+                                         stdin=subprocess.DEVNULL, env=env)
         finally:
             for s in child_ends:
                 s.close()
