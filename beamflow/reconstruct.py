@@ -487,7 +487,6 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
     def title(iteration: int) -> str:
         return f"{scan.name} · {params.algorithm} · iteration {iteration}"
 
-
     try:
         # The engine turns the frames into amplitudes in place (on the GPU it copies them
         # to the device): the frames are never held twice, and `data` is spent.
