@@ -73,12 +73,19 @@ class LivePreviews:
         ``pixel_size_m``, ``scan_extent_px`` and ``title`` are those of
         :func:`beamflow.ptycho.previews.write_previews`.
         """
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.out_dir / (BUNDLE + ".tmp")
-        with open(tmp, "wb") as f:  # np.save to a real file writes the array as it is
-            for a in (obj, probe, np.asarray(loss_history, np.float64)):
-                np.save(f, a, allow_pickle=False)
-        os.replace(tmp, self.out_dir / BUNDLE)
+        if self._proc is None and self._starts >= self.MAX_STARTS:
+            return  # no helper any more: live previews are off for this job
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.out_dir / (BUNDLE + ".tmp")
+            with open(tmp, "wb") as f:  # np.save to a real file writes the array as it is
+                for a in (obj, probe, np.asarray(loss_history, np.float64)):
+                    np.save(f, a, allow_pickle=False)
+            os.replace(tmp, self.out_dir / BUNDLE)
+        except OSError as e:  # a full disk must not stop the reconstruction
+            self.errors.append(f"live preview not handed over: {e}")
+            log.warning("%s", self.errors[-1])
+            return
         self._pending = {"title": title, "pixel_size_m": float(pixel_size_m),
                          "scan_extent_px": None if scan_extent_px is None
                          else [int(v) for v in scan_extent_px]}

@@ -106,3 +106,15 @@ def test_no_more_helpers_than_max_starts(live: LivePreviews) -> None:
     live.submit(*_state(rng), "not drawn", 1e-8)
     assert live.wait(5)
     assert live._proc is None and live.drawn == LivePreviews.MAX_STARTS
+
+
+def test_a_state_that_cannot_be_written_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    lp = LivePreviews(tmp_path / "file" / "previews")
+    try:
+        lp.submit(*_state(np.random.default_rng(4)), "x", 1e-8)
+        assert lp.wait(5)
+        assert lp.drawn == 0 and len(lp.errors) == 1
+        assert "not handed over" in lp.errors[0] and "file" in lp.errors[0]
+    finally:
+        lp.close()
