@@ -35,6 +35,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -301,6 +302,60 @@ def bench_scatter(m: int = 64, n: int = 400) -> list[dict]:
     return rows
 
 
+STAGES = ("chunk", "shifted_probe", "object_patches", "far_field", "modulus_projection",
+          "back_to_real", "object_num", "accumulate_object", "probe_terms", "update_object")
+
+
+def bench_stages(sim: dict, iterations: int) -> list[dict]:
+    """Wall time per iteration in each stage of the engine (summed over threads), with one
+    thread and with all, the two engines' iterations alternated. The FFT stages are
+    ``shifted_probe`` (the sub-pixel shift), ``far_field``, ``back_to_real`` and
+    ``probe_terms`` (the adjoint shift), each with one or two elementwise passes."""
+    from beamflow.ptycho.core import Core  # noqa: PLC0415 - instrumented here only
+
+    spent: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def timed(name: str, fn: Any) -> Any:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                with lock:
+                    spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+        return wrapper
+
+    originals = {name: getattr(Core, name) for name in STAGES}
+    for name, fn in originals.items():
+        setattr(Core, name, timed(name, fn))
+    try:
+        data = PtychoData(sim["intensities"], sim["positions"], sim["shape"])
+        params = ReconParams(algorithm="rpie", iterations=10**6)
+        threads = get_backend("cpu").threads
+        recs = {t: Reconstructor(data, initial_state(data, params), get_backend("cpu", threads=t))
+                for t in sorted({1, threads})}
+        totals = {t: {name: 0.0 for name in (*STAGES, "iteration")} for t in recs}
+        for rec in recs.values():
+            rec.run(2)
+        for _ in range(iterations):
+            for t, rec in recs.items():
+                spent.clear()
+                t0 = time.perf_counter()
+                rec.iterate()
+                totals[t]["iteration"] += time.perf_counter() - t0
+                for name, v in spent.items():
+                    totals[t][name] += v
+        for rec in recs.values():
+            rec.close()
+    finally:
+        for name, fn in originals.items():
+            setattr(Core, name, fn)
+    return [{"bench": "stages", "threads": t, "stage": name,
+             "seconds_per_iteration": v / iterations}
+            for t, row in totals.items() for name, v in row.items()]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--positions", type=int, default=400)
@@ -312,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quality-only", action="store_true")
     ap.add_argument("--scatter", action="store_true", help="also time scatter-add variants")
     ap.add_argument("--scatter-only", action="store_true")
+    ap.add_argument("--stages", action="store_true",
+                    help="only the wall time per stage of rPIE, one thread and all")
     ap.add_argument("--integer-positions", action="store_true",
                     help="round the positions: what the exact sub-pixel shifts cost (speed only)")
     args = ap.parse_args(argv)
@@ -326,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     common = {"positions": n, "probe_px": m, "modes": args.modes, "device": "cpu",
               "subpixel": not args.integer_positions,
               "threads": threads, "cpus": os.cpu_count()}
+    if args.stages:
+        for row in bench_stages(sim, args.iterations):
+            print(json.dumps({**common, **row}), flush=True)
+        return 0
     if not (args.quality_only or args.scatter_only):
         # The head-to-head run on the same data is benchmarks/bench_ptychi.py; here the
         # issue's figure for Pty-Chi on this machine class (quiet) is the reference.
