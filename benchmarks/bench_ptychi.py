@@ -30,6 +30,10 @@ What it does:
    minima, the ratio of CPU times, and both NRMSEs. Each Pty-Chi block is one
    ``task.run(n)`` call: one call per epoch would charge its fixed per-call overhead
    (~0.25 s) to every epoch.
+5. With ``--timing-rounds R``: R pairs of short runs (``--timing-iterations``, default 20)
+   of the two engines, alternated (and which goes first alternating too), and one line with
+   each pair's ratio and their median: on a machine whose speed drifts between the long
+   runs, the pairs see the same machine.
 
 Not part of the test suite: it takes minutes (torch install on the first run, ~1 minute per
 Pty-Chi algorithm at 400 positions on two cores).
@@ -194,8 +198,9 @@ def make_data(args) -> dict:
 # --------------------------------------------------------------------------- engines
 
 
-def run_ptychi(data_path: Path, args) -> tuple[list[dict], dict[str, np.ndarray]]:
-    prefix = RESULTS / "ptychi"
+def run_ptychi(data_path: Path, args, name: str = "ptychi"
+               ) -> tuple[list[dict], dict[str, np.ndarray]]:
+    prefix = RESULTS / name
     cmd = [
         str(PEER_PYTHON),
         str(RUNNER),
@@ -313,6 +318,12 @@ def main() -> None:
     ap.add_argument(
         "--blocks", type=int, default=4, help="timed blocks of iterations 2..N (median, min)"
     )
+    ap.add_argument(
+        "--timing-rounds", type=int, default=0,
+        help="then this many rounds of --timing-iterations iterations of each engine, "
+        "alternated: per-round ratios that a machine whose speed drifts affects alike",
+    )
+    ap.add_argument("--timing-iterations", type=int, default=20)
     ap.add_argument("--setup-only", action="store_true", help="build the peer venv and stop")
     ap.add_argument("--skip-ptychi", action="store_true")
     ap.add_argument("--skip-beamflow", action="store_true")
@@ -389,6 +400,36 @@ def main() -> None:
                 ),
                 flush=True,
             )
+
+
+    if args.timing_rounds and not (args.skip_ptychi or args.skip_beamflow):
+        alternated(d, data_path, args, common)
+
+
+def alternated(d: dict, data_path: Path, args, common: dict) -> None:
+    """Short runs of the two engines in alternation (the first of each pair alternating too);
+    the ratio of each pair's seconds per iteration, and their median."""
+    for alg in args.algorithms:
+        short = argparse.Namespace(**{**vars(args), "algorithms": [alg], "blocks": 1,
+                                      "iterations": args.timing_iterations})
+        ratios = []
+        for r in range(args.timing_rounds):
+            runs = {}
+            for engine in (("ptychi", "beamflow") if r % 2 == 0 else ("beamflow", "ptychi")):
+                if engine == "ptychi":
+                    runs[engine] = run_ptychi(data_path, short, "ptychi_short")[0][0]
+                else:
+                    runs[engine] = run_beamflow(d, alg, short)[0]
+            ratios.append(runs["ptychi"]["seconds_per_iteration"]
+                          / runs["beamflow"]["seconds_per_iteration"])
+            log(f"{alg} round {r + 1}: Pty-Chi / beamflow = {ratios[-1]:.2f}")
+        print(json.dumps({
+            "metric": "ptychi_over_beamflow_alternated", "algorithm": alg,
+            "rounds": args.timing_rounds, "iterations_per_run": args.timing_iterations,
+            "ratios": [round(v, 2) for v in ratios],
+            "ratio_median": round(float(np.median(ratios)), 2),
+            "batch_size": args.batch, **common, "load_avg_1min": round(os.getloadavg()[0], 2),
+        }), flush=True)
 
 
 if __name__ == "__main__":
