@@ -218,23 +218,27 @@ def probe_guess(true_probe: np.ndarray, target: float = 0.6) -> tuple[np.ndarray
 def bench_scatter(m: int = 64, n: int = 400) -> list[dict]:
     """Scatter-add variants on one thread (best of 10), and the engine's two CPU paths with
     every thread scattering its own share at once, as the engine's threads do."""
-    import threading  # noqa: PLC0415
-
     from numpy.lib.stride_tricks import sliding_window_view  # noqa: PLC0415
+    from scipy.sparse import _sparsetools  # noqa: PLC0415 - a private kernel, measured only
 
     rng = np.random.default_rng(0)
     h = w = 300
     iy, ix = rng.integers(0, h - m, n), rng.integers(0, w - m, n)
     p = np.exp(2j * np.pi * rng.random((n, m, m))).astype(np.complex64)
     acc = np.zeros((h, w), np.complex64)
-    idx = ((iy * w + ix)[:, None, None] + (np.arange(m)[:, None] * w + np.arange(m))).ravel()
-    from scipy.sparse import _sparsetools  # noqa: PLC0415 - a private kernel, measured only
-
     off = (np.arange(m)[:, None] * w + np.arange(m)[None, :]).ravel().astype(np.int32)
+    idx = ((iy * w + ix).astype(np.int32)[:, None] + off[None]).ravel()
 
-    def loop() -> None:
-        for j in range(n):
-            acc[iy[j] : iy[j] + m, ix[j] : ix[j] + m] += p[j]
+    def loop_into(a: np.ndarray, rows: slice) -> None:
+        for j in range(rows.start, rows.stop):
+            a[iy[j] : iy[j] + m, ix[j] : ix[j] + m] += p[j]
+
+    def coo_into(a: np.ndarray, rows: slice) -> None:
+        # scipy's compiled sparse kernel as a scatter-add: a[idx[k]] += p[k] · 1, one call
+        # that releases the GIL; the flat indices built per call, as a caller would
+        flat = ((iy[rows] * w + ix[rows]).astype(np.int32)[:, None] + off[None]).ravel()
+        _sparsetools.coo_matvec(flat.size, flat, np.zeros(flat.size, np.int32),
+                                p[rows].reshape(-1), np.ones(1, np.complex64), a.reshape(-1))
 
     def add_at() -> None:
         np.add.at(acc.ravel(), idx, p.ravel())
@@ -246,22 +250,10 @@ def bench_scatter(m: int = 64, n: int = 400) -> list[dict]:
     def add_at_window() -> None:
         np.add.at(sliding_window_view(acc, (m, m), writeable=True), (iy, ix), p)
 
-    def coo_into(a: np.ndarray, rows: slice) -> None:
-        # scipy's compiled sparse kernel as a scatter-add: a[idx[k]] += p[k] · 1, one call
-        # that releases the GIL
-        flat = ((iy[rows] * w + ix[rows]).astype(np.int32)[:, None] + off[None]).ravel()
-        _sparsetools.coo_matvec(flat.size, flat, np.zeros(flat.size, np.int32),
-                                p[rows].reshape(-1), np.ones(1, np.complex64), a.reshape(-1))
-
-    def loop_into(a: np.ndarray, rows: slice) -> None:
-        for j in range(rows.start, rows.stop):
-            a[iy[j] : iy[j] + m, ix[j] : ix[j] + m] += p[j]
-
-    def coo() -> None:
-        coo_into(acc, slice(0, n))
-
-    methods = [("slice_loop", loop), ("add_at", add_at), ("bincount", bincount),
-               ("add_at_window", add_at_window), ("coo_matvec", coo)]
+    everything = slice(0, n)
+    methods = [("slice_loop", lambda: loop_into(acc, everything)), ("add_at", add_at),
+               ("bincount", bincount), ("add_at_window", add_at_window),
+               ("coo_matvec", lambda: coo_into(acc, everything))]
     times: dict[str, list[float]] = {name: [] for name, _ in methods}
     for _ in range(10):  # interleaved, best of 10: robust on a shared machine
         for name, fn in methods:
