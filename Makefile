@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,fftw]'
 	# Ptychodus is the judge of our product files (tests only); its api modules import
 	# scikit-image, and its own pins are not ours, hence --no-deps.
 	$(BIN)/python -m pip install -q --no-deps ptychodus==1.7.0

@@ -1,21 +1,23 @@
-"""Array backends for the reconstruction engine: numpy (+ scipy.fft threads) or cupy (cuFFT).
+"""Array backends for the reconstruction engine: numpy (+ FFTW or pocketfft) or cupy (cuFFT).
 
 Everything in :mod:`beamflow.ptycho` is written once against an array module ``xp``; the few
 operations whose best implementation differs between CPU and GPU live here:
 
 * FFTs over the last two axes of a stack (unnormalised forward, ``1/M²`` inverse, like numpy):
-  scipy's pocketfft with ``workers`` threads on CPU, cupy's cuFFT (plans cached by cupy) on
-  GPU;
+  on CPU single-precision FFTW (:mod:`.fftw`, the ``fftw`` extra) when it is there, else
+  scipy's pocketfft with ``workers`` threads (``get_backend(fft=...)`` picks either); cupy's
+  cuFFT (plans cached by cupy) on GPU;
 * gathering object patches at integer corners, and scatter-adding patches back into an
   object-sized accumulator;
 * host <-> device moves.
 
-This is the only module of the package that imports ``cupy`` or ``scipy`` (the previews' phase
-unwrapping takes its DCT from here).
+This is the only module of the package that imports ``cupy`` or ``scipy`` or loads FFTW (the
+previews' phase unwrapping takes its DCT from here).
 """
 
 from __future__ import annotations
 
+import functools
 import glob
 import importlib.machinery
 import importlib.util
@@ -27,13 +29,38 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from . import fftw
+from .fftw import FFTWF
+
 # Elements below which one FFT call runs in one thread (4 frames of 128x128).
 PARALLEL_FFT_MIN = 4 * 128 * 128
 
-__all__ = ["Backend", "BackendError", "get_backend", "cpu_count", "cuda_available", "dct2"]
+__all__ = ["Backend", "BackendError", "get_backend", "cpu_count", "cuda_available", "dct2",
+           "cpu_ffts"]
 
 
-def _raw_pocketfft() -> ModuleType | None:
+def _load_extension(package: str, module: str) -> ModuleType:
+    """The compiled module ``package.module``, loaded from its file without importing
+    ``package`` (whose ``__init__`` may import far more than the one binding needed here)."""
+    spec = importlib.util.find_spec(package.split(".")[0])
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"{package} is not installed")
+    subdirs = package.split(".")[1:]
+    found = [p for suffix in importlib.machinery.EXTENSION_SUFFIXES
+             for d in spec.submodule_search_locations
+             for p in glob.glob(os.path.join(d, *subdirs, module + suffix))]
+    if not found:
+        raise ImportError(f"no compiled {package}.{module}")
+    name = f"{package}.{module}"
+    loader = importlib.machinery.ExtensionFileLoader(name, found[0])
+    mod = importlib.util.module_from_spec(
+        importlib.util.spec_from_file_location(name, found[0], loader=loader))
+    loader.exec_module(mod)
+    return mod
+
+
+@functools.cache
+def _pocketfft() -> ModuleType | None:
     """scipy's pocketfft binding, loaded from its file without importing ``scipy.fft``.
 
     Two reasons. scipy.fft's public wrappers cost ~30 µs of Python per call (argument
@@ -41,19 +68,11 @@ def _raw_pocketfft() -> ModuleType | None:
     per chunk. And importing the scipy.fft package imports scipy.special and numpy.f2py on
     the way: 28 MB of resident memory and 0.4 s in every reconstruction process, whose peak
     memory is budgeted at twice the frames. The binding is private: it is checked here against
-    numpy's FFT, and scipy.fft's public functions are used if it moved.
+    numpy's FFT, and scipy.fft's public functions are used if it moved. Loaded on first use
+    (2 MB): with FFTW the engine needs it only for the previews' DCT.
     """
     try:
-        import scipy  # noqa: PLC0415 - the bare package: 2 MB
-
-        name = "scipy.fft._pocketfft.pypocketfft"
-        found = [p for suffix in importlib.machinery.EXTENSION_SUFFIXES
-                 for p in glob.glob(os.path.join(scipy.__path__[0], "fft", "_pocketfft",
-                                                 "pypocketfft" + suffix))]
-        loader = importlib.machinery.ExtensionFileLoader(name, found[0])
-        spec = importlib.util.spec_from_file_location(name, found[0], loader=loader)
-        pp = importlib.util.module_from_spec(spec)
-        loader.exec_module(pp)
+        pp = _load_extension("scipy.fft._pocketfft", "pypocketfft")
         t = (np.arange(8) * (1 + 0.5j)).astype(np.complex64).reshape(2, 2, 2)
         got = pp.c2c(t.copy(), (1, 2), True, 0, None, 1)
         back = pp.c2c(got.copy(), (1, 2), False, 2, None, 1)
@@ -68,21 +87,30 @@ def _raw_pocketfft() -> ModuleType | None:
     return None
 
 
-_POCKETFFT = _raw_pocketfft()
-
-
 def _public_fft() -> ModuleType:
     import scipy.fft  # noqa: PLC0415 - only if the binding could not be loaded
 
     return scipy.fft
 
 
+@functools.cache
+def _fftw() -> FFTWF | None:
+    """FFTW (single precision) if the ``fftw`` extra or a system libfftw3f is there."""
+    return fftw.load()
+
+
+def cpu_ffts() -> tuple[str, ...]:
+    """The CPU FFT implementations usable in this process, the default first."""
+    return (("fftw",) if _fftw() is not None else ()) + ("pocketfft",)
+
+
 def dct2(a: np.ndarray, inverse: bool = False) -> np.ndarray:
     """Orthonormal 2-D DCT-II of a host float array (``inverse``: its inverse, the DCT-III),
     as ``scipy.fft.dctn``/``idctn(type=2, norm="ortho")``; a new array."""
     a = np.asarray(a, np.float64)
-    if _POCKETFFT is not None:
-        return _POCKETFFT.dct(a.copy(), 3 if inverse else 2, (0, 1), 1, None, 1, None)
+    pp = _pocketfft()
+    if pp is not None:
+        return pp.dct(a.copy(), 3 if inverse else 2, (0, 1), 1, None, 1, None)
     sfft = _public_fft()
     return (sfft.idctn if inverse else sfft.dctn)(a, type=2, norm="ortho")
 
@@ -132,11 +160,13 @@ class Backend:
     xp: ``numpy`` or ``cupy``.
     threads: host threads the engine may use to process chunks of a batch in parallel
         (CPU: the CPUs available to the process; GPU: 1 — the device is the parallelism).
+    fft: the FFT implementation: ``"fftw"`` or ``"pocketfft"`` on CPU, ``"cufft"`` on GPU.
     """
 
     name: str
     xp: ModuleType
     threads: int = 1
+    fft: str = "pocketfft"
     _cupy: Any = field(default=None, repr=False)
 
     @property
@@ -173,9 +203,11 @@ class Backend:
             import cupyx.scipy.fft as cfft  # noqa: PLC0415
 
             return cfft.fft2(a, axes=(-2, -1), overwrite_x=True)
-        if _POCKETFFT is not None and a.dtype == np.complex64 and a.flags.c_contiguous:
-            return _POCKETFFT.c2c(a, (a.ndim - 2, a.ndim - 1), True, 0, a,
-                                  workers or self._workers(a))
+        if self._fftw_ok(a):
+            return _fftw().transform(a, True)
+        pp = _pocketfft()
+        if pp is not None and a.dtype == np.complex64 and a.flags.c_contiguous:
+            return pp.c2c(a, (a.ndim - 2, a.ndim - 1), True, 0, a, workers or self._workers(a))
         return _public_fft().fft2(a, axes=(-2, -1), overwrite_x=True,
                                   workers=workers or self._workers(a))
 
@@ -185,11 +217,17 @@ class Backend:
             import cupyx.scipy.fft as cfft  # noqa: PLC0415
 
             return cfft.ifft2(a, axes=(-2, -1), overwrite_x=True)
-        if _POCKETFFT is not None and a.dtype == np.complex64 and a.flags.c_contiguous:
-            return _POCKETFFT.c2c(a, (a.ndim - 2, a.ndim - 1), False, 2, a,
-                                  workers or self._workers(a))
+        if self._fftw_ok(a):
+            return _fftw().transform(a, False)
+        pp = _pocketfft()
+        if pp is not None and a.dtype == np.complex64 and a.flags.c_contiguous:
+            return pp.c2c(a, (a.ndim - 2, a.ndim - 1), False, 2, a, workers or self._workers(a))
         return _public_fft().ifft2(a, axes=(-2, -1), overwrite_x=True,
                                    workers=workers or self._workers(a))
+
+    def _fftw_ok(self, a: Any) -> bool:
+        return (self.fft == "fftw" and a.dtype == np.complex64 and a.flags.c_contiguous
+                and a.flags.writeable)
 
     def _workers(self, a: Any) -> int:
         return self.threads if a.size >= PARALLEL_FFT_MIN else 1
@@ -265,13 +303,15 @@ class Backend:
         return base[:, None, None] + (r + c)[None]
 
 
-def get_backend(device: str = "auto", threads: int | None = None) -> Backend:
+def get_backend(device: str = "auto", threads: int | None = None,
+                fft: str | None = None) -> Backend:
     """Return the backend for ``device``: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
 
     ``"auto"`` picks CUDA when cupy imports and a device is visible (``CUDA_VISIBLE_DEVICES``
     is honoured), else the CPU. ``"cuda"`` without a usable device raises
     :class:`BackendError` saying why. ``threads`` caps the CPU threads (default: all CPUs
-    available to the process).
+    available to the process). ``fft`` picks the CPU FFT (``"fftw"`` or ``"pocketfft"``;
+    default: the first of :func:`cpu_ffts`, FFTW when pyFFTW is installed).
     """
     dev = (device or "auto").strip().lower()
     if dev == "auto":
@@ -280,7 +320,13 @@ def get_backend(device: str = "auto", threads: int | None = None) -> Backend:
         n = cpu_count() if threads is None else int(threads)
         if n < 1:
             raise BackendError(f"threads must be >= 1, got {threads}")
-        return Backend(name="cpu", xp=np, threads=n)
+        usable = cpu_ffts()
+        impl = fft or usable[0]
+        if impl not in usable:
+            why = ("pyFFTW is not installed (pip install 'beamflow[fftw]')" if impl == "fftw"
+                   else f"expected one of {', '.join(usable)}")
+            raise BackendError(f"CPU FFT {impl!r} is not available: {why}")
+        return Backend(name="cpu", xp=np, threads=n, fft=impl)
     if dev == "cuda" or dev.startswith("cuda:"):
         cp = _import_cupy()
         if cp is None:
@@ -307,5 +353,5 @@ def get_backend(device: str = "auto", threads: int | None = None) -> Backend:
                     f"device {device!r} requested but only {count} CUDA device(s) are visible"
                 )
         cp.cuda.Device(index).use()
-        return Backend(name=f"cuda:{index}", xp=cp, threads=1, _cupy=cp)
+        return Backend(name=f"cuda:{index}", xp=cp, threads=1, fft="cufft", _cupy=cp)
     raise BackendError(f"unknown device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")

@@ -221,14 +221,12 @@ class Core:
         return self._acc[:n]
 
     def combine(self, accs: Sequence[tuple[Any, Any]], bb: tuple[slice, slice]) -> tuple[Any, Any]:
-        """Sum the parts' accumulators over the box ``bb`` (in part order)."""
+        """Sum the parts' accumulators over the box ``bb`` into the first (in part order) and
+        return its views: no object-sized temporaries at the memory peak."""
         num, den = accs[0][0][bb], accs[0][1][bb]
-        if len(accs) > 1:
-            # The first sum makes the new arrays (one pass, not a copy and an add).
-            num, den = num + accs[1][0][bb], den + accs[1][1][bb]
-            for a in accs[2:]:
-                num += a[0][bb]
-                den += a[1][bb]
+        for a in accs[1:]:
+            num += a[0][bb]
+            den += a[1][bb]
         return num, den
 
     def update_object(self, accs: Sequence[tuple[Any, Any]], bb: tuple[slice, slice],
@@ -353,13 +351,18 @@ class Core:
         return self.backend.ifft2(big_chi, workers=self.fft_workers)
 
     # -- update terms -----------------------------------------------------------------------
-    def object_num(self, pd: Any, chi: Any, c: Chunk) -> Any:
-        """Σ_k conj(P_k,j)·χ_jk → (b, M, M). Conjugates an owned ``pd`` in place."""
+    def object_num(self, pd: Any, chi: Any, c: Chunk, keep_probe: bool = False) -> Any:
+        """Σ_k conj(P_k,j)·χ_jk → (b, M, M).
+
+        Overwrites an owned ``pd``: conjugated, and with one mode the result is written into
+        it (one chunk-sized array fewer at the memory peak) unless ``keep_probe``.
+        """
         xp = self.xp
         # Unshifted: pd is the (1, K, M, M) probe itself, small and not ours to modify.
         pdc = xp.conj(pd) if c.ramp is None else xp.conjugate(pd, out=pd)
         if chi.shape[1] == 1:
-            return pdc[:, 0] * chi[:, 0]
+            out = pdc[:, 0] if c.ramp is not None and not keep_probe else None
+            return xp.multiply(pdc[:, 0], chi[:, 0], out=out)
         return (pdc * chi).sum(axis=1)
 
     def accumulate_object(self, acc: tuple[Any, Any], num: Any, c: Chunk,

@@ -125,7 +125,8 @@ class DM(Algorithm):
                 self.exit[c.didx] = z
                 if accs is not None:
                     psi = be.ifft2(z, workers=core.fft_workers)
-                    core.accumulate_object(accs[t], core.object_num(pd, psi, c), c, pd)
+                    core.accumulate_object(accs[t], core.object_num(pd, psi, c, keep_probe=True),
+                                         c, pd)
             return losses, steps
 
         def probe_sums(t: int, part: np.ndarray):
