@@ -4,9 +4,12 @@ Prints one JSON line per result:
 
 * ``{"bench": "fft_floor", ...}`` — forward + inverse FFT of all of an iteration's exit waves
   (N·K, M, M complex64) with scipy.fft at full threads: the cost no iteration can avoid.
-* ``{"bench": "engine", "algorithm": ..., "seconds_per_iteration": ..., "ratio_to_fft_floor":
-  ..., "speedup_vs_ptychi": ...}`` — per algorithm; the floor is re-measured between the
-  algorithm's iterations in the same process, and the ratio uses the medians of both.
+* ``{"bench": "fftw_floor", ...}`` — the same with the engine's FFTW (one call per thread, the
+  stack split across the CPUs), when FFTW is installed: the floor of the library in use.
+* ``{"bench": "engine", "algorithm": ..., "fft": ..., "seconds_per_iteration": ...,
+  "ratio_to_fft_floor": ..., "speedup_vs_ptychi": ...}`` — per algorithm and CPU FFT library
+  (``--fft``, default all: FFTW and pocketfft, their iterations alternated); the floors are
+  re-measured between the iterations in the same process, and the ratio uses the medians.
   Also reported: the ratio of the best iteration to the best floor (``_min``), and of CPU
   time (all threads; ``cpu_ratio_to_fft_floor``), which stay meaningful when other jobs
   share the machine (``load_average_1min``); Pty-Chi's speed is issue 3's figure for a
@@ -51,6 +54,7 @@ from beamflow.ptycho import (  # noqa: E402
     get_backend,
     initial_state,
 )
+from beamflow.ptycho.backend import cpu_ffts  # noqa: E402
 
 PTYCHI_SECONDS_PER_ITERATION = 0.23  # issue 3: Pty-Chi rPIE, 400 x 64 px, CPU torch, 2 cores
 
@@ -153,23 +157,57 @@ class FFTFloor:
             self.cpu.append(time.process_time() - c0)
 
 
-def time_algorithm(sim: dict, params: ReconParams, iterations: int, floor: FFTFloor,
-                   warmup: int = 2) -> tuple[list[float], list[float]]:
-    """Per-iteration wall and CPU seconds; the floor is measured between iterations, so a
-    load that comes and goes on a shared machine hits both alike."""
+class FFTWFloor(FFTFloor):
+    """The same transforms with the engine's FFTW, the stack split across the CPUs' threads
+    (FFTW runs one thread per call in the engine): the floor of the library the engine uses,
+    reported beside the issue's scipy.fft floor."""
+
+    def __init__(self, n_waves: int, m: int):
+        self.backend = get_backend("cpu", fft="fftw")
+        self.parts = np.array_split(np.arange(n_waves), self.backend.threads)
+        super().__init__(n_waves, m)
+
+    def measure(self, repeats: int = 3) -> None:
+        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+        be = self.backend
+
+        def both(idx: np.ndarray) -> None:
+            y = be.fft2(self.x[idx], workers=1)  # fancy indexing: a copy, as the engine's
+            be.ifft2(y, workers=1)
+
+        with ThreadPoolExecutor(len(self.parts)) as pool:
+            for _ in range(repeats):
+                c0, t0 = time.process_time(), time.perf_counter()
+                list(pool.map(both, self.parts))
+                self.wall.append(time.perf_counter() - t0)
+                self.cpu.append(time.process_time() - c0)
+
+
+def time_algorithm(sim: dict, params: ReconParams, iterations: int, floors: list[FFTFloor],
+                   ffts: list[str], warmup: int = 2) -> dict[str, tuple[list[float], list[float]]]:
+    """Per-iteration wall and CPU seconds with each CPU FFT library, their iterations
+    alternated and the floors measured between them, so a load that comes and goes on a
+    shared machine hits all alike."""
     data = PtychoData(sim["intensities"], sim["positions"], sim["shape"])
-    state = initial_state(data, params)
-    wall: list[float] = []
-    cpu: list[float] = []
-    with Reconstructor(data, state, get_backend("cpu")) as rec:
-        rec.run(warmup)
+    recs = {f: Reconstructor(data, initial_state(data, params), get_backend("cpu", fft=f))
+            for f in ffts}
+    times: dict[str, tuple[list[float], list[float]]] = {f: ([], []) for f in ffts}
+    try:
+        for rec in recs.values():
+            rec.run(warmup)
         for _ in range(iterations):
-            floor.measure(2)
-            c0, t0 = time.process_time(), time.perf_counter()
-            rec.iterate()
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-    return wall, cpu
+            for f, rec in recs.items():
+                for floor in floors:
+                    floor.measure(1)
+                c0, t0 = time.process_time(), time.perf_counter()
+                rec.iterate()
+                times[f][0].append(time.perf_counter() - t0)
+                times[f][1].append(time.process_time() - c0)
+    finally:
+        for rec in recs.values():
+            rec.close()
+    return times
 
 
 def region_of_illumination(sim: dict, frac: float = 0.3) -> np.ndarray:
@@ -361,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scatter-only", action="store_true")
     ap.add_argument("--stages", action="store_true",
                     help="only the wall time per stage of rPIE, one thread and all")
+    ap.add_argument("--fft", default=",".join(cpu_ffts()),
+                    help="CPU FFT libraries to time side by side (default: all available)")
     ap.add_argument("--integer-positions", action="store_true",
                     help="round the positions: what the exact sub-pixel shifts cost (speed only)")
     args = ap.parse_args(argv)
@@ -383,34 +423,47 @@ def main(argv: list[str] | None = None) -> int:
         # The head-to-head run on the same data is benchmarks/bench_ptychi.py; here the
         # issue's figure for Pty-Chi on this machine class (quiet) is the reference.
         ptychi, ptychi_source = PTYCHI_SECONDS_PER_ITERATION, "issue 3 (quiet 2-core machine)"
+        ffts = [f.strip() for f in args.fft.split(",") if f.strip()]
         floor = FFTFloor(n * args.modes, m)
-        floor.measure(7)
-        print(json.dumps({"bench": "fft_floor", "seconds": statistics.median(floor.wall),
-                          "seconds_min": min(floor.wall),
-                          "cpu_seconds": statistics.median(floor.cpu), **common}), flush=True)
+        floors = [floor] + ([FFTWFloor(n * args.modes, m)] if "fftw" in cpu_ffts() else [])
+        for fl in floors:
+            fl.measure(7)
+            print(json.dumps({"bench": "fft_floor" if fl is floor else "fftw_floor",
+                              "seconds": statistics.median(fl.wall), "seconds_min": min(fl.wall),
+                              "cpu_seconds": statistics.median(fl.cpu), **common}), flush=True)
         for alg in [a.strip() for a in args.algorithms.split(",") if a.strip()]:
             params = ReconParams(algorithm=alg, iterations=10**6, probe_modes=args.modes)
-            floor.wall.clear()
-            floor.cpu.clear()
-            wall, cpu = time_algorithm(sim, params, args.iterations, floor)
-            sec, fl = statistics.median(wall), statistics.median(floor.wall)
-            print(json.dumps({
-                "bench": "engine", "algorithm": alg, "seconds_per_iteration": sec,
-                "fft_floor_seconds": fl, "ratio_to_fft_floor": sec / fl,
-                # best case of each: robust when other jobs share the machine
-                "seconds_per_iteration_min": min(wall), "fft_floor_seconds_min": min(floor.wall),
-                "ratio_to_fft_floor_min": min(wall) / min(floor.wall),
-                # CPU time (all threads): the work itself, whatever the load
-                "cpu_seconds_per_iteration": statistics.median(cpu),
-                "fft_floor_cpu_seconds": statistics.median(floor.cpu),
-                "cpu_ratio_to_fft_floor": statistics.median(cpu) / statistics.median(floor.cpu),
-                "batch_size": (params.batch_size_for(n) if params.selection != "sparse"
-                               else params.batch_size),
-                "batch_selection": params.selection,
-                "ptychi_seconds_per_iteration": ptychi, "ptychi_source": ptychi_source,
-                "speedup_vs_ptychi": ptychi / sec,
-                "load_average_1min": os.getloadavg()[0], **common,
-            }), flush=True)
+            for fl in floors:
+                fl.wall.clear()
+                fl.cpu.clear()
+            times = time_algorithm(sim, params, args.iterations, floors, ffts)
+            fl = statistics.median(floor.wall)
+            for impl, (wall, cpu) in times.items():
+                sec = statistics.median(wall)
+                row = {
+                    "bench": "engine", "algorithm": alg, "fft": impl,
+                    "seconds_per_iteration": sec,
+                    "fft_floor_seconds": fl, "ratio_to_fft_floor": sec / fl,
+                    # best case of each: robust when other jobs share the machine
+                    "seconds_per_iteration_min": min(wall),
+                    "fft_floor_seconds_min": min(floor.wall),
+                    "ratio_to_fft_floor_min": min(wall) / min(floor.wall),
+                    # CPU time (all threads): the work itself, whatever the load
+                    "cpu_seconds_per_iteration": statistics.median(cpu),
+                    "fft_floor_cpu_seconds": statistics.median(floor.cpu),
+                    "cpu_ratio_to_fft_floor": statistics.median(cpu) / statistics.median(
+                        floor.cpu),
+                    "batch_size": (params.batch_size_for(n) if params.selection != "sparse"
+                                   else params.batch_size),
+                    "batch_selection": params.selection,
+                    "ptychi_seconds_per_iteration": ptychi, "ptychi_source": ptychi_source,
+                    "speedup_vs_ptychi": ptychi / sec,
+                    "load_average_1min": os.getloadavg()[0], **common,
+                }
+                if len(floors) > 1:  # the floor of the FFT library the engine uses
+                    row["fftw_floor_seconds"] = statistics.median(floors[1].wall)
+                    row["ratio_to_fftw_floor"] = sec / row["fftw_floor_seconds"]
+                print(json.dumps(row), flush=True)
     if args.scatter or args.scatter_only:
         for row in bench_scatter(m, n):
             print(json.dumps(row), flush=True)
