@@ -40,8 +40,8 @@ def device(monkeypatch: pytest.MonkeyPatch) -> Backend:
     def fft2(a, axes=(-2, -1), overwrite_x=False):
         return scipy.fft.fft2(a, axes=axes, overwrite_x=overwrite_x, workers=1)
 
-    def ifft2(a, axes=(-2, -1), overwrite_x=False):
-        return scipy.fft.ifft2(a, axes=axes, overwrite_x=overwrite_x, workers=1)
+    def ifft2(a, axes=(-2, -1), overwrite_x=False, norm="backward"):
+        return scipy.fft.ifft2(a, axes=axes, overwrite_x=overwrite_x, norm=norm, workers=1)
 
     cupyx = types.ModuleType("cupyx")
     cupyx.scatter_add = np.add.at  # unbuffered: repeated indices accumulate, like atomics

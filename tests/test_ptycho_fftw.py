@@ -116,6 +116,9 @@ def test_fftw_is_the_default_and_backends_agree():
     x = _stack((3, 1, 24, 24))
     _close(be_fftw.fft2(x.copy()), be_pocket.fft2(x.copy()))
     _close(be_fftw.ifft2(x.copy()), be_pocket.ifft2(x.copy()))
+    unscaled = np.fft.ifft2(x) * (24 * 24)
+    for be in (be_fftw, be_pocket):
+        _close(be.ifft2(x.copy(), scale=False), unscaled)
     # what FFTW does not take (complex128, views) goes to pocketfft, with the same result
     x128 = x.astype(np.complex128)
     np.testing.assert_allclose(be_fftw.fft2(x128.copy()), np.fft.fft2(x128), rtol=1e-10,

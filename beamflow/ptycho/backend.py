@@ -211,18 +211,22 @@ class Backend:
         return _public_fft().fft2(a, axes=(-2, -1), overwrite_x=True,
                                   workers=workers or self._workers(a))
 
-    def ifft2(self, a: Any, workers: int | None = None) -> Any:
-        """Inverse FFT (normalised by 1/(M·M)) over the last two axes; may overwrite ``a``."""
+    def ifft2(self, a: Any, workers: int | None = None, scale: bool = True) -> Any:
+        """Inverse FFT over the last two axes, normalised by 1/(M·M) (``scale=False``: not —
+        for callers that fold the factor into an earlier product); may overwrite ``a``."""
         if self.is_gpu:
             import cupyx.scipy.fft as cfft  # noqa: PLC0415
 
-            return cfft.ifft2(a, axes=(-2, -1), overwrite_x=True)
+            return cfft.ifft2(a, axes=(-2, -1), overwrite_x=True,
+                              norm="backward" if scale else "forward")
         if self._fftw_ok(a):
-            return _fftw().transform(a, False)
+            return _fftw().transform(a, False, scale)
         pp = _pocketfft()
         if pp is not None and a.dtype == np.complex64 and a.flags.c_contiguous:
-            return pp.c2c(a, (a.ndim - 2, a.ndim - 1), False, 2, a, workers or self._workers(a))
+            return pp.c2c(a, (a.ndim - 2, a.ndim - 1), False, 2 if scale else 0, a,
+                          workers or self._workers(a))
         return _public_fft().ifft2(a, axes=(-2, -1), overwrite_x=True,
+                                   norm="backward" if scale else "forward",
                                    workers=workers or self._workers(a))
 
     def _fftw_ok(self, a: Any) -> bool:

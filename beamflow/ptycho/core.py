@@ -267,9 +267,13 @@ class Core:
 
     # -- forward model ----------------------------------------------------------------------
     def probe_hat(self) -> Any:
-        """F[P] of the current probe (cached until :meth:`probe_changed`)."""
+        """F[P]/(M·M) of the current probe (cached until :meth:`probe_changed`): the
+        unnormalised inverse FFT of ``ramp · probe_hat`` is the shifted probe, which saves
+        a scaling pass per chunk."""
         if self._probe_hat is None:
-            self._probe_hat = self.backend.fft2(self.probe.copy())
+            ph = self.backend.fft2(self.probe.copy())
+            ph *= np.float32(1.0 / (self.M * self.M))
+            self._probe_hat = ph
         return self._probe_hat
 
     def probe_intensity(self) -> Any:
@@ -289,17 +293,16 @@ class Core:
         self.probe_hat()
         self.probe_intensity()
 
-    def shifted_probe(self, c: Chunk, probe_hat: Any = None) -> Any:
+    def shifted_probe(self, c: Chunk) -> Any:
         """(b, K, M, M) probe modes shifted by each position's sub-pixel offset (owned).
 
         Without sub-pixel offsets: the (1, K, M, M) probe itself (a view — do not modify).
         """
         if c.ramp is None:
-            return self.probe[None] if probe_hat is None else self.backend.ifft2(
-                probe_hat.copy())[None]
-        ph = self.probe_hat() if probe_hat is None else probe_hat
+            return self.probe[None]
+        ph = self.probe_hat()
         pd = (c.ramp * ph[0])[:, None] if ph.shape[0] == 1 else c.ramp[:, None] * ph[None]
-        return self.backend.ifft2(pd, workers=self.fft_workers)
+        return self.backend.ifft2(pd, workers=self.fft_workers, scale=False)
 
     def object_patches(self, c: Chunk, obj: Any = None) -> Any:
         """(b, M, M) copies of the object windows."""

@@ -65,9 +65,10 @@ class FFTWF:
         self._plans: dict[tuple[int, int, int, bool, int], int] = {}
         self._lock = threading.Lock()
 
-    def transform(self, a: np.ndarray, forward: bool) -> np.ndarray:
+    def transform(self, a: np.ndarray, forward: bool, scale: bool = True) -> np.ndarray:
         """FFT ``a`` (C-contiguous complex64, ``ndim >= 2``) in place over its last two axes and
-        return it: unnormalised forward, inverse scaled by 1/(M·N) like numpy's."""
+        return it: unnormalised forward, inverse scaled by 1/(M·N) like numpy's (unless not
+        ``scale``)."""
         if a.dtype != np.complex64 or not a.flags.c_contiguous or not a.flags.writeable:
             raise ValueError("FFTWF.transform needs a writeable C-contiguous complex64 array")
         if a.size == 0:
@@ -77,7 +78,7 @@ class FFTWF:
         key = (a.size // (m * n), m, n, forward, self._alignment_of(ptr))
         plan = self._plans.get(key) or self._plan(key, ptr)
         self._execute(plan, ptr, ptr)
-        if not forward:
+        if not forward and scale:
             flat = a.view(np.float32)  # a real multiply: half the work of a complex one
             np.multiply(flat, np.float32(1.0 / (m * n)), out=flat)
         return a

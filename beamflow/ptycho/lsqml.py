@@ -119,7 +119,8 @@ class LSQML(Algorithm):
             d_probe = core.probe_from_terms(pnum) / (pden + alpha * float(pden.max()))
             d_probe = d_probe.astype(np.complex64)
             if core.subpixel:
-                d_probe_hat = be.fft2(d_probe.copy())
+                d_probe_hat = be.fft2(d_probe.copy())  # scaled for the inverses below
+                d_probe_hat *= np.float32(1.0 / (m * m))
 
         def systems(t: int, part: np.ndarray):
             rows = []
@@ -130,7 +131,7 @@ class LSQML(Algorithm):
                         sp = d_probe[None]
                     else:
                         sp = be.ifft2(d_probe_hat[None] * c.ramp[:, None],
-                                      workers=core.fft_workers)
+                                      workers=core.fft_workers, scale=False)
                     a_p = oj[:, None] * sp
                 zero = xp.zeros(len(c.idx), np.float32)
                 rows.append(xp.stack([
