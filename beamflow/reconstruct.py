@@ -179,6 +179,7 @@ class ReconstructSummary(BaseModel):
     seconds_per_iteration: float | None = Field(description="median, excluding the first")
     final_loss: float | None
     device: str
+    fft: str = Field(description="the FFT library: fftw or pocketfft (CPU), cufft (GPU)")
     product: str
     previews: list[str]
     resumed_from_iteration: int | None
@@ -582,6 +583,7 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
             times[0] if times else None),
         final_loss=final.loss_history[-1] if final.loss_history else None,
         device=backend.name,
+        fft=backend.fft,
         product=str(product_path),
         previews=[str(p) for p in previews.values()],
         resumed_from_iteration=resumed_from,

@@ -12,6 +12,7 @@ import pytest
 
 from beamflow.checkpoint import IncompatibleCheckpoint, list_checkpoints, load_latest
 from beamflow.formats import ScanFormatError, read_product
+from beamflow.ptycho.backend import cpu_ffts
 from beamflow.reconstruct import ReconstructJob, run_reconstruction
 from beamflow.simulate import read_ground_truth, score_product, simulate_scan
 
@@ -57,6 +58,7 @@ def test_fresh_run_writes_product_previews_checkpoints(scan: Path, tmp_path: Pat
     assert s.iterations == 12 and s.iterations_this_run == 12 and s.n_frames == N_POS
     assert s.resumed_from_iteration is None and not s.continuation
     assert s.device == "cpu" and s.seconds_per_iteration > 0
+    assert s.fft == cpu_ffts()[0]  # FFTW where the fftw extra is installed
     assert Path(s.product) == tmp_path / "product.h5"
     assert sorted(Path(p).name for p in s.previews) == [
         "convergence.png", "object_amplitude.png", "object_phase.png", "probe.png"]

@@ -30,7 +30,6 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from . import fftw
-from .fftw import FFTWF
 
 # Elements below which one FFT call runs in one thread (4 frames of 128x128).
 PARALLEL_FFT_MIN = 4 * 128 * 128
@@ -94,7 +93,7 @@ def _public_fft() -> ModuleType:
 
 
 @functools.cache
-def _fftw() -> FFTWF | None:
+def _fftw() -> fftw.FFTWF | None:
     """FFTW (single precision) if the ``fftw`` extra or a system libfftw3f is there."""
     return fftw.load()
 
