@@ -462,6 +462,7 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
     del loaded  # the frames stay referenced by `data` only (and the engine's copy)
     _release_freed_memory()
     backend = get_backend(job.device, threads=job.threads)
+    log.info("device %s, %d thread(s), FFTs: %s", backend.name, backend.threads, backend.fft)
     preview_dir = job.out / "previews"
     job.out.mkdir(parents=True, exist_ok=True)
     extent = _scan_extent(data.positions_px, frame)
