@@ -23,6 +23,7 @@ from beamflow.ptycho import (
     get_backend,
     initial_state,
 )
+from beamflow.ptycho.backend import cpu_ffts
 from beamflow.ptycho.core import overlap_neighbours, sparse_batches
 from beamflow.ptycho.engine import counter_rng
 from beamflow.ptycho.modes import orthogonalize_modes
@@ -391,6 +392,41 @@ def test_gather_and_scatter_match_naive():
         for j in range(20):
             ref[iy[j] : iy[j] + 8, ix[j] : ix[j] + 8] += add[j]
         np.testing.assert_array_equal(acc, ref)
+
+
+@pytest.mark.parametrize("fft", cpu_ffts())
+@pytest.mark.parametrize("modes", [1, 2])
+def test_shifted_probe_and_probe_adjoint_match_naive(scan, fft, modes):
+    """The forward sub-pixel shift S_j P = F⁻¹[F[P]·exp(−2πi k·δ_j)] and the probe update's
+    adjoint Σ_j S_j^H[conj(O_j)·χ_j], as the engine computes them (folded scaling and
+    conjugations, unnormalised inverse FFTs), against a plain complex128 evaluation — on an
+    even frame, where the Nyquist row and column are where shortcuts go wrong."""
+    data = data_of(scan)
+    params = ReconParams(iterations=1, probe_modes=modes)
+    with Reconstructor(data, initial_state(data, params), get_backend("cpu", fft=fft)) as rec:
+        core = rec.core
+        c = core.chunk(np.arange(7))
+        assert c.ramp is not None
+        kf = np.fft.fftfreq(M)
+        ramps = np.exp(-2j * np.pi * (core.frac[c.idx, 0][:, None, None] * kf[None, :, None]
+                                      + core.frac[c.idx, 1][:, None, None] * kf[None, None, :]))
+        probe = core.probe.astype(np.complex128)
+        want_pd = np.fft.ifft2(np.fft.fft2(probe)[None] * ramps[:, None])
+        got_pd = core.shifted_probe(c)
+        assert np.abs(got_pd - want_pd).max() < 1e-5 * np.abs(want_pd).max()
+
+        rng = np.random.default_rng(2)
+        oj = core.object_patches(c)
+        chi = (rng.standard_normal((7, modes, M, M))
+               + 1j * rng.standard_normal((7, modes, M, M))).astype(np.complex64)
+        g = np.conj(oj.astype(np.complex128))[:, None] * chi
+        want = np.fft.ifft2(np.fft.fft2(g) * np.conj(ramps)[:, None]).sum(axis=0)
+        pnum = np.zeros((modes, M, M), np.complex64)
+        pden = np.zeros((M, M), np.float32)
+        core.probe_terms(oj.copy(), chi.copy(), c, pnum, pden)
+        got = core.probe_from_terms(pnum)
+        assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
+        np.testing.assert_allclose(pden, (np.abs(oj) ** 2).sum(axis=0), rtol=1e-5)
 
 
 def test_sparse_batches_do_not_overlap(scan):
