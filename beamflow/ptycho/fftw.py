@@ -3,9 +3,9 @@
 With pocketfft the CPU engine spent half its time in small complex64 FFTs; FFTW does them
 1.6x faster than scipy's pocketfft binding on the engine's chunks (11 against 18 µs per 64x64)
 and 2.7x faster than scipy.fft on the FFT floor's stack (benchmarks/bench_engine.py:
-``fftw_floor`` against ``fft_floor``). Three C
-functions are all it needs — plan a batched 2-D transform, execute a plan on new arrays, and
-ask an array's SIMD alignment — so they are bound here directly rather than through pyFFTW's
+``fftw_floor`` against ``fft_floor``). Three C functions are all it needs — plan a batched
+2-D transform, execute a plan on new arrays, and ask an array's SIMD alignment — so they are
+bound here directly rather than through pyFFTW's
 Python API, whose package imports scipy.fft (36 MB resident), whose binding links FFTW in
 three precisions (6 MB against this module's 1 MB), and whose plan objects either cost ~50 µs
 each or hold on to the last arrays they transformed.
