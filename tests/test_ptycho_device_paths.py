@@ -37,8 +37,8 @@ def _fake_cupy() -> types.SimpleNamespace:
 def device(monkeypatch: pytest.MonkeyPatch) -> Backend:
     """A Backend that takes the GPU branches, on numpy."""
 
-    def fft2(a, axes=(-2, -1), overwrite_x=False):
-        return scipy.fft.fft2(a, axes=axes, overwrite_x=overwrite_x, workers=1)
+    def fft2(a, axes=(-2, -1), overwrite_x=False, norm="backward"):
+        return scipy.fft.fft2(a, axes=axes, overwrite_x=overwrite_x, norm=norm, workers=1)
 
     def ifft2(a, axes=(-2, -1), overwrite_x=False, norm="backward"):
         return scipy.fft.ifft2(a, axes=axes, overwrite_x=overwrite_x, norm=norm, workers=1)

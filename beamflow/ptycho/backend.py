@@ -198,35 +198,30 @@ class Backend:
         frames and one thread for a single small array (waking threads for one 64x64 FFT
         costs 4x the FFT). Callers that already run in several threads pass 1.
         """
-        if self.is_gpu:
-            import cupyx.scipy.fft as cfft  # noqa: PLC0415
-
-            return cfft.fft2(a, axes=(-2, -1), overwrite_x=True)
-        if self._fftw_ok(a):
-            return _fftw().transform(a, True)
-        pp = _pocketfft()
-        if pp is not None and a.dtype == np.complex64 and a.flags.c_contiguous:
-            return pp.c2c(a, (a.ndim - 2, a.ndim - 1), True, 0, a, workers or self._workers(a))
-        return _public_fft().fft2(a, axes=(-2, -1), overwrite_x=True,
-                                  workers=workers or self._workers(a))
+        return self._fft2(a, True, workers, True)
 
     def ifft2(self, a: Any, workers: int | None = None, scale: bool = True) -> Any:
         """Inverse FFT over the last two axes, normalised by 1/(M·M) (``scale=False``: not —
         for callers that fold the factor into an earlier product); may overwrite ``a``."""
+        return self._fft2(a, False, workers, scale)
+
+    def _fft2(self, a: Any, forward: bool, workers: int | None, scale: bool) -> Any:
+        norm = "backward" if scale else "forward"  # scipy's and cupy's names; forward: unscaled
         if self.is_gpu:
             import cupyx.scipy.fft as cfft  # noqa: PLC0415
 
-            return cfft.ifft2(a, axes=(-2, -1), overwrite_x=True,
-                              norm="backward" if scale else "forward")
+            return (cfft.fft2 if forward else cfft.ifft2)(a, axes=(-2, -1), overwrite_x=True,
+                                                          norm=norm)
         if self._fftw_ok(a):
-            return _fftw().transform(a, False, scale)
+            return _fftw().transform(a, forward, scale)
+        workers = workers or self._workers(a)
         pp = _pocketfft()
         if pp is not None and a.dtype == np.complex64 and a.flags.c_contiguous:
-            return pp.c2c(a, (a.ndim - 2, a.ndim - 1), False, 2 if scale else 0, a,
-                          workers or self._workers(a))
-        return _public_fft().ifft2(a, axes=(-2, -1), overwrite_x=True,
-                                   norm="backward" if scale else "forward",
-                                   workers=workers or self._workers(a))
+            inorm = 0 if forward or not scale else 2
+            return pp.c2c(a, (a.ndim - 2, a.ndim - 1), forward, inorm, a, workers)
+        sfft = _public_fft()
+        return (sfft.fft2 if forward else sfft.ifft2)(a, axes=(-2, -1), overwrite_x=True,
+                                                      norm=norm, workers=workers)
 
     def _fftw_ok(self, a: Any) -> bool:
         return (self.fft == "fftw" and a.dtype == np.complex64 and a.flags.c_contiguous

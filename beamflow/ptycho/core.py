@@ -266,14 +266,17 @@ class Core:
         return slice(int(y0), int(y1)), slice(int(x0), int(x1))
 
     # -- forward model ----------------------------------------------------------------------
+    def spectrum(self, probe: Any) -> Any:
+        """F[P]/(M·M) of (K, M, M) probe modes (a new array): the unnormalised inverse FFT of
+        ``ramp · spectrum`` is the shifted probe, which saves a scaling pass per chunk."""
+        ph = self.backend.fft2(probe.copy())
+        ph *= np.float32(1.0 / (self.M * self.M))
+        return ph
+
     def probe_hat(self) -> Any:
-        """F[P]/(M·M) of the current probe (cached until :meth:`probe_changed`): the
-        unnormalised inverse FFT of ``ramp · probe_hat`` is the shifted probe, which saves
-        a scaling pass per chunk."""
+        """:meth:`spectrum` of the current probe (cached until :meth:`probe_changed`)."""
         if self._probe_hat is None:
-            ph = self.backend.fft2(self.probe.copy())
-            ph *= np.float32(1.0 / (self.M * self.M))
-            self._probe_hat = ph
+            self._probe_hat = self.spectrum(self.probe)
         return self._probe_hat
 
     def probe_intensity(self) -> Any:

@@ -119,8 +119,7 @@ class LSQML(Algorithm):
             d_probe = core.probe_from_terms(pnum) / (pden + alpha * float(pden.max()))
             d_probe = d_probe.astype(np.complex64)
             if core.subpixel:
-                d_probe_hat = be.fft2(d_probe.copy())  # scaled for the inverses below
-                d_probe_hat *= np.float32(1.0 / (m * m))
+                d_probe_hat = core.spectrum(d_probe)
 
         def systems(t: int, part: np.ndarray):
             rows = []
