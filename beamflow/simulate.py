@@ -52,6 +52,7 @@ from beamflow.formats.eiger import (
     write_master,
 )
 from beamflow.ptycho.metrics import Comparison, compare, illumination_mask
+from beamflow.ptycho.propagation import Propagation, near_field_geometry
 
 GROUND_TRUTH = "ground_truth.h5"
 DEFAULT_GEOMETRY = Geometry(energy_eV=8800.0, distance_m=2.0, detector_pixel_size_m=75e-6)
@@ -95,6 +96,9 @@ class GroundTruth:
     seed: int
     defocus_m: float = 0.0  # make_probe's Δz (magnitude); optics.defocus_m is the signed one
     optics: ZonePlateOptics | None = None
+    #: far field, or near field with the effective (Fresnel-scaled) geometry
+    propagation: Propagation = Propagation()
+    focus_distance_m: float | None = None  # z1 of a near-field cone beam
 
     @property
     def probe_size(self) -> int:
@@ -111,6 +115,9 @@ class GroundTruth:
 
     def diffraction(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Noise-free model intensities of positions ``start:stop`` (detector view)."""
+        if self.propagation.near_field:
+            return holograms(self.object, self.probe, self.positions_px[start:stop],
+                             self.propagation)
         return diffraction(self.object, self.probe, self.positions_px[start:stop])
 
 
@@ -150,6 +157,30 @@ def diffraction(obj: np.ndarray, probe: np.ndarray, positions_px: np.ndarray) ->
         psi = exit_waves(obj, probe, positions_px[s : s + 64])
         far = sfft.fftshift(sfft.fft2(psi, workers=-1), axes=(-2, -1))
         out[s : s + 64] = far.real.astype(np.float64) ** 2 + far.imag.astype(np.float64) ** 2
+    return out
+
+
+def holograms(obj: np.ndarray, probe: np.ndarray, positions_px: np.ndarray,
+              propagation: Propagation) -> np.ndarray:
+    """Near-field intensities |D_z[ψ_j]|² (N, M, M) float64, in real space as recorded.
+
+    The probe is fixed relative to the detector and the object moves: the detector sees
+    P·O(u + r_j), i.e. the engine's window wave P_δj·O_j shifted back by the sub-pixel part
+    δ_j, which together with the propagator is one Fourier multiplier H·exp(+2πi k·δ_j).
+    """
+    m = probe.shape[-1]
+    h = propagation.transfer(m)
+    k = np.fft.fftfreq(m)
+    pos = np.asarray(positions_px, dtype=np.float64)
+    out = np.empty((len(pos), m, m))
+    for s in range(0, len(pos), 64):  # bounded memory for long scans
+        p = pos[s : s + 64]
+        frac = p - np.floor(p)
+        back = (np.exp(2j * np.pi * frac[:, 0, None] * k)[:, :, None]
+                * np.exp(2j * np.pi * frac[:, 1, None] * k)[:, None, :])
+        spec = sfft.fft2(exit_waves(obj, probe, p), workers=-1) * (h * back).astype(np.complex64)
+        wave = sfft.ifft2(spec, workers=-1)
+        out[s : s + 64] = wave.real.astype(np.float64) ** 2 + wave.imag.astype(np.float64) ** 2
     return out
 
 
@@ -340,6 +371,28 @@ def make_object(
     return np.exp(-absorption + 1j * phase).astype(np.complex64)
 
 
+def make_near_field_probe(m: int, rng: np.random.Generator,
+                          propagation: Propagation) -> np.ndarray:
+    """Unit-power near-field illumination (M, M): a cone beam far downstream of its focus,
+    seen in the effective parallel geometry — a soft-edged rectangular field (the KB
+    mirrors' aperture) filling ~80 % of the window, with smooth aberrations of a few radians
+    and the edge fringes of a short propagation, as measured near-field probes look."""
+    y = (np.arange(m) - (m - 1) / 2) / m
+    edge = lambda u, half: np.clip((half - np.abs(u)) * m / 2.0 + 0.5, 0.0, 1.0)  # noqa: E731
+    amp = edge(y, 0.40)[:, None] * edge(y, 0.38)[None, :]
+    coeff = rng.normal(0.0, 1.0, 6)
+    yy, xx = np.meshgrid(y, y, indexing="ij")
+    phase = 3.0 * (coeff[0] * yy**2 + coeff[1] * xx**2 + coeff[2] * xx * yy
+                   + coeff[3] * yy**3 + coeff[4] * xx**3 + coeff[5] * xx * yy**2)
+    field = amp * np.exp(1j * phase)
+    # A short propagation (a tenth of the sample-detector distance) rounds the edges into
+    # Fresnel fringes, as the beam-defining apertures upstream do.
+    short = propagation.model_copy(update={"distance_m": 0.1 * propagation.distance_m})
+    field = np.fft.ifft2(np.fft.fft2(field) * short.transfer(m))
+    field /= np.sqrt(np.sum(np.abs(field) ** 2))
+    return field.astype(np.complex64)
+
+
 def _bad_pixels(m: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     n = m * m
     n_dead = max(1, round(0.002 * n))
@@ -421,6 +474,68 @@ def make_ground_truth(
     )
 
 
+#: A near-field cone-beam setup like PETRA III P25's (shared/data/README.md): 12.66 keV,
+#: 55 µm pixels 1.12 m behind the sample, the focus 3.65 mm before it (magnification ≈ 308,
+#: effective pixel ≈ 179 nm, effective distance ≈ 3.64 mm).
+NEAR_FIELD_GEOMETRY = Geometry(energy_eV=12660.0, distance_m=1.12, detector_pixel_size_m=55e-6)
+NEAR_FIELD_FOCUS_M = 3.65e-3
+
+
+def make_near_field_ground_truth(
+    positions: int = 100,
+    probe_size: int = 64,
+    photons: float = 1e7,
+    seed: int = 0,
+    *,
+    focus_distance_m: float | None = NEAR_FIELD_FOCUS_M,
+    geometry: Geometry = NEAR_FIELD_GEOMETRY,
+    span_fraction: float = 0.5,
+    jitter_m: float = 10e-9,
+) -> GroundTruth:
+    """A near-field (Fresnel) scan: a broad structured illumination filling the window, the
+    object moved over ``span_fraction`` of the field in a jittered random pattern (as
+    near-field scans are: steps far below the field, random to avoid periodic artefacts),
+    holograms with Poisson statistics. Cone beam with ``focus_distance_m`` (z1), or a
+    parallel beam with None. Deterministic for ``seed``."""
+    if positions < 1 or probe_size < 8 or photons <= 0:
+        raise ValueError("need positions ≥ 1, probe_size ≥ 8 and photons > 0")
+    rng_obj, rng_pos, rng_det = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
+    )
+    m = probe_size
+    dx, z_eff, _ = near_field_geometry(geometry.detector_pixel_size_m, geometry.distance_m,
+                                       focus_distance_m)
+    propagation = Propagation(model="near-field", wavelength_m=geometry.wavelength_m,
+                              distance_m=z_eff, pixel_size_m=dx)
+    probe = make_near_field_probe(m, rng_obj, propagation)
+    side = math.ceil(math.sqrt(positions))
+    grid = (np.arange(side) - (side - 1) / 2) * (span_fraction * m / max(side - 1, 1))
+    gy, gx = np.meshgrid(grid, grid, indexing="ij")
+    nominal_px = np.stack([gy.ravel(), gx.ravel()], 1)[:positions]
+    nominal_px = nominal_px + rng_pos.uniform(-0.3, 0.3, nominal_px.shape) * (
+        span_fraction * m / max(side, 1))
+    nominal_m = nominal_px * dx
+    true_m = nominal_m + rng_pos.normal(0.0, jitter_m, nominal_m.shape)
+    centres = true_m / dx
+    origin = _MARGIN_PX - centres.min(axis=0)
+    corners = centres + origin
+    shape = tuple(int(v) for v in np.ceil(corners.max(axis=0)) + m + _MARGIN_PX)
+    field_centre = (shape[0] / 2, shape[1] / 2)
+    obj = make_object(shape, rng_obj, field_centre, 0.5 * min(shape) - _MARGIN_PX)
+    pixel_mask, hot_rate = _bad_pixels(m, rng_det)
+    # Propagation is unitary: the counts of a frame are Σ|ψ|².
+    power = sum(float(np.sum(np.abs(exit_waves(obj, probe, corners[s : s + 64])) ** 2))
+                for s in range(0, len(corners), 64)) / len(corners)
+    probe = (probe * np.sqrt(photons / power)).astype(np.complex64)
+    return GroundTruth(
+        object=obj, probe=probe, positions_px=corners, positions_m=true_m,
+        nominal_positions_m=nominal_m, origin_px=np.asarray(origin, dtype=np.float64),
+        object_pixel_size_m=dx, geometry=geometry, photons=float(photons),
+        pixel_mask=pixel_mask, hot_rate=hot_rate, seed=int(seed),
+        propagation=propagation, focus_distance_m=focus_distance_m,
+    )
+
+
 def write_ground_truth(path: Path, gt: GroundTruth) -> Path:
     with atomic_h5(Path(path)) as f:
         for key in (
@@ -435,6 +550,9 @@ def write_ground_truth(path: Path, gt: GroundTruth) -> Path:
         f.attrs["photons"] = gt.photons
         f.attrs["seed"] = gt.seed
         f.attrs["defocus_m"] = gt.defocus_m
+        f.attrs["propagation"] = gt.propagation.model
+        if gt.focus_distance_m is not None:
+            f.attrs["focus_distance_m"] = gt.focus_distance_m
         if gt.optics is not None:  # as in the master file (NXfresnel_zone_plate, metres)
             zp = f.create_group("zone_plate")
             zp.attrs["NX_class"] = "NXfresnel_zone_plate"
@@ -473,6 +591,18 @@ def read_ground_truth(path: str | Path) -> GroundTruth:
                 / float(zp["outer_diameter"][()]),
                 defocus_m=float(zp["defocus"][()]),
             )
+        geometry = Geometry(
+            energy_eV=float(a["energy_eV"]),
+            distance_m=float(a["distance_m"]),
+            detector_pixel_size_m=float(a["detector_pixel_size_m"]),
+        )
+        focus = float(a["focus_distance_m"]) if "focus_distance_m" in a else None
+        propagation = Propagation()
+        if a.get("propagation", "far-field") == "near-field":
+            dx, z_eff, _ = near_field_geometry(geometry.detector_pixel_size_m,
+                                               geometry.distance_m, focus)
+            propagation = Propagation(model="near-field", wavelength_m=geometry.wavelength_m,
+                                      distance_m=z_eff, pixel_size_m=dx)
         return GroundTruth(
             object=f["object"][()],
             probe=f["probe"][()],
@@ -481,17 +611,15 @@ def read_ground_truth(path: str | Path) -> GroundTruth:
             nominal_positions_m=f["nominal_positions_m"][()],
             origin_px=f["origin_px"][()],
             object_pixel_size_m=float(a["object_pixel_size_m"]),
-            geometry=Geometry(
-                energy_eV=float(a["energy_eV"]),
-                distance_m=float(a["distance_m"]),
-                detector_pixel_size_m=float(a["detector_pixel_size_m"]),
-            ),
+            geometry=geometry,
             photons=float(a["photons"]),
             pixel_mask=f["pixel_mask"][()],
             hot_rate=f["hot_rate"][()],
             seed=int(a["seed"]),
             defocus_m=float(a.get("defocus_m", 0.0)),
             optics=optics,
+            propagation=propagation,
+            focus_distance_m=focus,
         )
 
 

@@ -91,14 +91,21 @@ class Core:
         self.K = state.probe.shape[0]
         self.N = data.n_positions
         self.H, self.W = data.object_shape
-        # Measured amplitudes: ifftshift once, zero invalid pixels (they may hold NaN).
-        # Consuming (CPU): written over the intensities, block by block.
-        mask_s = np.fft.ifftshift(data.mask)
+        propagation = state.params.propagation
+        self.near_field = propagation.near_field
+        # Measured amplitudes with invalid pixels zeroed (they may hold NaN). Far field:
+        # ifftshifted once, so the FFT's output needs no shift; near field: the hologram is
+        # in real space and stays as recorded. Consuming (CPU): written over the
+        # intensities, block by block.
+        def to_engine(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+            return a.copy() if self.near_field else np.fft.ifftshift(a, axes=axes)
+
+        mask_s = to_engine(data.mask, (0, 1))
         in_place = consume and not backend.is_gpu
         sq = data.intensities if in_place else np.empty(data.intensities.shape, np.float32)
         norm = 0.0
         for s in range(0, self.N, DATA_BLOCK):
-            blk = np.fft.ifftshift(data.intensities[s : s + DATA_BLOCK], axes=(-2, -1))
+            blk = to_engine(data.intensities[s : s + DATA_BLOCK], (-2, -1))
             blk[:, ~mask_s] = 0.0
             norm += float(blk.sum(dtype=np.float64))
             np.sqrt(blk, out=sq[s : s + DATA_BLOCK])
@@ -113,6 +120,8 @@ class Core:
         # Guards 0/0 in the modulus constraint; far below any measured amplitude.
         self.eps = np.float32(1e-6 * max(max_amp, 1e-30))
         self.kfreq = np.fft.fftfreq(m)  # cycles per pixel, FFT order
+        h = propagation.transfer(m)
+        self.transfer = None if h is None else backend.to_device(h)
         self.obj = backend.to_device(np.array(state.object, np.complex64, copy=True))
         self.probe = backend.to_device(np.array(state.probe, np.complex64, copy=True))
         self.nominal = data.positions_px.copy()
@@ -311,10 +320,32 @@ class Core:
         """(b, M, M) copies of the object windows."""
         return self.backend.gather(self.obj if obj is None else obj, c.iy, c.ix, self.M)
 
-    def far_field(self, pd: Any, oj: Any) -> Any:
-        """Ψ = F[P_j · O_j] as a new (b, K, M, M) array."""
+    def to_detector(self, pd: Any, oj: Any, c: Chunk) -> Any:
+        """The wave at the detector for the chunk's positions, a new (b, K, M, M) array.
+
+        Far field: Ψ = F[P_j · O_j] (FFT order). Near field: Ψ = F⁻¹[G_j · F[P_j · O_j]]
+        with G_j = H · conj(r_j): the angular-spectrum propagator H, and the sub-pixel ramp
+        undone. The probe is fixed relative to the detector; the engine's window moves the
+        probe by δ_j against the object instead, so the detector sees its wave shifted back
+        by δ_j (a shift the far field's intensity cannot see, a hologram can).
+        """
         psi = pd * oj[:, None]
-        return self.backend.fft2(psi, workers=self.fft_workers)
+        big = self.backend.fft2(psi, workers=self.fft_workers)
+        if self.transfer is None:
+            return big
+        big *= self._propagator(c)[:, None]
+        return self.backend.ifft2(big, workers=self.fft_workers)
+
+    def _propagator(self, c: Chunk, adjoint: bool = False) -> Any:
+        """G_j = H·conj(r_j) per position (b, M, M), or its conjugate; (1, M, M) H without
+        sub-pixel shifts."""
+        xp = self.xp
+        if c.ramp is None:
+            g = self.transfer[None]
+            return xp.conj(g) if adjoint else g
+        g = xp.conj(c.ramp) if not adjoint else c.ramp.copy()
+        g *= xp.conj(self.transfer) if adjoint else self.transfer
+        return g
 
     def amplitude_residual(self, big_psi: Any, c: Chunk) -> tuple[Any, Any, Any]:
         """Model amplitude and masked residual for a chunk.
@@ -353,8 +384,15 @@ class Core:
             big_psi *= d[:, None]
         return loss
 
-    def back_to_real(self, big_chi: Any) -> Any:
-        return self.backend.ifft2(big_chi, workers=self.fft_workers)
+    def to_sample(self, big_chi: Any, c: Chunk) -> Any:
+        """The adjoint of :meth:`to_detector`'s propagation: a detector-plane correction
+        back to the exit-wave plane (far field: F⁻¹; near field: F⁻¹[conj(G_j)·F[·]])."""
+        be = self.backend
+        if self.transfer is None:
+            return be.ifft2(big_chi, workers=self.fft_workers)
+        spec = be.fft2(big_chi, workers=self.fft_workers)
+        spec *= self._propagator(c, adjoint=True)[:, None]
+        return be.ifft2(spec, workers=self.fft_workers)
 
     # -- update terms -----------------------------------------------------------------------
     def object_num(self, pd: Any, chi: Any, c: Chunk, keep_probe: bool = False) -> Any:
@@ -688,9 +726,9 @@ class PIEFamily(Algorithm):
                 c = core.chunk(sub)
                 pd = core.shifted_probe(c)
                 oj = core.object_patches(c)
-                big = core.far_field(pd, oj)
+                big = core.to_detector(pd, oj, c)
                 losses.append(core.modulus_projection(big, c))
-                chi = core.back_to_real(big)
+                chi = core.to_sample(big, c)
                 if grads is not None:
                     steps.append(position_steps(pd, be.gather(grads[0], c.iy, c.ix, m),
                                                 be.gather(grads[1], c.iy, c.ix, m), chi, xp))

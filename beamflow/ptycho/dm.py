@@ -65,8 +65,8 @@ class DM(Algorithm):
         if have < core.N:  # fresh start, or frames appended: start from φ_j = P_j·O_j
             for part in core.subchunks(np.arange(have, core.N)):
                 c = core.chunk(part)
-                self.exit[c.didx] = core.far_field(core.shifted_probe(c),
-                                                   core.object_patches(c))
+                self.exit[c.didx] = core.to_detector(core.shifted_probe(c),
+                                                     core.object_patches(c), c)
 
     def extras(self) -> dict[str, np.ndarray]:
         return {"dm_exit_waves": np.array(self.core.backend.to_host(self.exit), copy=True)}
@@ -105,13 +105,13 @@ class DM(Algorithm):
                 c = core.chunk(sub)
                 pd = core.shifted_probe(c)
                 oj = core.object_patches(c)
-                big_phi = core.far_field(pd, oj)
+                big_phi = core.to_detector(pd, oj, c)
                 if grads is not None:
                     # Positions follow the model's own modulus correction Π_F(φ)−φ (the DM
                     # update ψ_new − φ carries the iterate's memory, not a data residual).
                     chi = big_phi.copy()
                     losses.append(core.modulus_projection(chi, c))
-                    chi = be.ifft2(chi, workers=core.fft_workers)
+                    chi = core.to_sample(chi, c)
                     steps.append(position_steps(pd, be.gather(grads[0], c.iy, c.ix, m),
                                                 be.gather(grads[1], c.iy, c.ix, m), chi, xp))
                 else:
@@ -124,7 +124,7 @@ class DM(Algorithm):
                 z += big_phi  # Ψ + Π_F(2Φ−Ψ) − Φ
                 self.exit[c.didx] = z
                 if accs is not None:
-                    psi = be.ifft2(z, workers=core.fft_workers)
+                    psi = core.to_sample(z, c)
                     core.accumulate_object(accs[t], core.object_num(pd, psi, c, keep_probe=True),
                                          c, pd)
             return losses, steps
@@ -135,7 +135,7 @@ class DM(Algorithm):
             pden = xp.zeros((m, m), np.float32)
             for sub in core.subchunks(part):
                 c = core.chunk(sub)
-                psi = be.ifft2(self.exit[c.didx], workers=core.fft_workers)
+                psi = core.to_sample(self.exit[c.didx], c)
                 core.probe_terms(core.object_patches(c), psi, c, pnum, pden)
             return pnum, pden
 

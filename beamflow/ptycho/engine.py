@@ -36,7 +36,13 @@ from .epie import EPIE
 from .lsqml import LSQML
 from .modes import make_modes, orthogonalize_modes
 from .positions import remove_drift
-from .probe import mean_counts_per_frame, probe_from_diffraction, scale_probe
+from .probe import (
+    mean_counts_per_frame,
+    probe_from_diffraction,
+    probe_from_hologram,
+    scale_probe,
+)
+from .propagation import Propagation
 from .rpie import RPIE
 from .state import PtychoData, ReconParams, ReconState
 
@@ -64,11 +70,18 @@ def _mean_pattern(data: PtychoData) -> np.ndarray:
     return acc / data.n_positions
 
 
-def probe_from_data(data: PtychoData, mean: np.ndarray | None = None) -> np.ndarray:
-    """A probe guess from the mean diffraction amplitude √⟨I⟩ with a flat phase
-    (:func:`beamflow.ptycho.probe.probe_from_diffraction`), scaled to the counts. (M, M).
+def probe_from_data(data: PtychoData, mean: np.ndarray | None = None,
+                    propagation: Propagation | None = None) -> np.ndarray:
+    """A probe guess from the mean measured amplitude √⟨I⟩, scaled to the counts. (M, M).
+
+    Far field: √⟨I⟩ as the probe's far field with a flat phase
+    (:func:`beamflow.ptycho.probe.probe_from_diffraction`); near field: √⟨I⟩ propagated
+    back to the sample (:func:`beamflow.ptycho.probe.probe_from_hologram`).
     ``mean``: the mean pattern, when the caller has it already."""
     mean = _mean_pattern(data) if mean is None else mean
+    transfer = None if propagation is None else propagation.transfer(data.frame_size)
+    if transfer is not None:
+        return probe_from_hologram(mean, transfer, mask=data.mask)[0]
     return probe_from_diffraction(mean, mask=data.mask)[0]
 
 
@@ -88,7 +101,7 @@ def initial_state(data: PtychoData, params: ReconParams, probe: np.ndarray | Non
     m, k = data.frame_size, params.probe_modes
     mean = _mean_pattern(data)  # one pass over the frames serves the guess and the scale
     if probe is None:
-        p = probe_from_data(data, mean)[None]
+        p = probe_from_data(data, mean, params.propagation)[None]
     else:
         p = np.asarray(probe)
         if p.ndim == 2:
@@ -111,7 +124,8 @@ def initial_state(data: PtychoData, params: ReconParams, probe: np.ndarray | Non
     elif p.shape[0] < k:
         extra = make_modes(p[0], k - p.shape[0] + 1, rng)[1:]
         p = orthogonalize_modes(np.concatenate([p, extra]).astype(np.complex64))
-    p = scale_probe(p, mean_counts_per_frame(mean, data.mask), mask=data.mask)
+    p = scale_probe(p, mean_counts_per_frame(mean, data.mask), mask=data.mask,
+                    transfer=params.propagation.transfer(m))
     h, w = data.object_shape
     if obj is None:
         o = np.ones((h, w), np.complex64)

@@ -80,12 +80,12 @@ class LSQML(Algorithm):
                 c = core.chunk(sub)
                 pd = core.shifted_probe(c)
                 oj = core.object_patches(c)
-                big = core.far_field(pd, oj)
+                big = core.to_detector(pd, oj, c)
                 if poisson:
                     losses.append(self.poisson_correction(big, c))
                 else:
                     losses.append(core.modulus_projection(big, c))
-                chi = core.back_to_real(big)
+                chi = core.to_sample(big, c)
                 if grads is not None:
                     steps.append(position_steps(pd, be.gather(grads[0], c.iy, c.ix, m),
                                                 be.gather(grads[1], c.iy, c.ix, m), chi, xp))

@@ -362,11 +362,50 @@ def probe_from_diffraction(
     return scale_probe(probe, mean_counts_per_frame(mean, valid), mask=valid)
 
 
+def probe_from_hologram(
+    frames: ArrayLike, transfer: ArrayLike, *, mask: ArrayLike | None = None
+) -> NDArray[np.complex64]:
+    """Near-field probe guess: the mean hologram amplitude ``√⟨I⟩`` propagated back to the
+    sample, ``P = F⁻¹[conj(H)·F[√⟨I⟩]]``.
+
+    A near-field scan has no central bright peak to build a far-field guess from; averaged
+    over many positions the object's fringes wash out and ``⟨I⟩`` is close to the
+    illumination's own hologram ``|D_z[P]|²``. Its flat phase is right for the effective
+    (parallel-beam) geometry of the Fresnel scaling theorem, which removes the cone beam's
+    curvature. Masked pixels are filled from their neighbours; the result is scaled so the
+    model's counts on valid pixels match the mean counts per frame.
+
+    Args:
+        frames: ``[N, M, M]`` holograms or their ``[M, M]`` mean, as recorded (real space).
+        transfer: ``[M, M]`` angular-spectrum transfer function H, FFT order.
+        mask: ``[M, M]`` valid-pixel mask (True = valid), as recorded.
+
+    Returns:
+        ``[1, M, M]`` complex64.
+    """
+    d = np.asarray(frames, dtype=np.float64)
+    mean = d if d.ndim == 2 else d.mean(axis=0) if d.ndim == 3 else None
+    if mean is None or mean.shape[0] != mean.shape[1] or mean.size == 0:
+        raise ValueError(f"frames: expected [N, M, M] or [M, M] square frames, got {d.shape}")
+    if not np.all(np.isfinite(mean)):
+        raise ValueError("frames: contain NaN or infinite values")
+    valid = np.ones(mean.shape, bool) if mask is None else np.asarray(mask, dtype=bool)
+    if valid.shape != mean.shape:
+        raise ValueError(f"mask shape {valid.shape} differs from the frame shape {mean.shape}")
+    if not np.any(mean[valid] > 0):
+        raise ValueError("frames: no counts on valid pixels")
+    h = np.asarray(transfer)
+    amp = np.sqrt(np.maximum(_fill_masked(mean, valid), 0.0))
+    probe = np.fft.ifft2(np.conj(h) * np.fft.fft2(amp))
+    return scale_probe(probe, mean_counts_per_frame(mean, valid), mask=valid, transfer=h)
+
+
 # --------------------------------------------------------------------------- scale, modes
 
 
 def scale_probe(
-    probe: ArrayLike, counts_per_frame: float, mask: ArrayLike | None = None
+    probe: ArrayLike, counts_per_frame: float, mask: ArrayLike | None = None,
+    transfer: ArrayLike | None = None,
 ) -> NDArray[np.complex64]:
     """Scale ``probe`` so that ``Σ_k Σ_valid |F[P_k]|²`` equals ``counts_per_frame``.
 
@@ -374,7 +413,8 @@ def scale_probe(
     measured mean (use :func:`mean_counts_per_frame` with the same mask), so the first
     modulus projections change the phase, not the scale. ``mask`` is the detector's
     valid-pixel mask with the zero frequency in the centre; without it all pixels count
-    (then ``Σ|F[P]|² = M²·Σ|P|²``).
+    (then ``Σ|F[P]|² = M²·Σ|P|²``). Near field (``transfer`` = the propagator H, FFT
+    order): the model is ``|F⁻¹[H·F[P]]|²`` and the mask is as recorded (real space).
 
     Returns:
         ``[K, M, M]`` complex64.
@@ -387,7 +427,13 @@ def scale_probe(
     if not counts_per_frame > 0:
         raise ValueError(f"counts per frame must be positive, got {counts_per_frame}")
     m = p.shape[-1]
-    if mask is None:
+    if transfer is not None:
+        wave = np.fft.ifft2(np.asarray(transfer) * np.fft.fft2(p))
+        valid = np.ones(p.shape[1:], bool) if mask is None else np.asarray(mask, dtype=bool)
+        if valid.shape != p.shape[1:]:
+            raise ValueError(f"mask shape {valid.shape} differs from the probe shape {p.shape}")
+        power = float(np.sum(np.abs(wave[:, valid]) ** 2))
+    elif mask is None:
         power = m * m * float(np.sum(np.abs(p) ** 2))
     else:
         valid = np.fft.ifftshift(np.asarray(mask, dtype=bool))

@@ -21,6 +21,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .propagation import Propagation
+
 __all__ = ["ReconParams", "PtychoData", "ReconState", "ALGORITHM_DEFAULTS", "STATE_FORMAT"]
 
 STATE_FORMAT = "beamflow.ptycho.state/1"
@@ -97,6 +99,9 @@ class ReconParams(BaseModel):
         "once it reaches the noise floor; off for the others).",
     )
     seed: int = Field(0, ge=0, lt=2**63)
+    propagation: Propagation = Field(
+        default_factory=Propagation,
+        description="far field (default) or near field with its effective geometry")
 
     @model_validator(mode="after")
     def _check_algorithm_values(self) -> ReconParams:
@@ -115,6 +120,11 @@ class ReconParams(BaseModel):
             raise ValueError(
                 f"noise_model='poisson' is only implemented by algorithm 'lsqml', "
                 f"not '{self.algorithm}'"
+            )
+        if self.propagation.near_field and self.center_probe:
+            raise ValueError(
+                "center_probe=True does not apply to near-field propagation: the probe's "
+                "place relative to the detector is part of the hologram"
             )
         if self.algorithm == "dm" and self.batch_selection not in ("auto", "all"):
             raise ValueError(
@@ -139,7 +149,9 @@ class ReconParams(BaseModel):
     @property
     def centering(self) -> bool:
         """``center_probe`` with ``None`` resolved for the algorithm."""
-        return self.algorithm == "dm" if self.center_probe is None else bool(self.center_probe)
+        if self.center_probe is None:
+            return self.algorithm == "dm" and not self.propagation.near_field
+        return bool(self.center_probe)
 
     @property
     def selection(self) -> str:
