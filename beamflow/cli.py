@@ -209,6 +209,16 @@ def reconstruct(
     ] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: config).")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the batch order.")] = 0,
+    propagation: Annotated[
+        str | None,
+        typer.Option(help="far-field or near-field (default: the scan file's, else config, "
+                          "else far-field)."),
+    ] = None,
+    focus_distance: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="Near field, cone beam: focus-to-sample distance z1 in "
+                                   "metres (Fresnel scaling; default: scan file, config)."),
+    ] = None,
     checkpoint_every: Annotated[
         int | None, typer.Option(min=0, help="Checkpoint to DIR/checkpoints every N iterations.")
     ] = None,
@@ -270,6 +280,9 @@ def reconstruct(
             checkpoint_seconds=checkpoint_seconds, l1_dir=l1_dir or node_local, resume=resume,
             max_frames=max_frames, allow_partial=allow_partial,
             preview_every=rc.preview_every if preview_every is None else preview_every,
+            propagation=propagation or rc.propagation,
+            focus_distance_m=focus_distance if focus_distance is not None
+            else rc.focus_distance_m,
         )  # fmt: skip
     except ValidationError as exc:
         details = "; ".join(
@@ -310,6 +323,14 @@ def reconstruct(
                   + (f", {spi * 1e3:.1f} ms each" if spi else ""))
     if summary.final_loss is not None:
         console.print(f"  final loss  {summary.final_loss:.4g}")
+    console.print(f"  model       {summary.propagation}, object pixel "
+                  f"{summary.object_pixel_size_m * 1e9:.4g} nm")
+    if summary.verdict == "trusted":
+        console.print("  verdict     [green]trusted[/]")
+    else:
+        console.print("  verdict     [bold red]SUSPECT[/]")
+        for reason in summary.verdict_reasons:
+            console.print(f"    - {reason}", highlight=False)
     console.print(f"  product     {summary.product}")
     for p in summary.previews:
         console.print(f"  preview     {p}")

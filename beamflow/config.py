@@ -104,6 +104,10 @@ class Reconstruction(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     checkpoint_every: int = Field(default=10, ge=0)
     preview_every: int = Field(default=10, ge=0)
+    propagation: Literal["far-field", "near-field"] | None = Field(
+        default=None, description="None: as the scan file says, else far-field")
+    focus_distance_m: float | None = Field(
+        default=None, gt=0, description="near field, cone beam: focus-to-sample distance z1")
 
 
 class Agent(_Section):

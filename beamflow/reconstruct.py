@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -56,8 +56,10 @@ from beamflow.config import Reconstruction
 from beamflow.formats import Product, Scan, load_scan, write_product
 from beamflow.live_previews import LivePreviews
 from beamflow.ptycho.backend import get_backend
-from beamflow.ptycho.engine import Reconstructor, initial_state
+from beamflow.ptycho.engine import Reconstructor, initial_state, mean_pattern
+from beamflow.ptycho.propagation import Propagation, PropagationModel, near_field_geometry
 from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
+from beamflow.ptycho.verdict import judge, measure_data
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +121,12 @@ class ReconstructJob(BaseModel):
     preview_every: int = Field(default=10, ge=0, description="0: previews only at the end")
     preview_min_seconds: float = Field(
         default=2.0, ge=0, description="at most one preview refresh per this many seconds")
+    propagation: PropagationModel | None = Field(
+        default=None, description="far-field or near-field (None: as the scan file says, "
+        "else far-field)")
+    focus_distance_m: float | None = Field(
+        default=None, gt=0, description="near field, cone beam: focus-to-sample distance z1 "
+        "(None: as the scan file says, else a parallel beam)")
     object_margin_px: int = Field(default=8, ge=0)
     threads: int | None = Field(default=None, ge=1, description="CPU threads (default: all)")
     handle_sigterm: bool = Field(
@@ -193,6 +201,14 @@ class ReconstructSummary(BaseModel):
         default=PROBE_FROM_DATA,
         description="starting probe: file (--probe), optics (the scan's zone plate), "
         "data (mean diffraction)")
+    propagation: PropagationModel = "far-field"
+    focus_distance_m: float | None = None
+    object_pixel_size_m: float
+    verdict: Literal["trusted", "suspect"]
+    verdict_reasons: list[str] = Field(description="why the result is suspect (empty when "
+                                       "trusted)")
+    verdict_metrics: dict[str, float | None] = Field(
+        description="the numbers the verdict was computed from")
 
 
 #: progress(iterations_done, target, loss)
@@ -267,10 +283,10 @@ class _Frame(BaseModel):
         return (np.asarray(corners_px, np.float64) + self.frame_size / 2) * self.pixel_size_m + o
 
     @classmethod
-    def for_scan(cls, scan: Scan, margin: int) -> _Frame:
+    def for_scan(cls, scan: Scan, margin: int, pixel_size_m: float) -> _Frame:
         """Object big enough for every PLANNED position (so later frames fit too)."""
         m = scan.frame_shape[0]
-        dx = scan.object_pixel_size_m
+        dx = pixel_size_m
         planned = np.asarray(scan.planned_positions_m, np.float64)
         if planned.size == 0:
             planned = np.asarray(scan.positions_m, np.float64)
@@ -283,10 +299,32 @@ class _Frame(BaseModel):
                    object_shape=(shape[0], shape[1]), frame_size=m)
 
 
+def _propagation(job: ReconstructJob, scan: Scan) -> tuple[Propagation, float | None]:
+    """The propagation model in the engine's geometry, and the focus distance it used.
+
+    The job's choice, else the scan file's, else far field. Near field with a focus distance
+    z1 (a cone beam) is reduced to a parallel beam by the Fresnel scaling theorem.
+    """
+    g = scan.geometry
+    model = job.propagation or scan.propagation or "far-field"
+    if model == "far-field":
+        if job.focus_distance_m is not None:
+            log.warning("focus distance %.4g m ignored: it only applies to near-field "
+                        "propagation", job.focus_distance_m)
+        return Propagation(), None
+    focus = job.focus_distance_m or scan.focus_distance_m
+    dx, z_eff, mag = near_field_geometry(g.detector_pixel_size_m, g.distance_m, focus)
+    log.info("near field: %s, magnification %.4g, object pixel %.4g nm, effective distance "
+             "%.4g mm", "cone beam" if focus else "parallel beam", mag, dx * 1e9, z_eff * 1e3)
+    return Propagation(model="near-field", wavelength_m=g.wavelength_m, distance_m=z_eff,
+                       pixel_size_m=dx), focus
+
+
 def _fingerprint(scan: Scan, params: ReconParams, data: _LoadedData, job: ReconstructJob,
                  n: int) -> dict[str, Any]:
     g = scan.geometry
-    soft = params.model_dump(mode="json", exclude={"algorithm", "probe_modes"})
+    prop = params.propagation
+    soft = params.model_dump(mode="json", exclude={"algorithm", "probe_modes", "propagation"})
     soft.update(device=job.device, probe=str(job.probe) if job.probe else None,
                 mask_sha256=hashlib.sha256(np.ascontiguousarray(scan.mask).tobytes()).hexdigest())
     return {
@@ -294,7 +332,9 @@ def _fingerprint(scan: Scan, params: ReconParams, data: _LoadedData, job: Recons
             "energy_eV": g.energy_eV,
             "distance_m": g.distance_m,
             "detector_pixel_size_m": g.detector_pixel_size_m,
-            "object_pixel_size_m": scan.object_pixel_size_m,
+            "object_pixel_size_m": prop.pixel_size_m or scan.object_pixel_size_m,
+            "propagation": prop.model,
+            "propagation_distance_m": prop.distance_m,
             "frame_shape": list(scan.frame_shape),
             "probe_modes": params.probe_modes,
             "algorithm": params.algorithm,
@@ -324,6 +364,9 @@ def _initial_probe(job: ReconstructJob, scan: Scan) -> tuple[np.ndarray | None, 
         except ValueError as e:
             raise ReconstructError(str(e)) from e
     optics = scan.optics
+    if optics is not None and job.params.propagation.near_field:
+        log.info("initial probe: the recorded zone plate is not used in the near field")
+        optics = None
     if optics is not None:
         try:
             probe = zone_plate_probe(
@@ -341,7 +384,8 @@ def _initial_probe(job: ReconstructJob, scan: Scan) -> tuple[np.ndarray | None, 
                      optics.outer_zone_width_m * 1e9, optics.central_stop_fraction,
                      optics.defocus_m * 1e3, scan.source.name)
             return probe, PROBE_FROM_OPTICS
-    log.info("initial probe: from the mean diffraction (no --probe, no recorded optics)")
+    log.info("initial probe: from the mean %s (no --probe, no recorded optics)",
+             "hologram" if job.params.propagation.near_field else "diffraction")
     return None, PROBE_FROM_DATA
 
 
@@ -393,7 +437,10 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
                         live: LivePreviews) -> ReconstructSummary:
     t_start = time.perf_counter()
     scan = load_scan(job.scan, max_frames=job.max_frames, allow_partial=job.allow_partial)
-    params = job.params
+    propagation, focus_distance = _propagation(job, scan)
+    params = job.params.model_copy(update={"propagation": propagation})
+    job = job.model_copy(update={"params": params})
+    pixel_size = propagation.pixel_size_m or scan.object_pixel_size_m
     frames = _read_frames(scan)
     digests: dict[int, str] = {}
     loaded = _LoadedData(scan, frames, digests)
@@ -439,7 +486,7 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
         # positions already refined by position correction stay as the state has them
         nominal = positions
     else:
-        frame = _Frame.for_scan(scan, job.object_margin_px)
+        frame = _Frame.for_scan(scan, job.object_margin_px, pixel_size)
         nominal = frame.corners(scan.positions_m)
         state = None
     target = since + params.iterations
@@ -452,6 +499,8 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
         raise ReconstructError(f"{scan.source}: {e}") from e
     del frames  # PtychoData holds the same array (no copy); keep one reference only
     loaded.frames = data.intensities
+    # What the data say of their regime and noise, before the engine spends the frames.
+    regime = measure_data(mean_pattern(data), data.mask)
     if state is None:
         probe0, probe_source = _initial_probe(job, scan)
         state = initial_state(data, run_params, probe=probe0)
@@ -552,6 +601,12 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
             scan_extent_px=extent, title=title(final.iteration)))
     except ValueError as e:  # a diverged state: report, do not draw it
         log.warning("previews not written: %s", e)
+    verdict = judge(obj=final.object, probe=final.probe, positions_px=final.positions_px,
+                    loss_history=final.loss_history, propagation=propagation, data=regime)
+    if verdict.verdict == "suspect":
+        log.warning("%s: the result is SUSPECT: %s", scan.source, " ".join(verdict.reasons))
+    else:
+        log.info("%s: the result is trusted", scan.source)
     positions_m = frame.to_metres(final.positions_px)
     h, w = final.object.shape
     product_path = job.out / "product.h5"
@@ -575,6 +630,10 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
         probe_position_y_m=positions_m[:, 0],
         loss_epochs=np.arange(1, len(final.loss_history) + 1),
         loss_values=np.asarray(final.loss_history),
+        propagation=propagation.model,
+        focus_distance_m=focus_distance,
+        verdict=verdict.verdict,
+        verdict_reasons=verdict.reasons,
     ))
     l2 = ck.committed.get("L2")
     return ReconstructSummary(
@@ -595,6 +654,12 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
         algorithm=params.algorithm,
         seconds=time.perf_counter() - t_start,
         initial_probe=probe_source,
+        propagation=propagation.model,
+        focus_distance_m=focus_distance,
+        object_pixel_size_m=frame.pixel_size_m,
+        verdict=verdict.verdict,
+        verdict_reasons=verdict.reasons,
+        verdict_metrics=verdict.metrics,
     )
 
 

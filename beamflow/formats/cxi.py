@@ -14,6 +14,15 @@ Layout read and written (as Ptychodus reads and writes it)::
 
 ``/entry_1/instrument_1/detector_1/data`` is read when ``data_1/data`` is absent, and
 ``/entry_1/data_1/translation`` when ``sample_1/geometry_1/translation`` is.
+
+Orientation: ``/entry_1/instrument_1/detector_1/basis_vectors`` (3, 2), when present, holds
+in its columns the lab-frame (x, y, z) step in metres from one pixel to the next along the
+frame's first (row) and second (column) axes, as CDTools writes it, and the translation is
+the sample's displacement in the lab (the CXI meaning): the probe then sits at
+``−pinv(B̂)·t`` metres along (rows, columns) of the sample, B̂ the basis with unit columns.
+Without basis vectors the translation is read as the probe position along lab y (rows) and
+lab x (columns), no sign flip, as Ptychodus reads and writes CXI (and as :func:`write_cxi`
+writes). docs/formats.md says how the PETRA III near-field file's orientation was checked.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ DISTANCE = f"{DETECTOR}/distance"
 X_PIXEL_SIZE = f"{DETECTOR}/x_pixel_size"
 Y_PIXEL_SIZE = f"{DETECTOR}/y_pixel_size"
 MASK = f"{DETECTOR}/mask"
+BASIS = f"{DETECTOR}/basis_vectors"
 ENERGY = "/entry_1/instrument_1/source_1/energy"
 
 
@@ -83,6 +93,28 @@ def write_cxi(
     return path
 
 
+def _basis(f: h5py.File, path: Path) -> np.ndarray | None:
+    """The detector's basis vectors with unit columns (3, 2), or None when absent."""
+    if f.get(BASIS, getlink=True) is None:
+        return None
+    b = read_array(f, path, BASIS, ndim=2)
+    if b.shape == (2, 3):  # the CXI specification's row form
+        b = b.T
+    if b.shape != (3, 2):
+        raise ScanFormatError(path, BASIS, f"expected shape (3, 2), found {b.shape}")
+    try:
+        b = b.astype(np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ScanFormatError(path, BASIS, f"not numbers ({exc})") from exc
+    norms = np.linalg.norm(b, axis=0)
+    if not (np.all(np.isfinite(b)) and np.all(norms > 0)):
+        raise ScanFormatError(path, BASIS, "a basis vector is zero or not finite")
+    unit = b / norms
+    if abs(float(unit[:, 0] @ unit[:, 1])) > 0.99:
+        raise ScanFormatError(path, BASIS, "the two basis vectors are (nearly) parallel")
+    return unit
+
+
 def read_cxi(path: Path, *, max_frames: int | None = None, allow_partial: bool = False) -> Scan:
     """Read a CXI file into the scan model (``allow_partial`` is accepted for symmetry; a CXI
     file is written whole)."""
@@ -119,10 +151,15 @@ def read_cxi(path: Path, *, max_frames: int | None = None, allow_partial: bool =
             raise ScanFormatError(
                 path, tkey, f"translation must be (N, 3) (x, y, z), found shape {t.shape}"
             )
+        basis = _basis(f, path)
         try:
-            planned = np.stack([t[:, 1], t[:, 0]], axis=1).astype(np.float64)
+            t3 = np.zeros((t.shape[0], 3))
+            t3[:, : t.shape[1]] = t.astype(np.float64)
         except (TypeError, ValueError) as exc:
             raise ScanFormatError(path, tkey, f"not numbers ({exc})") from exc
+        # Without a basis (Ptychodus): the probe position, rows = y, columns = x. With one:
+        # the sample's displacement, so the probe moves the other way over the sample.
+        planned = t3[:, [1, 0]] if basis is None else -(t3 @ np.linalg.pinv(basis).T)
         if planned.shape[0] != n:
             raise ScanFormatError(
                 path,

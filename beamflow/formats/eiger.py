@@ -8,6 +8,9 @@ Layout (one scan = one directory ``NAME/``)::
           data_000001 -> ExternalLink("NAME_data_000001.h5", "/entry/data/data")  ...
         /instrument                          NXinstrument
           /beam/incident_wavelength          Å (units attr), as an Eiger writes it
+          /beam/propagation                  optional, beamflow's: "far-field" | "near-field"
+          /beam/focus_distance               optional, beamflow's: focus-to-sample distance
+                                             z1 of a near-field cone beam (m, units attr)
           /detector/x_pixel_size, y_pixel_size, detector_distance     m (units attrs)
           /detector/detectorSpecific/nimages, ntrigger   expected frames = nimages·ntrigger
           /detector/detectorSpecific/pixel_mask          uint32, non-zero = bad (Eiger bits)
@@ -61,6 +64,9 @@ ENERGY = "/entry/instrument/beam/incident_energy"
 POSITIONS = "/entry/sample/positions"
 POS_Y = f"{POSITIONS}/y"
 POS_X = f"{POSITIONS}/x"
+PROPAGATION = "/entry/instrument/beam/propagation"
+FOCUS_DISTANCE = "/entry/instrument/beam/focus_distance"
+PROPAGATION_MODELS = ("far-field", "near-field")
 ZONE_PLATE = "/entry/instrument/zone_plate"
 ZP_DIAMETER = f"{ZONE_PLATE}/outer_diameter"
 ZP_OUTER_ZONE = f"{ZONE_PLATE}/outermost_zone_width"
@@ -107,6 +113,8 @@ def write_master(
     description: str = "Dectris EIGER2 (beamflow simulator)",
     start_time: str | None = None,
     optics: ZonePlateOptics | None = None,
+    propagation: str | None = None,
+    focus_distance_m: float | None = None,
 ) -> None:
     """Write a master file promising ``len(positions_m)`` frames, atomically.
 
@@ -135,6 +143,10 @@ def write_master(
         _attrs(beam, NX_class="NXbeam")
         wl = beam.create_dataset("incident_wavelength", data=geometry.wavelength_m / 1e-10)
         _attrs(wl, units="angstrom")
+        if propagation is not None:
+            beam["propagation"] = propagation
+        if focus_distance_m is not None:
+            _attrs(beam.create_dataset("focus_distance", data=focus_distance_m), units="m")
         det = inst.create_group("detector")
         _attrs(det, NX_class="NXdetector")
         det["description"] = description
@@ -347,6 +359,23 @@ def _positions(f: h5py.File, master: Path) -> np.ndarray:
     return np.stack([ys, xs], axis=1)
 
 
+def _regime(f: h5py.File, master: Path) -> tuple[str | None, float | None]:
+    """The propagation regime and cone-beam focus distance the master records, if any."""
+    propagation = None
+    if PROPAGATION in f:
+        raw = dataset(f, master, PROPAGATION)[()]
+        propagation = raw.decode() if isinstance(raw, bytes) else str(raw)
+        if propagation not in PROPAGATION_MODELS:
+            raise ScanFormatError(master, PROPAGATION, f"must be one of "
+                                  f"{', '.join(PROPAGATION_MODELS)}, found {propagation!r}")
+    focus = None
+    if FOCUS_DISTANCE in f:
+        focus = read_length_m(f, master, FOCUS_DISTANCE)
+        if not (np.isfinite(focus) and focus > 0):
+            raise ScanFormatError(master, FOCUS_DISTANCE, f"must be positive, found {focus} m")
+    return propagation, focus
+
+
 def _optics(f: h5py.File, master: Path) -> ZonePlateOptics | None:
     """The zone plate and defocus, or None when the master records no zone plate."""
     if ZONE_PLATE not in f:
@@ -391,6 +420,7 @@ def read_detector_scan(
         mask_raw = read_array(f, master, PIXEL_MASK, ndim=2) if PIXEL_MASK in f else None
         geometry = _geometry(f, master)
         optics = _optics(f, master)
+        propagation, focus_distance = _regime(f, master)
     if expected is not None and planned.shape[0] != expected:
         raise ScanFormatError(
             master,
@@ -506,4 +536,6 @@ def read_detector_scan(
         expected_frames=expected,
         _read=read,
         optics=optics,
+        propagation=propagation,
+        focus_distance_m=focus_distance,
     )

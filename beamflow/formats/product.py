@@ -6,7 +6,10 @@ Datasets: ``probe_position_indexes`` (N,) int, ``probe_position_x_m``, ``probe_p
 (N,) float64; ``probe`` (1, K, M, M) complex64 with attrs ``pixel_width_m``,
 ``pixel_height_m``; ``object`` (1, H, W) complex64 with attrs ``center_x_m``, ``center_y_m``,
 ``pixel_width_m``, ``pixel_height_m``; ``object_layer_spacing_m`` (0,); ``loss_epochs``,
-``loss_values``. Array ranks are those Ptychodus's own ``save_product`` writes; the reader
+``loss_values``. beamflow adds ``propagation`` ("far-field" / "near-field", beside
+Ptychodus's own ``far_field`` and ``focus_object_distance_m``), and ``verdict`` ("trusted" /
+"suspect") with ``verdict_reasons`` (a JSON list of sentences). Array ranks are those
+Ptychodus's own ``save_product`` writes; the reader
 also takes a 2-D object and a 2-/3-D probe.
 
 Coordinates: probe positions and the object centre share one frame, metres (x = columns,
@@ -15,8 +18,9 @@ y = rows); ``center_*_m`` is the position of the object array's centre in that f
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -60,6 +64,12 @@ class Product(BaseModel):
     object_layer_spacing_m: np.ndarray = Field(default_factory=lambda: np.zeros(0))
     loss_epochs: np.ndarray = Field(default_factory=lambda: np.zeros(0, np.int64))
     loss_values: np.ndarray = Field(default_factory=lambda: np.zeros(0))
+    #: the propagation model of the reconstruction and a cone beam's focus distance z1 (m)
+    propagation: Literal["far-field", "near-field"] = "far-field"
+    focus_distance_m: float | None = Field(default=None, gt=0)
+    #: trust in the result (beamflow.ptycho.verdict): "trusted" / "suspect", and why
+    verdict: Literal["trusted", "suspect"] | None = None
+    verdict_reasons: list[str] = Field(default_factory=list)
 
     @field_validator("probe", mode="before")
     @classmethod
@@ -107,9 +117,7 @@ class Product(BaseModel):
 _ATTRS = {  # Ptychodus metadata written with neutral defaults (its reader tolerates them)
     "mass_attenuation_m2_per_kg": 0.0,
     "tomography_angle_deg": 0.0,
-    "focus_object_distance_m": 0.0,
     "tilt_angle_deg": 0.0,
-    "far_field": True,
 }
 
 
@@ -125,6 +133,13 @@ def write_product(path: Path, product: Product) -> Path:
         f.attrs["exposure_time_s"] = product.exposure_time_s
         for k, v in _ATTRS.items():
             f.attrs[k] = v
+        # Ptychodus's own names for the regime and the cone beam's focus distance
+        f.attrs["far_field"] = product.propagation == "far-field"
+        f.attrs["focus_object_distance_m"] = product.focus_distance_m or 0.0
+        f.attrs["propagation"] = product.propagation
+        if product.verdict is not None:
+            f.attrs["verdict"] = product.verdict
+            f.attrs["verdict_reasons"] = json.dumps(product.verdict_reasons)
         f["probe_position_indexes"] = product.probe_position_indexes
         f["probe_position_x_m"] = product.probe_position_x_m
         f["probe_position_y_m"] = product.probe_position_y_m
@@ -179,6 +194,14 @@ def read_product(path: Path) -> Product:
             else np.zeros(0)
         )
         has_loss = "loss_epochs" in f and "loss_values" in f
+        far = bool(f.attrs.get("far_field", True))
+        focus = float(_attr(f, path, "/", "focus_object_distance_m", 0.0))
+        verdict = f.attrs.get("verdict")
+        reasons = f.attrs.get("verdict_reasons")
+        try:
+            reasons = json.loads(reasons) if reasons is not None else []
+        except (TypeError, ValueError) as exc:
+            raise ScanFormatError(path, "/@verdict_reasons", f"not a JSON list ({exc})") from exc
         values = dict(
             name=str(_attr(f, path, "/", "name", "")),
             comments=str(_attr(f, path, "/", "comments", "")),
@@ -218,6 +241,10 @@ def read_product(path: Path) -> Product:
             if has_loss
             else np.zeros(0, np.int64),
             loss_values=read_array(f, path, "loss_values", ndim=1) if has_loss else np.zeros(0),
+            propagation="far-field" if far else "near-field",
+            focus_distance_m=focus if focus > 0 else None,
+            verdict=verdict.decode() if isinstance(verdict, bytes) else verdict,
+            verdict_reasons=reasons,
         )
     try:
         return Product(**values)

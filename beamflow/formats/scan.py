@@ -69,7 +69,9 @@ class Scan:
     position the scan file lists (a scan still being written promises more frames than it
     has): size the object from it so that a reconstruction can continue as frames arrive.
     ``mask`` is True on valid pixels. ``optics``: the zone plate and defocus the scan file
-    records, None when it records none. Frames are in the detector view (zero frequency in the
+    records, None when it records none. ``propagation`` / ``focus_distance_m``: the regime
+    and cone-beam focus distance the scan file records (None: it records none). Frames are
+    in the detector view (as recorded: a far-field pattern has its zero frequency in the
     centre), raw counts as float32; invalid pixels keep whatever the detector wrote.
     """
 
@@ -84,6 +86,10 @@ class Scan:
     expected_frames: int | None
     _read: FrameReader = field(repr=False)
     optics: ZonePlateOptics | None = None
+    #: what the scan file says of the propagation regime ("far-field" / "near-field") and
+    #: of a cone beam's focus-to-sample distance z1 [m]; None where it says nothing
+    propagation: str | None = None
+    focus_distance_m: float | None = None
 
     def __repr__(self) -> str:
         return (

@@ -46,8 +46,8 @@ from .propagation import Propagation
 from .rpie import RPIE
 from .state import PtychoData, ReconParams, ReconState
 
-__all__ = ["ALGORITHMS", "Reconstructor", "StateView", "initial_state", "probe_from_data",
-           "scale_probe", "counter_rng"]
+__all__ = ["ALGORITHMS", "Reconstructor", "StateView", "initial_state", "mean_pattern",
+           "probe_from_data", "scale_probe", "counter_rng"]
 
 ALGORITHMS: dict[str, type[Algorithm]] = {"epie": EPIE, "rpie": RPIE, "dm": DM, "lsqml": LSQML}
 
@@ -61,7 +61,7 @@ def counter_rng(seed: int, counter: int) -> np.random.Generator:
                                                                          int(counter)])))
 
 
-def _mean_pattern(data: PtychoData) -> np.ndarray:
+def mean_pattern(data: PtychoData) -> np.ndarray:
     """Mean measured intensity (M, M), detector view, invalid pixels 0."""
     acc = np.zeros(data.intensities.shape[1:], np.float64)
     for s in range(0, data.n_positions, 64):
@@ -78,7 +78,7 @@ def probe_from_data(data: PtychoData, mean: np.ndarray | None = None,
     (:func:`beamflow.ptycho.probe.probe_from_diffraction`); near field: √⟨I⟩ propagated
     back to the sample (:func:`beamflow.ptycho.probe.probe_from_hologram`).
     ``mean``: the mean pattern, when the caller has it already."""
-    mean = _mean_pattern(data) if mean is None else mean
+    mean = mean_pattern(data) if mean is None else mean
     transfer = None if propagation is None else propagation.transfer(data.frame_size)
     if transfer is not None:
         return probe_from_hologram(mean, transfer, mask=data.mask)[0]
@@ -99,7 +99,7 @@ def initial_state(data: PtychoData, params: ReconParams, probe: np.ndarray | Non
     if not isinstance(params, ReconParams):
         raise TypeError(f"params must be a ReconParams, got {type(params).__name__}")
     m, k = data.frame_size, params.probe_modes
-    mean = _mean_pattern(data)  # one pass over the frames serves the guess and the scale
+    mean = mean_pattern(data)  # one pass over the frames serves the guess and the scale
     if probe is None:
         p = probe_from_data(data, mean, params.propagation)[None]
     else:

@@ -1,0 +1,259 @@
+"""A verdict on a reconstruction, from the physics and the data: ``trusted`` or ``suspect``.
+
+An engine always returns an object; whether it means anything is a separate question. The
+checks below answer it from what was measured and what was recovered, never from the engine's
+own say-so. Each failing check adds one short sentence to the reasons; any reason makes the
+result suspect.
+
+1. **Regime.** Before anything runs, the mean measured frame says which propagation regime the
+   data are in (:func:`measure_data`). A far-field diffraction pattern carries most of its
+   counts in a bright central peak (the unscattered beam), many orders of magnitude above the
+   dark field; a near-field hologram spreads the counts over the illuminated field with fringes
+   of tens of percent. ``peak_fraction`` (the share of the counts in the brightest 5 % of the
+   pixels) and ``peak_to_median`` tell them apart; a model applied to data of the other
+   regime is suspect.
+2. **Misfit.** The normalised amplitude misfit Σ(√I_model − √I)²/ΣI must fall and end within
+   a factor of the Poisson noise floor: for counts λ the expected (√I − √λ)² is ≈ 1/4 (λ ≳ 1)
+   or ≈ λ (dark pixels), so a perfect model scores Σ min(λ, 1/4)/Σλ (:func:`noise_floor`).
+3. **Object.** Inside the illuminated region the object must not be blank: a uniform object
+   is what the engine starts from and what it returns when the model cannot explain the data.
+4. **Overlap.** The probe's width against the scan's step: ptychography needs the
+   illuminated areas of neighbouring positions to overlap (Bunk et al., Ultramicroscopy 108,
+   481, 2008: ≳ 60 % linear overlap for robust phasing).
+5. **Health.** Everything finite; the probe neither collapsed into a few pixels nor carries a
+   power far from what the data's counts call for.
+
+The thresholds are module constants, documented in docs/reconstruction.md with the scans they
+were calibrated on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from .metrics import fit_phase_ramp, illumination_mask
+from .propagation import Propagation
+
+__all__ = ["DataRegime", "Verdict", "judge", "measure_data", "noise_floor"]
+
+#: Brightest share of the pixels whose counts make the peak fraction.
+PEAK_PIXELS = 0.05
+#: Far-field data: the brightest 5 % of the pixels hold at least this share of the counts,
+#: and the brightest pixel is at least this many times the median one.
+FAR_FIELD_PEAK_FRACTION = 0.5
+FAR_FIELD_PEAK_TO_MEDIAN = 100.0
+#: Near-field data: the brightest 5 % hold at most this share (holograms: ~10-20 %).
+NEAR_FIELD_PEAK_FRACTION = 0.35
+#: The final misfit may be at most this many times the Poisson noise floor.
+MAX_MISFIT_OVER_FLOOR = 25.0
+#: ... and must have fallen to at most this fraction of the first iteration's.
+MAX_FINAL_OVER_FIRST = 0.9
+#: Blank object: the amplitude's relative spread and the phase's spread (rad, after removing
+#: the global phase and ramp) inside the illuminated region both below these.
+BLANK_AMPLITUDE_CONTRAST = 0.01
+BLANK_PHASE_SPREAD_RAD = 0.02
+#: Linear overlap 1 − step/width below this is too little to phase reliably.
+MIN_OVERLAP = 0.3
+#: Probe collapse: more than this share of its power in its brightest 1 % of pixels ...
+COLLAPSED_PROBE_FRACTION = 0.9
+#: ... and the model's counts over the measured ones outside [1/x, x].
+MAX_POWER_RATIO = 5.0
+
+
+@dataclass(frozen=True)
+class DataRegime:
+    """What the mean measured frame says of the regime, and the noise floor."""
+
+    peak_fraction: float
+    peak_to_median: float
+    counts_per_frame: float
+    noise_floor: float
+
+    @property
+    def looks_far_field(self) -> bool:
+        return (self.peak_fraction >= FAR_FIELD_PEAK_FRACTION
+                and self.peak_to_median >= FAR_FIELD_PEAK_TO_MEDIAN)
+
+    @property
+    def looks_near_field(self) -> bool:
+        return self.peak_fraction <= NEAR_FIELD_PEAK_FRACTION and not self.looks_far_field
+
+
+@dataclass
+class Verdict:
+    verdict: Literal["trusted", "suspect"]
+    reasons: list[str] = field(default_factory=list)
+    metrics: dict[str, float | None] = field(default_factory=dict)
+
+
+def noise_floor(mean_frame: ArrayLike, mask: ArrayLike | None = None) -> float:
+    """The normalised amplitude misfit a perfect model scores on Poisson counts."""
+    lam = np.asarray(mean_frame, np.float64)
+    valid = np.ones(lam.shape, bool) if mask is None else np.asarray(mask, bool)
+    lam = np.maximum(lam[valid], 0.0)
+    total = float(lam.sum())
+    return float(np.minimum(lam, 0.25).sum()) / total if total > 0 else math.nan
+
+
+def measure_data(mean_frame: ArrayLike, mask: ArrayLike | None = None) -> DataRegime:
+    """Regime indicators and noise floor from the mean measured frame (as recorded)."""
+    lam = np.asarray(mean_frame, np.float64)
+    valid = np.ones(lam.shape, bool) if mask is None else np.asarray(mask, bool)
+    v = np.maximum(lam[valid], 0.0)
+    total = float(v.sum())
+    if v.size == 0 or total <= 0:
+        return DataRegime(math.nan, math.nan, 0.0, math.nan)
+    k = max(1, int(round(PEAK_PIXELS * v.size)))
+    top = np.partition(v, v.size - k)[v.size - k:]
+    median = float(np.median(v))
+    return DataRegime(
+        peak_fraction=float(top.sum()) / total,
+        peak_to_median=float(v.max()) / max(median, 1e-3),
+        counts_per_frame=total,
+        noise_floor=noise_floor(lam, valid),
+    )
+
+
+def _median_step(positions_px: np.ndarray) -> float:
+    """Median distance from each position to its nearest neighbour (pixels)."""
+    p = np.asarray(positions_px, np.float64)
+    if len(p) < 2:
+        return math.nan
+    best = np.full(len(p), np.inf)
+    for s in range(0, len(p), 256):  # bounded memory for long scans
+        d = np.hypot(*(p[s:s + 256, None, :] - p[None, :, :]).transpose(2, 0, 1))
+        d[np.arange(d.shape[0]), np.arange(s, s + d.shape[0])] = np.inf
+        best[s:s + 256] = d.min(axis=1)
+    return float(np.median(best))
+
+
+def _probe_width(probe: np.ndarray) -> float:
+    """Diameter (pixels) of the disc with the area where Σ|P_k|² ≥ 10 % of its maximum."""
+    inten = np.sum(np.abs(probe) ** 2, axis=0)
+    area = float(np.count_nonzero(inten >= 0.1 * inten.max())) if inten.max() > 0 else 0.0
+    return 2.0 * math.sqrt(area / math.pi)
+
+
+def judge(
+    *,
+    obj: ArrayLike,
+    probe: ArrayLike,
+    positions_px: ArrayLike,
+    loss_history: Sequence[float],
+    propagation: Propagation,
+    data: DataRegime,
+) -> Verdict:
+    """Judge a finished reconstruction. ``positions_px``: the windows' top-left corners."""
+    o = np.asarray(obj)
+    p = np.asarray(probe)
+    if p.ndim == 2:
+        p = p[None]
+    pos = np.asarray(positions_px, np.float64)
+    losses = np.asarray(list(loss_history), np.float64)
+    reasons: list[str] = []
+    metrics: dict[str, float | None] = {
+        "peak_fraction": data.peak_fraction, "peak_to_median": data.peak_to_median,
+        "noise_floor": data.noise_floor}
+
+    # 5. Health first: nothing below means anything on non-finite arrays.
+    finite = bool(np.all(np.isfinite(o)) and np.all(np.isfinite(p)) and np.all(
+        np.isfinite(losses)))
+    if not finite:
+        reasons.append("The reconstruction holds non-finite values (NaN or infinity): it "
+                       "diverged.")
+        return Verdict("suspect", reasons, metrics)
+
+    # 1. Regime.
+    near = propagation.near_field
+    if not near and data.looks_near_field:
+        reasons.append(
+            f"The data look like near-field holograms (no central diffraction peak: the "
+            f"brightest 5 % of pixels hold {data.peak_fraction:.0%} of the counts), but a "
+            "far-field model was used: try --propagation near-field.")
+    if near and data.looks_far_field:
+        reasons.append(
+            f"The data look like far-field diffraction patterns (a central peak "
+            f"{data.peak_to_median:.3g}× the median pixel), but a near-field model was used.")
+
+    # 2. Misfit.
+    if len(losses):
+        final, first = float(losses[-1]), float(losses[0])
+        metrics.update(final_misfit=final, first_misfit=first)
+        ratio = final / data.noise_floor if data.noise_floor > 0 else math.inf
+        metrics["misfit_over_noise_floor"] = ratio
+        if len(losses) >= 5 and not final <= MAX_FINAL_OVER_FIRST * first:
+            reasons.append(f"The data misfit did not fall ({first:.3g} at the first "
+                           f"iteration, {final:.3g} at the last).")
+        if ratio > MAX_MISFIT_OVER_FLOOR:
+            reasons.append(f"The data misfit ends at {ratio:.3g}× the Poisson noise floor "
+                           f"(at most {MAX_MISFIT_OVER_FLOOR:g}×): the model does not explain "
+                           "the data.")
+    else:
+        reasons.append("No iteration ran: there is no misfit to judge.")
+
+    # 3. Object inside the illuminated region.
+    corners = np.clip(np.rint(pos), 0, None)
+    m = p.shape[-1]
+    inside = (corners[:, 0] + m <= o.shape[0]) & (corners[:, 1] + m <= o.shape[1])
+    region = illumination_mask(o.shape, p, corners[inside], fraction=0.3)
+    if region.sum() >= 16:
+        z = o[region].astype(np.complex128)
+        amp = np.abs(z)
+        contrast = float(amp.std() / max(amp.mean(), 1e-30))
+        phase_spread = _phase_spread(o, region)
+        metrics.update(amplitude_contrast=contrast, phase_spread_rad=phase_spread)
+        if contrast < BLANK_AMPLITUDE_CONTRAST and phase_spread < BLANK_PHASE_SPREAD_RAD:
+            reasons.append(
+                f"The object is blank inside the illuminated region (amplitude contrast "
+                f"{contrast:.2%}, phase spread {phase_spread:.3g} rad): nothing was recovered.")
+    else:
+        reasons.append("The probe illuminates (almost) nothing of the object.")
+
+    # 4. Overlap.
+    step = _median_step(pos)
+    width = _probe_width(p)
+    overlap = 1.0 - step / width if width > 0 and math.isfinite(step) else None
+    metrics.update(step_px=step if math.isfinite(step) else None, probe_width_px=width,
+                   overlap=overlap)
+    if overlap is not None and overlap < MIN_OVERLAP:
+        reasons.append(f"The scan's step ({step:.3g} px) leaves {max(overlap, 0):.0%} "
+                       f"linear overlap for a probe {width:.3g} px wide (at least "
+                       f"{MIN_OVERLAP:.0%} needed): the phase is not constrained.")
+
+    # 5. Probe collapse and power.
+    inten = np.sum(np.abs(p) ** 2, axis=0).ravel()
+    total = float(inten.sum())
+    k = max(1, inten.size // 100)
+    concentrated = float(np.partition(inten, inten.size - k)[inten.size - k:].sum()) / total \
+        if total > 0 else 1.0
+    metrics["probe_top1pct_power"] = concentrated
+    if total <= 0 or concentrated > COLLAPSED_PROBE_FRACTION:
+        reasons.append(f"The probe collapsed: {concentrated:.0%} of its power sits in 1 % "
+                       "of its pixels.")
+    if data.counts_per_frame > 0 and total > 0 and region.any():
+        # Expected counts per frame for the recovered probe and object.
+        scale = 1.0 if near else float(m * m)
+        mean_t = float(np.mean(np.abs(o[region]) ** 2))
+        ratio = total * scale * mean_t / data.counts_per_frame
+        metrics["model_over_measured_counts"] = ratio
+        if not 1.0 / MAX_POWER_RATIO <= ratio <= MAX_POWER_RATIO:
+            reasons.append(f"The model's counts are {ratio:.3g}× the measured ones: the "
+                           "probe blew up or faded away.")
+    return Verdict("suspect" if reasons else "trusted", reasons, metrics)
+
+
+def _phase_spread(o: np.ndarray, region: np.ndarray) -> float:
+    """Standard deviation (rad) of the phase inside ``region`` after removing the global
+    phase and the best linear ramp (which ptychography cannot determine)."""
+    c, gy, gx = fit_phase_ramp(o, region)
+    yy, xx = np.indices(o.shape)
+    flat = o * np.exp(-1j * (gy * yy + gx * xx + c))
+    z = flat[region]
+    ph = np.angle(z * np.conj(np.mean(z) / max(abs(np.mean(z)), 1e-30)))
+    return float(np.std(ph))
