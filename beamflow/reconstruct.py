@@ -500,7 +500,7 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
     del frames  # PtychoData holds the same array (no copy); keep one reference only
     loaded.frames = data.intensities
     # What the data say of their regime and noise, before the engine spends the frames.
-    regime = measure_data(mean_pattern(data), data.mask)
+    regime = measure_data(data.intensities, data.positions_px, mean_pattern(data), data.mask)
     if state is None:
         probe0, probe_source = _initial_probe(job, scan)
         state = initial_state(data, run_params, probe=probe0)

@@ -5,13 +5,13 @@ checks below answer it from what was measured and what was recovered, never from
 own say-so. Each failing check adds one short sentence to the reasons; any reason makes the
 result suspect.
 
-1. **Regime.** Before anything runs, the mean measured frame says which propagation regime the
-   data are in (:func:`measure_data`). A far-field diffraction pattern carries most of its
-   counts in a bright central peak (the unscattered beam), many orders of magnitude above the
-   dark field; a near-field hologram spreads the counts over the illuminated field with fringes
-   of tens of percent. ``peak_fraction`` (the share of the counts in the brightest 5 % of the
-   pixels) and ``peak_to_median`` tell them apart; a model applied to data of the other
-   regime is suspect.
+1. **Regime.** Before anything runs, the frames say which propagation regime they are in
+   (:func:`measure_data`). A near-field hologram is a shadow of the sample: its features move
+   across the detector as the sample moves (:func:`content_motion`). A far-field pattern
+   stays in place, with most of its counts in a stationary bright central peak (the
+   unscattered beam) far above the median pixel (``peak_fraction``: the share of the counts
+   in the brightest 5 % of the pixels; ``peak_to_median``). A model applied to data of the
+   other regime is suspect.
 2. **Misfit.** The normalised amplitude misfit Σ(√I_model − √I)²/ΣI must fall and end within
    a factor of the Poisson noise floor: for counts λ the expected (√I − √λ)² is ≈ 1/4 (λ ≳ 1)
    or ≈ λ (dark pixels), so a perfect model scores Σ min(λ, 1/4)/Σλ (:func:`noise_floor`).
@@ -46,10 +46,15 @@ __all__ = ["DataRegime", "Verdict", "judge", "measure_data", "noise_floor"]
 PEAK_PIXELS = 0.05
 #: Far-field data: the brightest 5 % of the pixels hold at least this share of the counts,
 #: and the brightest pixel is at least this many times the median one.
-FAR_FIELD_PEAK_FRACTION = 0.5
-FAR_FIELD_PEAK_TO_MEDIAN = 100.0
-#: Near-field data: the brightest 5 % hold at most this share (holograms: ~10-20 %).
-NEAR_FIELD_PEAK_FRACTION = 0.35
+FAR_FIELD_PEAK_FRACTION = 0.3
+FAR_FIELD_PEAK_TO_MEDIAN = 30.0
+#: The frames' content moves with the scan (holograms) when the shifts between frame pairs
+#: follow a linear map of their position differences with R² at least this, by at least
+#: this many pixels (median).
+MOVING_R2 = 0.7
+MOVING_MIN_PX = 1.0
+#: Frame pairs compared for :func:`content_motion`.
+MOTION_PAIRS = 64
 #: The final misfit may be at most this many times the Poisson noise floor.
 MAX_MISFIT_OVER_FLOOR = 25.0
 #: ... and must have fallen to at most this fraction of the first iteration's.
@@ -68,21 +73,29 @@ MAX_POWER_RATIO = 5.0
 
 @dataclass(frozen=True)
 class DataRegime:
-    """What the mean measured frame says of the regime, and the noise floor."""
+    """What the measured frames say of the regime, and the noise floor."""
 
     peak_fraction: float
     peak_to_median: float
     counts_per_frame: float
     noise_floor: float
+    #: how well the frames' content follows the scan (R² of shift = A·Δposition), and the
+    #: median shift in pixels between the compared frames (see :func:`content_motion`)
+    motion_r2: float = math.nan
+    motion_px: float = math.nan
+
+    @property
+    def content_moves(self) -> bool:
+        return self.motion_r2 >= MOVING_R2 and self.motion_px >= MOVING_MIN_PX
 
     @property
     def looks_far_field(self) -> bool:
-        return (self.peak_fraction >= FAR_FIELD_PEAK_FRACTION
+        return (not self.content_moves and self.peak_fraction >= FAR_FIELD_PEAK_FRACTION
                 and self.peak_to_median >= FAR_FIELD_PEAK_TO_MEDIAN)
 
     @property
     def looks_near_field(self) -> bool:
-        return self.peak_fraction <= NEAR_FIELD_PEAK_FRACTION and not self.looks_far_field
+        return self.content_moves
 
 
 @dataclass
@@ -101,8 +114,10 @@ def noise_floor(mean_frame: ArrayLike, mask: ArrayLike | None = None) -> float:
     return float(np.minimum(lam, 0.25).sum()) / total if total > 0 else math.nan
 
 
-def measure_data(mean_frame: ArrayLike, mask: ArrayLike | None = None) -> DataRegime:
-    """Regime indicators and noise floor from the mean measured frame (as recorded)."""
+def measure_data(frames: ArrayLike, positions: ArrayLike, mean_frame: ArrayLike,
+                 mask: ArrayLike | None = None) -> DataRegime:
+    """Regime indicators and noise floor of a scan: its (N, M, M) frames as recorded, the
+    (N, 2) positions (any unit, any linear frame), their mean frame and the valid pixels."""
     lam = np.asarray(mean_frame, np.float64)
     valid = np.ones(lam.shape, bool) if mask is None else np.asarray(mask, bool)
     v = np.maximum(lam[valid], 0.0)
@@ -112,12 +127,64 @@ def measure_data(mean_frame: ArrayLike, mask: ArrayLike | None = None) -> DataRe
     k = max(1, int(round(PEAK_PIXELS * v.size)))
     top = np.partition(v, v.size - k)[v.size - k:]
     median = float(np.median(v))
+    r2, shift = content_motion(frames, positions, lam, valid)
     return DataRegime(
         peak_fraction=float(top.sum()) / total,
         peak_to_median=float(v.max()) / max(median, 1e-3),
         counts_per_frame=total,
         noise_floor=noise_floor(lam, valid),
+        motion_r2=r2,
+        motion_px=shift,
     )
+
+
+def content_motion(frames: ArrayLike, positions: ArrayLike, mean_frame: np.ndarray,
+                   valid: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """Does the frames' content translate with the scan? ``(R², median shift in px)``.
+
+    A near-field hologram is a (Fresnel-blurred, magnified) shadow of the sample: moving the
+    sample moves the hologram's features across the detector. A far-field pattern does not
+    translate when the sample moves; its speckle changes in place. For pairs of frames at
+    nearby positions, the shift that best aligns their departures from the mean frame
+    (phase correlation) is fitted as a linear map of the positions' difference; holograms
+    follow it (R² near 1, shifts of pixels), far-field patterns do not.
+    """
+    f = np.asarray(frames)
+    pos = np.asarray(positions, np.float64)
+    n = len(f)
+    if n < 4:
+        return math.nan, math.nan
+    m = f.shape[-1]
+    window = np.outer(np.hanning(m), np.hanning(m)) * valid
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(n, size=min(MOTION_PAIRS, n), replace=False)
+    shifts, deltas = [], []
+    spectra: dict[int, np.ndarray] = {}
+
+    def spectrum(j: int) -> np.ndarray:
+        if j not in spectra:
+            spectra[j] = np.fft.fft2((np.asarray(f[j], np.float64) - mean_frame) * window)
+        return spectra[j]
+
+    for j in picks.tolist():
+        d = np.hypot(*(pos - pos[j]).T)
+        d[j] = np.inf
+        k = int(np.argsort(d)[min(2, n - 2)])  # a near, not the nearest, neighbour
+        cross = spectrum(j) * np.conj(spectrum(k))
+        corr = np.fft.ifft2(cross / (np.abs(cross) + 1e-12)).real
+        peak = np.unravel_index(int(np.argmax(corr)), corr.shape)
+        s = [(p + m // 2) % m - m // 2 for p in peak]
+        shifts.append(s)
+        deltas.append(pos[j] - pos[k])
+    s_arr = np.asarray(shifts, np.float64)
+    d_arr = np.asarray(deltas, np.float64)
+    total = float(np.sum(s_arr**2))
+    median = float(np.median(np.hypot(s_arr[:, 0], s_arr[:, 1])))
+    if total == 0:
+        return 0.0, median
+    a, *_ = np.linalg.lstsq(d_arr, s_arr, rcond=None)
+    residual = float(np.sum((s_arr - d_arr @ a) ** 2))
+    return 1.0 - residual / total, median
 
 
 def _median_step(positions_px: np.ndarray) -> float:
@@ -159,6 +226,7 @@ def judge(
     reasons: list[str] = []
     metrics: dict[str, float | None] = {
         "peak_fraction": data.peak_fraction, "peak_to_median": data.peak_to_median,
+        "content_motion_r2": data.motion_r2, "content_motion_px": data.motion_px,
         "noise_floor": data.noise_floor}
 
     # 5. Health first: nothing below means anything on non-finite arrays.
@@ -173,13 +241,14 @@ def judge(
     near = propagation.near_field
     if not near and data.looks_near_field:
         reasons.append(
-            f"The data look like near-field holograms (no central diffraction peak: the "
-            f"brightest 5 % of pixels hold {data.peak_fraction:.0%} of the counts), but a "
+            f"The data look like near-field holograms (their content moves with the scan, "
+            f"R² {data.motion_r2:.2f}; no stationary central diffraction peak), but a "
             "far-field model was used: try --propagation near-field.")
     if near and data.looks_far_field:
         reasons.append(
-            f"The data look like far-field diffraction patterns (a central peak "
-            f"{data.peak_to_median:.3g}× the median pixel), but a near-field model was used.")
+            f"The data look like far-field diffraction patterns (a stationary central peak "
+            f"{data.peak_to_median:.3g}× the median pixel holding {data.peak_fraction:.0%} "
+            "of the counts), but a near-field model was used.")
 
     # 2. Misfit.
     if len(losses):
