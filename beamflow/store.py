@@ -22,7 +22,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, field_serializer
+from pydantic import BaseModel, Field, computed_field, field_serializer
 
 
 class RunStatus(StrEnum):
@@ -97,6 +97,21 @@ class Run(_Timed):
         if self.started_at is None:
             return None
         return (self.finished_at or time.time()) - self.started_at
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def verdict(self) -> str | None:
+        """"trusted" / "suspect": trust in the reconstruction (None: none finished yet)."""
+        summary = self.result.get("summary") if isinstance(self.result, dict) else None
+        value = summary.get("verdict") if isinstance(summary, dict) else None
+        return value if value in ("trusted", "suspect") else None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def verdict_reasons(self) -> list[str]:
+        summary = self.result.get("summary") if isinstance(self.result, dict) else None
+        reasons = summary.get("verdict_reasons") if isinstance(summary, dict) else None
+        return [str(r) for r in reasons] if isinstance(reasons, list) else []
 
 
 class Step(_Timed):
@@ -278,7 +293,7 @@ class Store:
             fraction=fraction,
             iterations_total=iterations_total,
         )
-        row = self._to_row(run.model_dump())
+        row = self._to_row(run.model_dump(exclude={"verdict", "verdict_reasons"}))
         columns = ", ".join(row)
         marks = ", ".join("?" for _ in row)
         try:

@@ -735,9 +735,17 @@ class EdgeAgent:
                     "seconds": None if run.duration is None else round(run.duration, 3),
                     "error_step": run.error_step,
                     "error": run.error,
+                    "verdict": run.verdict,
                 }
             },
         )
+        if run.verdict == "suspect":
+            # The flow succeeded, but the result failed the physics checks: say so loudly.
+            log.warning(
+                "suspect result",
+                extra={"fields": {"run": run.id, "scan": run.scan,
+                                  "reasons": run.verdict_reasons}},
+            )
 
     def _stats_fields(self) -> dict:
         return {k: v for k, v in vars(self.stats).items()}

@@ -144,6 +144,8 @@ def reconstruct(
             resume=params.resume,
             max_frames=params.max_frames,
             aborted=params.aborted,
+            propagation=params.propagation,
+            focus_distance_m=params.focus_distance_m,
         )
     except (ValidationError, TypeError, ValueError) as exc:
         raise ValueError(f"scan {label}: invalid reconstruction job: {exc}") from None
@@ -212,4 +214,8 @@ def reconstruct(
         "previews": [str(p) for p in previews],
         "product_relative": relative(product),
         "previews_relative": [relative(p) for p in previews],
+        "propagation": data.get("propagation"),
+        "focus_distance_m": data.get("focus_distance_m"),
+        "verdict": data.get("verdict"),
+        "verdict_reasons": data.get("verdict_reasons") or [],
     }

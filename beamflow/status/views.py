@@ -154,6 +154,8 @@ class RunView(_View):
     product: str | None
     url: str
     finished: bool
+    verdict: str | None = None  # "trusted" / "suspect" once a reconstruction finished
+    verdict_reasons: list[str] = []
 
     @classmethod
     def of(cls, run: Run) -> RunView:
@@ -196,6 +198,8 @@ class RunView(_View):
             product=run.product,
             url=f"/runs/{run.id}",
             finished=run.status.finished,
+            verdict=run.verdict,
+            verdict_reasons=run.verdict_reasons,
         )
 
 

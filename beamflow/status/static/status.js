@@ -158,6 +158,11 @@
 
       const cStatus = el("td", "c-status");
       cStatus.appendChild(badge(r.status));
+      if (r.verdict === "suspect") {
+        const v = el("span", "verdict suspect", "suspect");
+        v.title = (r.verdict_reasons || []).join(" ");
+        cStatus.appendChild(v);
+      }
 
       const cScan = el("td", "c-scan");
       const a = el("a", "scan", r.scan);
