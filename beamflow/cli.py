@@ -153,6 +153,9 @@ def simulate(
         int | None, typer.Option(min=0, help="Abort the scan after this many frames.")
     ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing scan of that name.")] = False,
+    propagation: Annotated[
+        str, typer.Option(help="far-field, or near-field (a PETRA-like cone beam: holograms).")
+    ] = "far-field",
     config: ConfigOption = None,
 ) -> None:
     """Simulate a ptychography scan and write it as the detector would, file by file.
@@ -166,6 +169,8 @@ def simulate(
 
     if pattern not in ("spiral", "raster"):
         fail(f"--pattern must be 'spiral' or 'raster', not {pattern!r}", code=2)
+    if propagation not in ("far-field", "near-field"):
+        fail(f"--propagation must be 'far-field' or 'near-field', not {propagation!r}", code=2)
     if out_dir is None:
         out_dir = settings_from(config).beamline.detector_dir
     with Progress(
@@ -178,6 +183,7 @@ def simulate(
                 out_dir, name, positions=positions, probe_size=probe_size, photons=photons,
                 seed=seed, frames_per_file=frames_per_file, rate_hz=rate, overlap=overlap,
                 pattern=pattern, stop_after=stop_after, overwrite=overwrite,
+                propagation=propagation,
                 progress=lambda done, total: bar.update(task, completed=done),
             )  # fmt: skip
         except (FileExistsError, ValueError, OSError) as exc:

@@ -652,6 +652,7 @@ def simulate_scan(
     geometry: Geometry = DEFAULT_GEOMETRY,
     stop_after: int | None = None,
     overwrite: bool = False,
+    propagation: str = "far-field",
 ) -> Path:
     """Simulate a scan and write it as a detector would; returns the master file path.
 
@@ -659,7 +660,9 @@ def simulate_scan(
     ``frames_per_file / rate_hz`` s); None writes as fast as possible. ``stop_after``: abort
     the scan after that many frames (the master still promises all of them), as a beamline
     does when a scan is interrupted. ``progress(frames_written, frames_total)`` is called
-    after each data file.
+    after each data file. ``propagation="near-field"``: a near-field cone-beam scan
+    (:func:`make_near_field_ground_truth`, its own geometry; ``overlap`` and ``pattern`` do
+    not apply), its regime and focus distance recorded in the master file.
     """
     if frames_per_file < 1:
         raise ValueError("frames_per_file must be ≥ 1")
@@ -676,20 +679,28 @@ def simulate_scan(
             p.unlink(missing_ok=True)
     scan_dir.mkdir(parents=True, exist_ok=True)
 
-    gt = make_ground_truth(
-        positions, probe_size, photons, seed,
-        overlap=overlap, jitter_m=jitter_m, pattern=pattern, geometry=geometry,
-    )  # fmt: skip
+    if propagation == "near-field":
+        gt = make_near_field_ground_truth(positions, probe_size, photons, seed,
+                                          jitter_m=jitter_m)
+    elif propagation == "far-field":
+        gt = make_ground_truth(
+            positions, probe_size, photons, seed,
+            overlap=overlap, jitter_m=jitter_m, pattern=pattern, geometry=geometry,
+        )  # fmt: skip
+    else:
+        raise ValueError(f"propagation must be far-field or near-field, not {propagation!r}")
     write_ground_truth(scan_dir / GROUND_TRUTH, gt)
     write_master(
         master,
-        geometry=geometry,
+        geometry=gt.geometry,
         frame_shape=(probe_size, probe_size),
         positions_m=gt.nominal_positions_m,
         frames_per_file=frames_per_file,
         pixel_mask=gt.pixel_mask,
         count_time_s=(1.0 / rate_hz) if rate_hz else 0.1,
         optics=gt.optics,
+        propagation=gt.propagation.model if gt.propagation.near_field else None,
+        focus_distance_m=gt.focus_distance_m,
     )
     noise = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[3])
     total = positions if stop_after is None else max(0, min(positions, stop_after))

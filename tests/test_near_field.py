@@ -291,3 +291,18 @@ def test_petra_near_field_scan_shows_the_sample_and_is_trusted(tmp_path):
     assert far.verdict_metrics["misfit_over_noise_floor"] > 25
     json.dumps(near.model_dump(mode="json"))  # --json prints it
     assert math.isfinite(near.final_loss)
+
+
+def test_simulator_writes_near_field_scans_that_say_so(tmp_path):
+    from beamflow.simulate import read_ground_truth, simulate_scan
+
+    master = simulate_scan(tmp_path, "nf", positions=16, probe_size=32, photons=1e6,
+                           propagation="near-field")
+    scan = load_scan(master)
+    assert scan.propagation == "near-field"
+    assert scan.focus_distance_m == pytest.approx(3.65e-3)
+    gt = read_ground_truth(master)
+    assert gt.propagation.near_field and gt.focus_distance_m == pytest.approx(3.65e-3)
+    frames = scan.frames()
+    # Holograms as recorded: counts spread over the field, no central peak.
+    assert measure_data(frames, scan.positions_m, frames.mean(0), scan.mask).content_moves
