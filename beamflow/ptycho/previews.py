@@ -479,7 +479,10 @@ def phase_image(
     if mode == "wrapped":
         phase = np.angle(o)
     else:
-        phase = unwrap_phase(np.angle(o))
+        # The least-squares solve is global: the residues of the unconstrained phase outside
+        # the illuminated region would spread into the sample. Unwrap a flat outside instead.
+        wrapped = np.angle(o) if view.inside is None else np.where(view.inside, np.angle(o), 0)
+        phase = unwrap_phase(wrapped)
         phase -= np.median(phase[region])
     return PhaseImage(view, phase, robust_window(phase, region), region)
 
