@@ -8,8 +8,8 @@ This is what ``beamflow reconstruct`` and the compute functions call::
 Output directory::
 
     DIR/product.h5              Ptychodus product (written at the end)
-    DIR/previews/*.png          object phase/amplitude, probe, convergence (refreshed every
-                                few iterations and at the end)
+    DIR/previews/*.png          object phase (windowed and full range), amplitude, probe,
+                                convergence (refreshed every few iterations and at the end)
     DIR/checkpoints/            L2 checkpoints + LATEST.json (beamflow.checkpoint)
 
 Resuming: when ``DIR/checkpoints`` (or the node-local L1 level) holds a checkpoint, the job

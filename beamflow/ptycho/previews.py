@@ -1,17 +1,35 @@
 """PNG previews of a reconstruction, for the status page and the product directory.
 
-Four images a beamline scientist reads at a glance:
+Five images a beamline scientist reads at a glance (:data:`PREVIEW_NAMES`):
 
-* ``object_phase.png`` — the object phase, global phase offset and (by default) the linear
-  phase ramp removed over the shown region, then **wrapped explicitly to [−π, π)** and shown
-  with the cyclic ``twilight`` colormap (so a wrap is not mistaken for an edge); or
-  least-squares **unwrapped** (Ghiglia & Romero, JOSA A 11, 107, 1994) with ``viridis``.
-  The title says which.
-* ``object_amplitude.png`` — ``|O|`` in gray, contrast from the 0.5–99.5 percentiles.
+* ``object_phase.png`` — the object phase with the global phase offset and (by default) the
+  linear phase ramp removed, both fitted over the *reference region* (the illuminated region
+  where the amplitude is appreciable: near-zero amplitude carries no phase), and shown with
+  ``viridis`` in a **colour window from the 1–99 percentiles of the reference region**: a
+  weak phase object fills the colour scale, and a wild border or a few hot pixels cannot
+  squeeze it. Values beyond the window clip (arrows on the colour bar, in radians). The
+  phase is the wrapped one (the default) or least-squares **unwrapped** (Ghiglia & Romero,
+  JOSA A 11, 107, 1994), unwrapped with the never-illuminated border held flat so its
+  residues cannot spread into the sample. The title says which, and where the window came
+  from.
+* ``object_phase_full.png`` — the same phase, **wrapped explicitly to [−π, π)** with the
+  cyclic ``twilight`` colormap (so a wrap is not mistaken for an edge): the full range, for
+  when the window hides something. The status page links it from the phase figure.
+* ``object_amplitude.png`` — ``|O|`` in gray, window from the 1–99 percentiles of the
+  illuminated region.
 * ``probe.png`` — one panel per probe mode, complex shown as colour (hue = phase, brightness
   = amplitude, each mode normalised to its own maximum) and titled with its share of the
   total power in %.
 * ``convergence.png`` — the loss against iteration, logarithmic y.
+
+The illuminated region (:func:`illuminated_region`) is where the summed probe intensity over
+all scan positions reaches 10 % of its maximum; it needs the positions (top-left corners of
+the probe windows in object pixels, ``positions_px``). On the three object images the
+never-illuminated border is blended 70 % toward a dark slate (its structure stays faintly
+visible, but it does not read as sample) and the region's outline is drawn as a thin line.
+Nothing here assumes a propagation model: the region comes from the probe and the positions
+alone. Without positions the whole (cropped) object stands for the region (for the phase,
+where its amplitude is appreciable), nothing is dimmed and no outline is drawn.
 
 Object and probe images carry a scale bar in µm (nm below 0.1 µm) from the object pixel
 size, of a round length (1, 2 or 5 × 10ⁿ) near a fifth of the image width
