@@ -60,6 +60,7 @@ from typing import Literal
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colorbar import Colorbar
 from matplotlib.colors import hsv_to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
@@ -410,9 +411,10 @@ def _reference_region(view: ObjectView) -> NDArray[np.bool_]:
     illuminated region every pixel of appreciable amplitude counts.
     """
     amp = np.abs(view.values)
+    # (never empty: object_view drops a region of fewer than _MIN_REGION_PX pixels)
     base = view.inside if view.inside is not None else np.ones(amp.shape, bool)
-    if not base.any() or amp[base].max() <= 0:
-        return base if base.any() else np.ones(amp.shape, bool)
+    if amp[base].max() <= 0:
+        return base
     region = base & (amp > 0.1 * np.percentile(amp[base], 99))
     return region if region.sum() >= _MIN_REGION_PX else base
 
@@ -441,7 +443,7 @@ def _draw_image(
     title: str,
     pixel_size_m: float,
     extend: Literal["both", "neither"] = "both",
-):
+) -> Colorbar:
     """Draw :func:`object_rgb`, outline the illuminated region, add the scale bar; returns
     the colour bar of ``window`` (its arrows: values beyond it clip)."""
     from matplotlib import colormaps
@@ -540,8 +542,8 @@ def render_object_phase(
     else:
         lo_p, hi_p = WINDOW_PERCENTILES
         where = "illuminated region" if img.view.inside is not None else "object"
-        label = (f"Object phase{', unwrapped' if mode == 'unwrapped' else ''} ({what}), "
-                 f"window {lo_p:g}–{hi_p:g} % of {where}")
+        label = (f"Object phase{', unwrapped' if mode == 'unwrapped' else ''} ({what})\n"
+                 f"colour window: {lo_p:g}–{hi_p:g} % of the {where}")
         cb = _draw_image(fig, img.view, img.phase, img.window, "viridis",
                          f"{title}\n{label}".strip(), pixel_size_m)
     cb.set_label("phase [rad]")
