@@ -1,12 +1,13 @@
 """Live previews drawn by a helper process, so that a reconstruction never waits for them.
 
-Drawing the four preview PNGs takes ~0.4 s of matplotlib, which holds the GIL (the engine's
+Drawing the preview PNGs takes ~0.5 s of matplotlib, which holds the GIL (the engine's
 threads stall meanwhile), and ~60 MB (matplotlib itself, the phase unwrapping, the figures)
 on top of a job whose peak memory is budgeted at twice its frames. So the job hands a helper
-process the current object, probe and loss history in a file of three ``.npy`` arrays (no
-pickle, written without an intermediate copy) and goes on; the helper draws the newest one
-whenever it is free, and a state handed over while it draws replaces the waiting one. The
-final previews are drawn by the job itself, after the engine has released its memory.
+process the current object, probe, loss history and probe positions in a file of four
+``.npy`` arrays (no pickle, written without an intermediate copy) and goes on; the helper
+draws the newest one whenever it is free, and a state handed over while it draws replaces
+the waiting one. The final previews are drawn by the job itself, after the engine has
+released its memory.
 
 The helper runs at a lower priority (nice +10), ignores SIGINT and SIGTERM (the job handles
 them and closes the helper) and dies with the job (PR_SET_PDEATHSIG). One that dies on its
@@ -67,10 +68,12 @@ class LivePreviews:
 
     def submit(self, obj: np.ndarray, probe: np.ndarray, loss_history: Sequence[float],
                title: str, pixel_size_m: float,
-               scan_extent_px: Sequence[int] | None = None) -> None:
+               scan_extent_px: Sequence[int] | None = None,
+               positions_px: np.ndarray | None = None) -> None:
         """Hand over a state to draw (the arrays are written out at once; no wait).
 
-        ``pixel_size_m``, ``scan_extent_px`` and ``title`` are those of
+        ``pixel_size_m``, ``scan_extent_px``, ``title`` and ``positions_px`` (the probe
+        windows' corners, for the illuminated region) are those of
         :func:`beamflow.ptycho.previews.write_previews`.
         """
         if self._proc is None and self._starts >= self.MAX_STARTS:
@@ -79,7 +82,10 @@ class LivePreviews:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             tmp = self.out_dir / (BUNDLE + ".tmp")
             with open(tmp, "wb") as f:  # np.save to a real file writes the array as it is
-                for a in (obj, probe, np.asarray(loss_history, np.float64)):
+                # No positions travel as an empty [0, 2] array: the helper reads four arrays.
+                corners = np.zeros((0, 2)) if positions_px is None else positions_px
+                for a in (obj, probe, np.asarray(loss_history, np.float64),
+                          np.asarray(corners, np.float64)):
                     np.save(f, a, allow_pickle=False)
             os.replace(tmp, self.out_dir / BUNDLE)
         except OSError as e:  # a full disk must not stop the reconstruction
@@ -200,10 +206,11 @@ def main(argv: Sequence[str]) -> None:
         request = json.loads(line)
         try:
             with open(out_dir / BUNDLE, "rb") as f:
-                obj, probe, losses = (np.load(f, allow_pickle=False) for _ in range(3))
+                obj, probe, losses, corners = (np.load(f, allow_pickle=False)
+                                               for _ in range(4))
             files = write_previews(out_dir, obj, probe, request["pixel_size_m"], losses,
                                    scan_extent_px=request["scan_extent_px"],
-                                   title=request["title"])
+                                   title=request["title"], positions_px=corners)
             reply = {"files": {k: str(v) for k, v in files.items()}}
         except Exception as e:  # a refused state, a vanished bundle: report, keep serving
             reply = {"error": f"{type(e).__name__}: {e}"[:2000]}

@@ -8,8 +8,8 @@ This is what ``beamflow reconstruct`` and the compute functions call::
 Output directory::
 
     DIR/product.h5              Ptychodus product (written at the end)
-    DIR/previews/*.png          object phase/amplitude, probe, convergence (refreshed every
-                                few iterations and at the end)
+    DIR/previews/*.png          object phase (windowed and full range), amplitude, probe,
+                                convergence (refreshed every few iterations and at the end)
     DIR/checkpoints/            L2 checkpoints + LATEST.json (beamflow.checkpoint)
 
 Resuming: when ``DIR/checkpoints`` (or the node-local L1 level) holds a checkpoint, the job
@@ -572,7 +572,8 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
                         and it < target):
                     st = snapshot()  # the checkpoint's, when one is due now too
                     live.submit(st.object, st.probe, st.loss_history, title(it),
-                                frame.pixel_size_m, scan_extent_px=extent)
+                                frame.pixel_size_m, scan_extent_px=extent,
+                                positions_px=st.positions_px)
                     last_preview[0] = time.monotonic()
                 if progress is not None:
                     progress(it, target, float(info["loss"]))
@@ -598,7 +599,8 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
     try:
         previews.update(write_previews(
             preview_dir, final.object, final.probe, frame.pixel_size_m, final.loss_history,
-            scan_extent_px=extent, title=title(final.iteration)))
+            scan_extent_px=extent, title=title(final.iteration),
+            positions_px=final.positions_px))
     except ValueError as e:  # a diverged state: report, do not draw it
         log.warning("previews not written: %s", e)
     verdict = judge(obj=final.object, probe=final.probe, positions_px=final.positions_px,
@@ -682,7 +684,8 @@ def previews_from_checkpoint(checkpoint_dirs: Path | list[Path], out_dir: Path
         out_dir, ck.arrays["object"], ck.arrays["probe"], frame.pixel_size_m,
         ck.arrays.get("loss_history", np.zeros(0)),
         scan_extent_px=_scan_extent(ck.arrays["positions_px"], frame),
-        title=f"{job_meta.get('scan_name', '')} · iteration {ck.iteration}")
+        title=f"{job_meta.get('scan_name', '')} · iteration {ck.iteration}",
+        positions_px=ck.arrays["positions_px"])
 
 
 def _scan_extent(corners: np.ndarray, frame: _Frame) -> tuple[int, int, int, int]:

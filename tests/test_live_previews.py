@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from beamflow.live_previews import BUNDLE, LivePreviews
+from beamflow.ptycho.previews import PREVIEW_NAMES
 
 PNG = b"\x89PNG\r\n\x1a\n"
-FILES = {"object_phase", "object_amplitude", "probe", "convergence"}
+FILES = set(PREVIEW_NAMES)
 
 
 def _state(rng: np.random.Generator, n: int = 48) -> tuple[np.ndarray, np.ndarray, list]:
@@ -65,6 +66,20 @@ def test_states_handed_over_while_drawing_replace_each_other(live: LivePreviews)
     assert live.wait(120)
     assert live.drawn == 2 and live.errors == []
     assert set(live.files) == FILES
+
+
+def test_positions_reach_the_helper(live: LivePreviews) -> None:
+    """The probe positions travel in the bundle: with them the object images are drawn
+    around the illuminated region (so they change), the probe and convergence do not."""
+    obj, probe, losses = _state(np.random.default_rng(5))
+    drawn = []
+    corners = np.array([[8.0, 8.0], [8.0, 20.0], [20.0, 8.0], [20.0, 20.0]])
+    for positions in (None, corners):
+        live.submit(obj, probe, losses, "t", 1e-8, positions_px=positions)
+        assert live.wait(120) and live.errors == []
+        drawn.append({n: p.read_bytes() for n, p in live.files.items()})
+    changed = {n for n in FILES if drawn[0][n] != drawn[1][n]}
+    assert changed == {"object_phase", "object_phase_full", "object_amplitude"}
 
 
 def test_a_refused_state_is_reported_and_the_helper_goes_on(

@@ -36,7 +36,20 @@ def _png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def test_write_previews_writes_four_valid_pngs(tmp_path):
+def _scan(n: int = 96, m: int = 32, step: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """A probe and a raster of corners that illuminate a square well inside an n×n object."""
+    probe = _probe(1, m)
+    c = np.arange(n // 8, 7 * n // 8 - m + 1, step)
+    corners = np.stack(np.meshgrid(c, c, indexing="ij"), -1).reshape(-1, 2).astype(float)
+    return probe, corners
+
+
+def test_preview_names_are_the_files_the_page_knows():
+    assert V.PREVIEW_NAMES == (
+        "object_phase", "object_phase_full", "object_amplitude", "probe", "convergence")
+
+
+def test_write_previews_writes_all_valid_pngs(tmp_path):
     loss = np.exp(-np.arange(30) / 10.0)
     out = V.write_previews(
         tmp_path / "previews",
@@ -46,8 +59,9 @@ def test_write_previews_writes_four_valid_pngs(tmp_path):
         loss,
         scan_extent_px=(8, 88, 8, 88),
         title="scan_0001 · it 30",
+        positions_px=_scan()[1],
     )
-    assert set(out) == {"object_phase", "object_amplitude", "probe", "convergence"}
+    assert tuple(out) == V.PREVIEW_NAMES
     for name, path in out.items():
         assert path == tmp_path / "previews" / f"{name}.png"
         w, h = _png_size(path)
@@ -128,6 +142,10 @@ def test_non_finite_input_raises_and_writes_nothing(tmp_path, which):
     (out_dir / "object_phase.png").write_bytes(b"old")
     with pytest.raises(V.PreviewError, match=rf"{which}: 1 of \d+ values are NaN or infinite"):
         V.write_previews(out_dir, obj, probe, PX, [1.0, 0.5])
+    # ... and with positions, whose illuminated region is summed from the probe
+    corners = np.array([[10.0, 10.0], [20.0, 30.0]])
+    with pytest.raises(V.PreviewError, match=rf"{which}: 1 of \d+ values are NaN or infinite"):
+        V.write_previews(out_dir, obj, probe, PX, [1.0, 0.5], positions_px=corners)
     assert [p.name for p in out_dir.iterdir()] == ["object_phase.png"]
     assert (out_dir / "object_phase.png").read_bytes() == b"old"
 
@@ -201,4 +219,119 @@ def test_previews_do_not_touch_pyplot_state(tmp_path):
         "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
-    assert len(list(tmp_path.glob("*.png"))) == 4
+    assert len(list(tmp_path.glob("*.png"))) == len(V.PREVIEW_NAMES)
+
+
+# --------------------------------------------------------------------------- readable previews
+
+
+def _noisy_outside(n: int = 96) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An object with a 0.8 rad square on a flat background where the probe goes, and wild
+    amplitude and uniformly random phase where it never goes; the probe and its corners."""
+    probe, corners = _scan(n)
+    inside = V.illuminated_region((n, n), probe, corners)
+    rng = np.random.default_rng(3)
+    obj = np.exp(1j * rng.uniform(-np.pi, np.pi, (n, n))) * rng.uniform(0.05, 3.0, (n, n))
+    y, x = np.indices((n, n))
+    feature = (np.abs(y - n / 2) < 10) & (np.abs(x - n / 2) < 10)
+    obj[inside] = np.exp(1j * 0.8 * feature[inside])
+    return obj.astype(np.complex64), probe, corners
+
+
+def test_illuminated_region_is_where_the_probe_went():
+    probe, corners = _scan(96)
+    inside = V.illuminated_region((96, 96), probe, corners)
+    assert inside[48, 48] and not inside[2, 2] and not inside[93, 50]
+    assert 0.1 < inside.mean() < 0.6
+    # A refined position half a pixel past the edge is clipped, not refused.
+    edge = V.illuminated_region((96, 96), probe, [[-0.6, 64.7], [10.0, 10.0]])
+    assert edge[26, 26] and edge[16, 80]
+
+
+def test_phase_window_comes_from_the_illuminated_region():
+    obj, probe, corners = _noisy_outside()
+    inside = V.illuminated_region(obj.shape, probe, corners)
+    img = V.phase_image(obj, illuminated=inside)
+    lo, hi = img.window
+    # The background is the reference (0) and the square tops the window: 0 … 0.8 rad.
+    assert lo == pytest.approx(0.0, abs=0.05) and hi == pytest.approx(0.8, abs=0.05)
+    assert np.array_equal(img.view.inside, inside)
+    # Without the region, the wild border sets the window: nearly the whole circle.
+    lo_all, hi_all = V.phase_image(obj).window
+    assert hi_all - lo_all > 5.0
+
+
+def test_ramp_and_global_phase_are_removed_before_windowing():
+    n = 64
+    y, x = np.indices((n, n))
+    # centred on the array (31.5), so it cannot tilt the fitted plane; ~10 % of the object
+    feature = (np.abs(y - 31.5) < 10) & (np.abs(x - 31.5) < 10)
+    obj = np.exp(1j * (2.0 + 0.35 * x - 0.2 * y + 1.0 * feature))  # wraps many times
+    img = V.phase_image(obj, illuminated=np.ones((n, n), bool))
+    assert np.allclose(img.phase[~feature], 0.0, atol=1e-6)
+    assert np.allclose(img.phase[feature], 1.0, atol=1e-6)
+    assert img.window == pytest.approx((0.0, 1.0), abs=1e-6)
+    # Not removing the ramp leaves the window spanning the wraps.
+    kept = V.phase_image(obj, illuminated=np.ones((n, n), bool), remove_ramp=False)
+    assert kept.window[1] - kept.window[0] > 5.0
+
+
+def test_amplitude_and_unwrapped_windows_follow_the_region():
+    obj, probe, corners = _noisy_outside()
+    inside = V.illuminated_region(obj.shape, probe, corners)
+    amp = np.abs(V.object_view(obj, illuminated=inside).values)
+    assert V.robust_window(amp, inside) == pytest.approx((1.0, 1.0), abs=1e-5)
+    assert V.robust_window(amp)[1] > 2.5  # the border's amplitude, had it counted
+    lo, hi = V.phase_image(obj, illuminated=inside, mode="unwrapped").window
+    assert hi - lo < 1.5
+
+
+def test_border_is_dimmed_and_inside_unchanged():
+    obj, probe, corners = _noisy_outside()
+    inside = V.illuminated_region(obj.shape, probe, corners)
+    values = np.angle(obj)
+    plain = V.object_rgb(values, (-1.0, 1.0), "viridis")
+    dimmed = V.object_rgb(values, (-1.0, 1.0), "viridis", inside)
+    assert np.array_equal(dimmed[inside], plain[inside])
+    assert np.all(np.any(dimmed[~inside] != plain[~inside], axis=-1))
+    # dimmed toward the outside colour: closer to it than the plain render, everywhere
+    target = np.asarray(V.OUTSIDE_COLOUR)
+    assert np.all(np.linalg.norm(dimmed[~inside] - target, axis=-1)
+                  < np.linalg.norm(plain[~inside] - target, axis=-1) + 1e-12)
+    assert np.array_equal(V.shade_outside(plain, None), plain)
+
+
+def test_positions_change_the_object_images_and_nothing_else(tmp_path):
+    obj, probe, corners = _noisy_outside()
+    without = V.write_previews(tmp_path / "a", obj, probe, PX, [1.0, 0.5])
+    with_ = V.write_previews(tmp_path / "b", obj, probe, PX, [1.0, 0.5], positions_px=corners)
+    for name in V.PREVIEW_NAMES:
+        same = without[name].read_bytes() == with_[name].read_bytes()
+        assert same == (name in ("probe", "convergence")), name
+    # No positions, or none at all: the whole crop counts (today's behaviour).
+    empty = V.write_previews(tmp_path / "c", obj, probe, PX, [1.0, 0.5],
+                             positions_px=np.zeros((0, 2)))
+    assert all(empty[n].read_bytes() == without[n].read_bytes() for n in V.PREVIEW_NAMES)
+
+
+def test_illuminated_mask_follows_crop_and_block_averaging():
+    n = 2 * V.MAX_DISPLAY_PX + 40  # block-averaged by 3 after the crop below
+    obj = np.ones((n, n), np.complex64)
+    inside = np.zeros((n, n), bool)
+    inside[:, : n // 2] = True
+    view = V.object_view(obj, scan_extent_px=(10, n - 10, 10, n - 10), illuminated=inside)
+    assert view.factor == 3 and view.inside.shape == view.values.shape
+    cols = np.flatnonzero(view.inside[0])
+    assert cols[0] == 0 and abs((cols[-1] + 1) * 3 + 10 - n // 2) <= 3
+    with pytest.raises(V.PreviewError, match="illuminated"):
+        V.object_view(obj, illuminated=inside[:-1])
+
+
+def test_full_range_is_the_wrapped_circle():
+    obj, probe, corners = _noisy_outside()
+    inside = V.illuminated_region(obj.shape, probe, corners)
+    img = V.phase_image(obj, illuminated=inside, full_range=True)
+    assert img.window == (-np.pi, np.pi)
+    assert img.phase.min() >= -np.pi and img.phase.max() < np.pi
+    windowed = V.phase_image(obj, illuminated=inside)
+    assert np.allclose(np.exp(1j * img.phase), np.exp(1j * windowed.phase))

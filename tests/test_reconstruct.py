@@ -12,7 +12,9 @@ import pytest
 
 from beamflow.checkpoint import IncompatibleCheckpoint, list_checkpoints, load_latest
 from beamflow.formats import ScanFormatError, read_product
+from beamflow.ptycho import previews as previews_module
 from beamflow.ptycho.backend import cpu_ffts
+from beamflow.ptycho.previews import PREVIEW_NAMES
 from beamflow.reconstruct import ReconstructJob, run_reconstruction
 from beamflow.simulate import read_ground_truth, score_product, simulate_scan
 
@@ -61,7 +63,8 @@ def test_fresh_run_writes_product_previews_checkpoints(scan: Path, tmp_path: Pat
     assert s.fft == cpu_ffts()[0]  # FFTW where the fftw extra is installed
     assert Path(s.product) == tmp_path / "product.h5"
     assert sorted(Path(p).name for p in s.previews) == [
-        "convergence.png", "object_amplitude.png", "object_phase.png", "probe.png"]
+        "convergence.png", "object_amplitude.png", "object_phase.png", "object_phase_full.png",
+        "probe.png"]
     assert all(Path(p).parent == tmp_path / "previews" for p in s.previews)
     ck = load_latest(tmp_path / "checkpoints")
     assert ck.iteration == 12 and Path(s.checkpoint) == ck.path
@@ -200,8 +203,31 @@ def test_previews_from_the_latest_checkpoint_by_another_reader(scan: Path, tmp_p
     assert previews_from_checkpoint(tmp_path / "out" / "checkpoints", tmp_path / "p") is None
     run_reconstruction(job(scan, tmp_path / "out", iterations=3))
     files = previews_from_checkpoint(tmp_path / "out" / "checkpoints", tmp_path / "p")
-    assert sorted(files) == ["convergence", "object_amplitude", "object_phase", "probe"]
+    assert sorted(files) == sorted(PREVIEW_NAMES)
     assert all(p.stat().st_size > 1000 and p.parent == tmp_path / "p" for p in files.values())
+
+
+def test_previews_are_drawn_around_the_probe_positions(
+        scan: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's final previews and those from a checkpoint get the positions, so the
+    never-illuminated border is dimmed and the colour window is the illuminated region's."""
+    from beamflow.reconstruct import previews_from_checkpoint
+
+    seen: list[np.ndarray | None] = []
+    real = previews_module.write_previews
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("positions_px"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(previews_module, "write_previews", spy)
+    run_reconstruction(job(scan, tmp_path / "out", iterations=3, preview_every=0))
+    previews_from_checkpoint(tmp_path / "out" / "checkpoints", tmp_path / "p")
+    assert len(seen) == 2
+    ck = load_latest(tmp_path / "out" / "checkpoints")
+    for positions in seen:
+        assert positions is not None and np.shape(positions) == (N_POS, 2)
+        assert np.allclose(positions, ck.arrays["positions_px"])
 
 
 def test_previews_command_renders_the_latest_checkpoint(scan: Path, tmp_path: Path) -> None:
@@ -219,8 +245,8 @@ def test_previews_command_renders_the_latest_checkpoint(scan: Path, tmp_path: Pa
     run_reconstruction(job(scan, tmp_path / "out", iterations=3))
     ok = runner.invoke(app, ["previews", str(ck), "--out", str(tmp_path / "p")])
     assert ok.exit_code == 0, ok.output
-    assert sorted(p.name for p in (tmp_path / "p").glob("*.png")) == [
-        "convergence.png", "object_amplitude.png", "object_phase.png", "probe.png"]
+    assert sorted(p.name for p in (tmp_path / "p").glob("*.png")) == sorted(
+        f"{name}.png" for name in PREVIEW_NAMES)
 
 
 def test_live_previews_are_drawn_by_the_helper_during_the_run(
@@ -233,6 +259,5 @@ def test_live_previews_are_drawn_by_the_helper_during_the_run(
     drawn = [r.getMessage() for r in caplog.records if "drawn by the helper" in r.getMessage()]
     assert len(drawn) == 1 and int(drawn[0].split()[2]) >= 1, drawn
     names = {Path(p).name for p in s.previews}
-    assert names == {"object_phase.png", "object_amplitude.png", "probe.png",
-                     "convergence.png"}
+    assert names == {f"{name}.png" for name in PREVIEW_NAMES}
     assert not any(p.name.startswith(".live-preview") for p in (tmp_path / "previews").iterdir())

@@ -221,6 +221,33 @@ def test_preview_url_changes_when_a_progressive_run_rewrites_it(
     assert len(shown) == 1 and shown[0]["index"] == 1
 
 
+def test_full_range_phase_is_offered_on_the_phase_figure(
+    store: Store, client: TestClient, previews: Path
+) -> None:
+    """object_phase_full.png is no fifth figure: the phase figure links to it ("full
+    range"); listed without a windowed phase, it is shown as a figure of its own."""
+    full = write_png(previews / "object_phase_full.png", shade=60)
+    run = make_run(store, "scan_full", RunStatus.SUCCEEDED)
+    store.add_previews(run.id, [str(previews / n) for n in (
+        "object_phase.png", "object_phase_full.png", "object_amplitude.png", "probe.png",
+        "convergence.png")])
+    d = client.get(f"/api/runs/{run.id}").json()
+    assert [p["kind"] for p in d["previews"]] == [
+        "object_phase", "object_amplitude", "probe", "convergence"]
+    link = d["previews"][0]["full_range_url"]
+    assert link.startswith(f"/files/{run.id}/1?v=")
+    assert client.get(link).content == full.read_bytes()
+    assert all(p["full_range_url"] is None for p in d["previews"][1:])
+    html = client.get(f"/runs/{run.id}").text
+    assert f'<a class="full-range" href="{link}"' in html and ">full range</a>" in html
+
+    alone = make_run(store, "scan_full_only", RunStatus.ACTIVE)
+    store.add_previews(alone.id, [str(full)])
+    (only,) = client.get(f"/api/runs/{alone.id}").json()["previews"]
+    assert only["kind"] == "object_phase_full" and only["label"] == "Object phase, full range"
+    assert 'class="full-range"' not in client.get(f"/runs/{alone.id}").text
+
+
 def test_unknown_run_is_404_page_and_json(client: TestClient) -> None:
     assert client.get("/api/runs/nope").status_code == 404
     page = client.get("/runs/nope")
@@ -543,7 +570,8 @@ def test_viewing_token_when_required(store: Store, previews: Path) -> None:
 # -- small pieces -------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("name", "kind"),
-    [("object_phase.png", "object_phase"), ("scan01_obj_amp.png", "object_amplitude"),
+    [("object_phase.png", "object_phase"), ("object_phase_full.png", "object_phase_full"),
+     ("scan01_obj_amp.png", "object_amplitude"),
      ("probe_phase.png", "probe"), ("convergence.png", "convergence"),
      ("loss.png", "convergence"), ("sample.png", "other")],
 )

@@ -1,17 +1,35 @@
 """PNG previews of a reconstruction, for the status page and the product directory.
 
-Four images a beamline scientist reads at a glance:
+Five images a beamline scientist reads at a glance (:data:`PREVIEW_NAMES`):
 
-* ``object_phase.png`` — the object phase, global phase offset and (by default) the linear
-  phase ramp removed over the shown region, then **wrapped explicitly to [−π, π)** and shown
-  with the cyclic ``twilight`` colormap (so a wrap is not mistaken for an edge); or
-  least-squares **unwrapped** (Ghiglia & Romero, JOSA A 11, 107, 1994) with ``viridis``.
-  The title says which.
-* ``object_amplitude.png`` — ``|O|`` in gray, contrast from the 0.5–99.5 percentiles.
+* ``object_phase.png`` — the object phase with the global phase offset and (by default) the
+  linear phase ramp removed, both fitted over the *reference region* (the illuminated region
+  where the amplitude is appreciable: near-zero amplitude carries no phase), and shown with
+  ``viridis`` in a **colour window from the 1–99 percentiles of the reference region**: a
+  weak phase object fills the colour scale, and a wild border or a few hot pixels cannot
+  squeeze it. Values beyond the window clip (arrows on the colour bar, in radians). The
+  phase is the wrapped one (the default) or least-squares **unwrapped** (Ghiglia & Romero,
+  JOSA A 11, 107, 1994), unwrapped with the never-illuminated border held flat so its
+  residues cannot spread into the sample. The title says which, and where the window came
+  from.
+* ``object_phase_full.png`` — the same phase, **wrapped explicitly to [−π, π)** with the
+  cyclic ``twilight`` colormap (so a wrap is not mistaken for an edge): the full range, for
+  when the window hides something. The status page links it from the phase figure.
+* ``object_amplitude.png`` — ``|O|`` in gray, window from the 1–99 percentiles of the
+  illuminated region.
 * ``probe.png`` — one panel per probe mode, complex shown as colour (hue = phase, brightness
   = amplitude, each mode normalised to its own maximum) and titled with its share of the
   total power in %.
 * ``convergence.png`` — the loss against iteration, logarithmic y.
+
+The illuminated region (:func:`illuminated_region`) is where the summed probe intensity over
+all scan positions reaches 10 % of its maximum; it needs the positions (top-left corners of
+the probe windows in object pixels, ``positions_px``). On the three object images the
+never-illuminated border is blended 70 % toward a dark slate (its structure stays faintly
+visible, but it does not read as sample) and the region's outline is drawn as a thin line.
+Nothing here assumes a propagation model: the region comes from the probe and the positions
+alone. Without positions the whole (cropped) object stands for the region (for the phase,
+where its amplitude is appreciable), nothing is dimmed and no outline is drawn.
 
 Object and probe images carry a scale bar in µm (nm below 0.1 µm) from the object pixel
 size, of a round length (1, 2 or 5 × 10ⁿ) near a fifth of the image width
@@ -36,11 +54,13 @@ import math
 import os
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colorbar import Colorbar
 from matplotlib.colors import hsv_to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
@@ -48,29 +68,51 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from numpy.typing import ArrayLike, NDArray
 
 from .backend import dct2
-from .metrics import fit_phase_ramp
+from .metrics import fit_phase_ramp, illumination_mask
 
 __all__ = [
     "PREVIEW_NAMES",
+    "ObjectView",
+    "PhaseImage",
     "PreviewError",
     "complex_to_rgb",
+    "flatten_phase",
+    "illuminated_region",
     "nice_length",
+    "object_rgb",
+    "object_view",
+    "phase_image",
     "render_convergence",
     "render_object_amplitude",
     "render_object_phase",
     "render_probe",
+    "robust_window",
     "scale_bar",
+    "shade_outside",
     "unwrap_phase",
     "write_png_atomic",
     "write_previews",
 ]
 
-PREVIEW_NAMES = ("object_phase", "object_amplitude", "probe", "convergence")
+#: The files :func:`write_previews` writes (``NAME.png``), in the order the page shows them.
+PREVIEW_NAMES = ("object_phase", "object_phase_full", "object_amplitude", "probe", "convergence")
 
 #: Larger crops are block-averaged (complex mean) down to about this many pixels a side:
 #: a preview is ~500 px wide, and rendering cost must not grow with the object.
 MAX_DISPLAY_PX = 512
 _DPI = 100
+#: Colour windows span these percentiles of the illuminated region: robust to hot pixels.
+WINDOW_PERCENTILES = (1.0, 99.0)
+#: The illuminated region: summed probe intensity ≥ this fraction of its maximum.
+ILLUMINATION_FRACTION = 0.1
+#: Outside the illuminated region, pixels are blended this far toward a dark slate: the
+#: structure stays faintly visible, but nobody reads the border as sample.
+OUTSIDE_BLEND = 0.7
+OUTSIDE_COLOUR = (0.16, 0.18, 0.24)
+#: The illuminated region's outline (absent from gray, viridis and twilight).
+OUTLINE_COLOUR = "#ff2d55"
+#: Fewer illuminated display pixels than this: treated as unknown (no window, no dimming).
+_MIN_REGION_PX = 16
 _FIGSIZE = (5.4, 4.6)
 
 
@@ -248,17 +290,224 @@ def _image_axes(fig: Figure, title: str, shape: tuple[int, int]):
     return ax, cax
 
 
-# --------------------------------------------------------------------------- renderers
+# --------------------------------------------------------------------------- object view
 
 
-def _prepare_object(obj: ArrayLike, scan_extent_px: Sequence[int] | None) -> tuple[np.ndarray, int]:
+@dataclass(frozen=True)
+class ObjectView:
+    """The object as the previews show it.
+
+    Attributes:
+        values: complex image at display resolution (cropped to the scanned region, block
+            averaged down to at most :data:`MAX_DISPLAY_PX` a side).
+        factor: the block-averaging factor (display pixel = ``factor`` object pixels).
+        inside: the illuminated region at display resolution, or ``None`` when unknown
+            (no probe positions given): nothing is dimmed and no outline is drawn then.
+    """
+
+    values: NDArray[np.complex128]
+    factor: int
+    inside: NDArray[np.bool_] | None
+
+
+def illuminated_region(
+    object_shape: tuple[int, int], probe: ArrayLike, corners: ArrayLike
+) -> NDArray[np.bool_]:
+    """Where the summed probe intensity reaches :data:`ILLUMINATION_FRACTION` of its peak.
+
+    ``corners`` are the top-left ``(y, x)`` of each probe window in object pixels. They are
+    clipped into the object first: a refined position that rounds half a pixel past the
+    edge must not cost the previews. Cost: one ``M×M`` addition per position, a small
+    fraction of one iteration of the engine.
+    """
+    p = _probe_modes(probe)
+    c = np.asarray(corners, dtype=np.float64).reshape(-1, 2)
+    limit = np.array(object_shape, np.float64) - np.array(p.shape[1:], np.float64)
+    if np.any(limit < 0):
+        raise PreviewError(f"probe {p.shape[1:]} is larger than the object {object_shape}")
+    return illumination_mask(object_shape, p, np.clip(c, 0, limit), ILLUMINATION_FRACTION)
+
+
+def object_view(
+    obj: ArrayLike,
+    *,
+    scan_extent_px: Sequence[int] | None = None,
+    illuminated: ArrayLike | None = None,
+) -> ObjectView:
+    """Crop, block-average and check the object (and its illuminated region) for display.
+
+    Raises:
+        PreviewError: not a 2-D complex array (``[1, H, W]`` is accepted), non-finite
+            values, or an ``illuminated`` mask of another shape.
+    """
     o = np.asarray(obj)
     if o.ndim == 3 and o.shape[0] == 1:  # product layout [layers, H, W] with one layer
         o = o[0]
     if o.ndim != 2:
         raise PreviewError(f"object: expected a 2-D complex array, got shape {o.shape}")
     _check_finite(o, "object")
-    return _block_mean(_crop(o, scan_extent_px).astype(np.complex128), MAX_DISPLAY_PX)
+    values, factor = _block_mean(_crop(o, scan_extent_px).astype(np.complex128), MAX_DISPLAY_PX)
+    if illuminated is None:
+        return ObjectView(values, factor, None)
+    m = np.asarray(illuminated, dtype=bool)
+    if m.shape != o.shape:
+        raise PreviewError(f"illuminated: shape {m.shape} is not the object's {o.shape}")
+    # A display pixel counts as illuminated when most of its block is.
+    frac, _ = _block_mean(_crop(m, scan_extent_px).astype(np.float64), MAX_DISPLAY_PX)
+    inside = frac >= 0.5
+    # A region of a few pixels cannot anchor a colour window: show the object undimmed.
+    return ObjectView(values, factor, inside if inside.sum() >= _MIN_REGION_PX else None)
+
+
+def flatten_phase(
+    o: NDArray[np.complex128], region: NDArray[np.bool_], remove_ramp: bool = True
+) -> NDArray[np.complex128]:
+    """``o`` with the linear phase ramp (optional) and the global phase over ``region`` removed.
+
+    Both are fitted over ``region`` only: outside the illuminated area the phase is
+    unconstrained and would tilt the plane. The median phase of the region (the background,
+    for a sparse sample) becomes 0.
+    """
+    if remove_ramp and min(o.shape) >= 3:
+        _, gy, gx = fit_phase_ramp(o, region)
+        y, x = np.indices(o.shape, dtype=np.float64)
+        o = o * np.exp(-1j * (gy * y + gx * x))
+    # Measured about the mean phasor first so that the median never straddles the wrap.
+    o = o * np.exp(-1j * np.angle(np.sum(o[region])))
+    return o * np.exp(-1j * np.median(np.angle(o[region])))
+
+
+def robust_window(values: ArrayLike, region: ArrayLike | None = None) -> tuple[float, float]:
+    """Colour window ``(lo, hi)``: the :data:`WINDOW_PERCENTILES` of ``values`` in ``region``.
+
+    A few hot pixels or a wild border cannot squeeze the contrast of the sample; values
+    outside the window clip. A flat region gets a small window around its value.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    sel = v if region is None else v[np.asarray(region, dtype=bool)]
+    if sel.size == 0:
+        sel = v.ravel()
+    lo, hi = (float(q) for q in np.percentile(sel, WINDOW_PERCENTILES))
+    if hi - lo <= 1e-9 * max(abs(lo), abs(hi), 1.0):
+        lo, hi = lo - 1e-6, hi + 1e-6
+    return lo, hi
+
+
+def shade_outside(rgb: ArrayLike, inside: ArrayLike | None) -> NDArray[np.float64]:
+    """``rgb`` (``[H, W, 3]``, 0…1) with the pixels outside ``inside`` blended toward
+    :data:`OUTSIDE_COLOUR`, so a never-illuminated border does not read as sample."""
+    out = np.array(rgb, dtype=np.float64)
+    if inside is None:
+        return out
+    outside = ~np.asarray(inside, dtype=bool)
+    out[outside] = (1 - OUTSIDE_BLEND) * out[outside] + OUTSIDE_BLEND * np.asarray(OUTSIDE_COLOUR)
+    return out
+
+
+def _reference_region(view: ObjectView) -> NDArray[np.bool_]:
+    """Pixels the phase is referred to: illuminated ones of appreciable amplitude.
+
+    Near-zero amplitude carries no phase (strong absorbers, empty corners); without a known
+    illuminated region every pixel of appreciable amplitude counts.
+    """
+    amp = np.abs(view.values)
+    # (never empty: object_view drops a region of fewer than _MIN_REGION_PX pixels)
+    base = view.inside if view.inside is not None else np.ones(amp.shape, bool)
+    if amp[base].max() <= 0:
+        return base
+    region = base & (amp > 0.1 * np.percentile(amp[base], 99))
+    return region if region.sum() >= _MIN_REGION_PX else base
+
+
+def object_rgb(
+    values: ArrayLike,
+    window: tuple[float, float],
+    cmap_name: str,
+    inside: ArrayLike | None = None,
+) -> NDArray[np.float64]:
+    """``[H, W, 3]`` colours of ``values`` in ``window`` (beyond it: clipped to the ends of
+    the colour map), dimmed outside ``inside`` (:func:`shade_outside`)."""
+    from matplotlib import colormaps
+    from matplotlib.colors import Normalize
+
+    rgba = colormaps[cmap_name](Normalize(*window, clip=True)(np.asarray(values)))
+    return shade_outside(rgba[..., :3], inside)
+
+
+def _draw_image(
+    fig: Figure,
+    view: ObjectView,
+    values: np.ndarray,
+    window: tuple[float, float],
+    cmap_name: str,
+    title: str,
+    pixel_size_m: float,
+    extend: Literal["both", "neither"] = "both",
+) -> Colorbar:
+    """Draw :func:`object_rgb`, outline the illuminated region, add the scale bar; returns
+    the colour bar of ``window`` (its arrows: values beyond it clip)."""
+    from matplotlib import colormaps
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    ax, cax = _image_axes(fig, title, values.shape)
+    ax.imshow(object_rgb(values, window, cmap_name, view.inside), interpolation="nearest")
+    if view.inside is not None and not view.inside.all():
+        ax.contour(view.inside.astype(np.float32), levels=[0.5], colors=[OUTLINE_COLOUR],
+                   linewidths=0.9)
+    _draw_scale_bar(ax, values.shape, pixel_size_m * view.factor)
+    mappable = ScalarMappable(norm=Normalize(*window), cmap=colormaps[cmap_name])
+    return fig.colorbar(mappable, cax=cax, extend=extend)
+
+
+@dataclass(frozen=True)
+class PhaseImage:
+    """The phase as :func:`render_object_phase` draws it.
+
+    Attributes:
+        view: the object shown (:func:`object_view`).
+        phase: radians at display resolution, ramp (optionally) and global phase removed.
+        window: the colour window: :func:`robust_window` over the reference region, or
+            ``(−π, π)`` for the full-range view.
+        region: the reference region the ramp, global phase and window were measured on.
+    """
+
+    view: ObjectView
+    phase: NDArray[np.float64]
+    window: tuple[float, float]
+    region: NDArray[np.bool_]
+
+
+def phase_image(
+    obj: ArrayLike,
+    *,
+    scan_extent_px: Sequence[int] | None = None,
+    illuminated: ArrayLike | None = None,
+    mode: Literal["wrapped", "unwrapped"] = "wrapped",
+    remove_ramp: bool = True,
+    full_range: bool = False,
+) -> PhaseImage:
+    """The phase to draw and its colour window (arguments as :func:`render_object_phase`)."""
+    if mode not in ("wrapped", "unwrapped"):
+        raise ValueError(f"mode must be 'wrapped' or 'unwrapped', got {mode!r}")
+    view = object_view(obj, scan_extent_px=scan_extent_px, illuminated=illuminated)
+    region = _reference_region(view)
+    o = flatten_phase(view.values, region, remove_ramp)
+    if full_range:
+        phase = (np.angle(o) + np.pi) % (2 * np.pi) - np.pi
+        return PhaseImage(view, phase, (-np.pi, np.pi), region)
+    if mode == "wrapped":
+        phase = np.angle(o)
+    else:
+        # The least-squares solve is global: the residues of the unconstrained phase outside
+        # the illuminated region would spread into the sample. Unwrap a flat outside instead.
+        wrapped = np.angle(o) if view.inside is None else np.where(view.inside, np.angle(o), 0)
+        phase = unwrap_phase(wrapped)
+        phase -= np.median(phase[region])
+    return PhaseImage(view, phase, robust_window(phase, region), region)
+
+
+# --------------------------------------------------------------------------- renderers
 
 
 def render_object_phase(
@@ -269,45 +518,35 @@ def render_object_phase(
     title: str = "",
     mode: Literal["wrapped", "unwrapped"] = "wrapped",
     remove_ramp: bool = True,
+    illuminated: ArrayLike | None = None,
+    full_range: bool = False,
 ) -> bytes:
-    """PNG bytes of the object phase (see the module docstring for the conventions)."""
-    o, factor = _prepare_object(obj, scan_extent_px)
-    amp = np.abs(o)
-    # Reference region: pixels with appreciable amplitude (ignore empty/absorbing parts).
-    region = amp > 0.1 * np.percentile(amp, 99) if amp.max() > 0 else np.ones(o.shape, bool)
-    if region.sum() < 3:
-        region = np.ones(o.shape, bool)
-    if remove_ramp and min(o.shape) >= 3:
-        _, gy, gx = fit_phase_ramp(o, region)
-        y, x = np.indices(o.shape, dtype=np.float64)
-        o = o * np.exp(-1j * (gy * y + gx * x))
-    # Global phase: the median phase of the region (the background, for a sparse sample)
-    # becomes 0, measured about the mean phasor so that the median never straddles the wrap.
-    o = o * np.exp(-1j * np.angle(np.sum(o[region])))
-    o = o * np.exp(-1j * np.median(np.angle(o[region])))
+    """PNG bytes of the object phase (see the module docstring for the conventions).
+
+    ``illuminated`` (bool, the object's shape; e.g. from :func:`illuminated_region`) is where
+    the ramp, the global phase and the colour window are measured, and what stays undimmed.
+    ``full_range=True`` draws the whole wrapped [−π, π) with a cyclic colour map instead of
+    the robust window (``mode`` is then ignored).
+    """
+    img = phase_image(obj, scan_extent_px=scan_extent_px, illuminated=illuminated, mode=mode,
+                      remove_ramp=remove_ramp, full_range=full_range)
     what = "ramp removed" if remove_ramp else "global phase removed"
     fig = _new_figure()
-    if mode == "wrapped":
-        phase = (np.angle(o) + np.pi) % (2 * np.pi) - np.pi
-        ax, cax = _image_axes(
-            fig, f"{title}\nObject phase, wrapped to [−π, π) ({what})".strip(), o.shape
-        )
-        im = ax.imshow(phase, cmap="twilight", vmin=-np.pi, vmax=np.pi, interpolation="nearest")
-        cb = fig.colorbar(im, cax=cax, ticks=[-np.pi, -np.pi / 2, 0, np.pi / 2, np.pi])
+    if full_range:
+        label = f"Object phase, full range [−π, π) ({what})"
+        # Nothing clips on a cyclic scale: no arrows on its colour bar.
+        cb = _draw_image(fig, img.view, img.phase, img.window, "twilight",
+                         f"{title}\n{label}".strip(), pixel_size_m, extend="neither")
+        cb.set_ticks([-np.pi, -np.pi / 2, 0, np.pi / 2, np.pi])
         cb.ax.set_yticklabels(["−π", "−π/2", "0", "π/2", "π"])
-    elif mode == "unwrapped":
-        phase = unwrap_phase(np.angle(o))
-        phase -= np.median(phase[region])
-        lo, hi = np.percentile(phase, [0.5, 99.5])
-        ax, cax = _image_axes(
-            fig, f"{title}\nObject phase, unwrapped (least squares; {what})".strip(), o.shape
-        )
-        im = ax.imshow(phase, cmap="viridis", vmin=lo, vmax=hi, interpolation="nearest")
-        cb = fig.colorbar(im, cax=cax)
     else:
-        raise ValueError(f"mode must be 'wrapped' or 'unwrapped', got {mode!r}")
+        lo_p, hi_p = WINDOW_PERCENTILES
+        where = "illuminated region" if img.view.inside is not None else "object"
+        label = (f"Object phase{', unwrapped' if mode == 'unwrapped' else ''} ({what})\n"
+                 f"colour window: {lo_p:g}–{hi_p:g} % of the {where}")
+        cb = _draw_image(fig, img.view, img.phase, img.window, "viridis",
+                         f"{title}\n{label}".strip(), pixel_size_m)
     cb.set_label("phase [rad]")
-    _draw_scale_bar(ax, o.shape, pixel_size_m * factor)
     return _png_bytes(fig)
 
 
@@ -317,32 +556,36 @@ def render_object_amplitude(
     *,
     scan_extent_px: Sequence[int] | None = None,
     title: str = "",
+    illuminated: ArrayLike | None = None,
 ) -> bytes:
-    """PNG bytes of the object amplitude ``|O|`` (gray, robust contrast)."""
-    o, factor = _prepare_object(obj, scan_extent_px)
-    amp = np.abs(o)
-    lo, hi = np.percentile(amp, [0.5, 99.5])
-    if hi <= lo:
-        hi = lo + 1e-6
+    """PNG bytes of the object amplitude ``|O|`` (gray; window from robust percentiles of
+    the illuminated region when ``illuminated`` is given, of the whole crop otherwise)."""
+    view = object_view(obj, scan_extent_px=scan_extent_px, illuminated=illuminated)
+    amp = np.abs(view.values)
     fig = _new_figure()
-    ax, cax = _image_axes(fig, f"{title}\nObject amplitude |O|".strip(), amp.shape)
-    im = ax.imshow(amp, cmap="gray", vmin=lo, vmax=hi, interpolation="nearest")
-    fig.colorbar(im, cax=cax).set_label("amplitude")
-    _draw_scale_bar(ax, amp.shape, pixel_size_m * factor)
+    cb = _draw_image(fig, view, amp, robust_window(amp, view.inside), "gray",
+                     f"{title}\nObject amplitude |O|".strip(), pixel_size_m)
+    cb.set_label("amplitude")
     return _png_bytes(fig)
+
+
+def _probe_modes(probe: ArrayLike) -> np.ndarray:
+    """The probe as ``[K, M, M]`` (accepts ``[M, M]`` and the product's ``[1, K, M, M]``)."""
+    p = np.asarray(probe)
+    while p.ndim > 3 and p.shape[0] == 1:
+        p = p[0]
+    if p.ndim == 2:
+        p = p[None]
+    if p.ndim != 3:
+        raise PreviewError(f"probe: expected [M, M] or [K, M, M], got shape {p.shape}")
+    return p
 
 
 def render_probe(
     probe: ArrayLike, pixel_size_m: float, *, title: str = "", max_modes: int = 8
 ) -> bytes:
     """PNG bytes of the probe modes: colour = phase, brightness = amplitude, power in %."""
-    p = np.asarray(probe)
-    while p.ndim > 3 and p.shape[0] == 1:  # product layout [OPR=1, K, M, M]
-        p = p[0]
-    if p.ndim == 2:
-        p = p[None]
-    if p.ndim != 3:
-        raise PreviewError(f"probe: expected [M, M] or [K, M, M], got shape {p.shape}")
+    p = _probe_modes(probe)
     _check_finite(p, "probe")
     power = np.sum(np.abs(p) ** 2, axis=(1, 2))
     total = float(power.sum())
@@ -449,13 +692,15 @@ def write_previews(
     scan_extent_px: Sequence[int] | None = None,
     title: str = "",
     *,
+    positions_px: ArrayLike | None = None,
     phase_mode: Literal["wrapped", "unwrapped"] = "wrapped",
 ) -> dict[str, Path]:
-    """Render and atomically write the four previews into ``out_dir`` (created if needed).
+    """Render and atomically write the previews (:data:`PREVIEW_NAMES`) into ``out_dir``.
 
     Args:
-        out_dir: directory for ``object_phase.png``, ``object_amplitude.png``,
-            ``probe.png`` and ``convergence.png``.
+        out_dir: directory for ``object_phase.png``, ``object_phase_full.png``,
+            ``object_amplitude.png``, ``probe.png`` and ``convergence.png`` (created if
+            needed).
         obj: complex object ``[H, W]`` (or ``[1, H, W]``).
         probe: complex probe ``[M, M]``, ``[K, M, M]`` (or ``[1, K, M, M]``).
         pixel_size_m: object pixel size, for the scale bars.
@@ -463,23 +708,31 @@ def write_previews(
         scan_extent_px: ``(row0, row1, col0, col1)`` of the scanned region in object
             pixels, to crop the object images to it.
         title: shown above every image (e.g. the scan name and iteration).
-        phase_mode: ``"wrapped"`` (default) or ``"unwrapped"``.
+        positions_px: ``[N, 2]`` top-left ``(y, x)`` of each probe window in object pixels.
+            With them the object images are referred to, windowed on and outlined around
+            the illuminated region, and the border outside it is dimmed; without them (or
+            with none) the whole crop counts.
+        phase_mode: ``"wrapped"`` (default) or ``"unwrapped"``, for ``object_phase.png``.
 
     Returns:
-        ``{"object_phase": Path, "object_amplitude": Path, "probe": Path,
-        "convergence": Path}``.
+        ``{name: Path}`` for every name in :data:`PREVIEW_NAMES`.
 
     Raises:
         PreviewError: non-finite object or probe, or arrays of the wrong rank; nothing is
             written then (all images are rendered before the first file is replaced).
     """
+    # Checked before the illuminated region is summed from it: a NaN probe must be reported
+    # as such, not as an empty region.
+    _check_finite(_probe_modes(probe), "probe")
+    illuminated = None
+    shape = np.shape(obj)[-2:]
+    if positions_px is not None and np.size(positions_px) > 0 and len(shape) == 2:
+        illuminated = illuminated_region(shape, probe, positions_px)
+    common = {"scan_extent_px": scan_extent_px, "title": title, "illuminated": illuminated}
     images = {
-        "object_phase": render_object_phase(
-            obj, pixel_size_m, scan_extent_px=scan_extent_px, title=title, mode=phase_mode
-        ),
-        "object_amplitude": render_object_amplitude(
-            obj, pixel_size_m, scan_extent_px=scan_extent_px, title=title
-        ),
+        "object_phase": render_object_phase(obj, pixel_size_m, mode=phase_mode, **common),
+        "object_phase_full": render_object_phase(obj, pixel_size_m, full_range=True, **common),
+        "object_amplitude": render_object_amplitude(obj, pixel_size_m, **common),
         "probe": render_probe(probe, pixel_size_m, title=title),
         "convergence": render_convergence(loss_history, title=title),
     }

@@ -47,9 +47,13 @@ STEP_ICON: dict[str, str] = {
     "SKIPPED": "cancelled",
 }
 
+FULL_PHASE = "object_phase_full"
 # Preview kinds in the order the page shows them; matched on the file name.
 _KINDS: list[tuple[str, tuple[str, ...], str]] = [
     ("object_phase", ("phase",), "Object phase"),
+    # The full [−π, π) view of the phase: offered as a link on the windowed phase's figure
+    # (see previews_of), a figure of its own only when there is no windowed one.
+    (FULL_PHASE, (), "Object phase, full range"),
     ("object_amplitude", ("amplitude", "amp", "modulus", "abs"), "Object amplitude"),
     ("probe", ("probe",), "Probe"),
     ("convergence", ("convergence", "loss", "losses", "error", "errors"), "Convergence"),
@@ -90,6 +94,8 @@ def preview_kind(path: str) -> tuple[str, str]:
     words = set(re.split(r"[^a-z0-9]+", PurePath(path).stem.lower()))
     if "probe" in words:
         return "probe", "Probe"
+    if {"phase", "full"} <= words:
+        return FULL_PHASE, "Object phase, full range"
     for kind, needles, label in _KINDS:
         if words.intersection(needles):
             return kind, label
@@ -121,6 +127,7 @@ class PreviewView(BaseModel):
     exists: bool
     is_image: bool
     version: int  # file mtime in ns: changes when a progressive run rewrites the preview
+    full_range_url: str | None = None  # object phase: its full [−π, π) view, when listed
 
 
 class RunView(_View):
@@ -295,6 +302,9 @@ def previews_of(run: Run, root: Path | None) -> list[PreviewView]:
             others.append(view)
         else:
             latest[kind] = view
+    full = latest.get(FULL_PHASE)
+    if full is not None and full.exists and "object_phase" in latest:
+        latest["object_phase"].full_range_url = latest.pop(FULL_PHASE).url
     order = [k for k, _, _ in _KINDS]
     return [latest[k] for k in order if k in latest] + others
 

@@ -360,6 +360,13 @@
         fig.appendChild(cap); // keep the caption last
       }
       cap.replaceChildren(document.createTextNode(p.label + " "), el("span", "muted", p.name));
+      if (p.full_range_url) {
+        const full = el("a", "full-range", "full range");
+        full.href = p.full_range_url;
+        full.target = "_blank";
+        full.rel = "noopener";
+        cap.append(" ", full);
+      }
     }
 
     function renderPreviews(previews, scan) {
