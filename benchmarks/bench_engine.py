@@ -332,14 +332,14 @@ def bench_scatter(m: int = 64, n: int = 400) -> list[dict]:
     return rows
 
 
-STAGES = ("chunk", "shifted_probe", "object_patches", "far_field", "modulus_projection",
-          "back_to_real", "object_num", "accumulate_object", "probe_terms", "update_object")
+STAGES = ("chunk", "shifted_probe", "object_patches", "to_detector", "modulus_projection",
+          "to_sample", "object_num", "accumulate_object", "probe_terms", "update_object")
 
 
 def bench_stages(sim: dict, iterations: int) -> list[dict]:
     """Wall time per iteration in each stage of the engine (summed over threads), with one
     thread and with all, the two engines' iterations alternated. The FFT stages are
-    ``shifted_probe`` (the sub-pixel shift), ``far_field``, ``back_to_real`` and
+    ``shifted_probe`` (the sub-pixel shift), ``to_detector``, ``to_sample`` and
     ``probe_terms`` (the adjoint shift), each with one or two elementwise passes."""
     from beamflow.ptycho.core import Core  # noqa: PLC0415 - instrumented here only
 
