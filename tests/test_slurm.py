@@ -53,6 +53,7 @@ def where_am_i() -> dict[str, Any]:
         "job": os.environ.get("SLURM_JOB_ID"),
         "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "endpoint_cli": shutil.which("globus-compute-endpoint"),
+        "virtual_env": os.environ.get("VIRTUAL_ENV"),
         "pid": os.getpid(),
     }
 
@@ -113,6 +114,9 @@ def test_reconstruction_runs_in_a_slurm_job_through_the_endpoint_engine(
         monkeypatch.setenv(name, value)  # sbatch, squeue, scancel, and the job's srun
     # The engine starts its interchange through the `globus-compute-endpoint` executable.
     monkeypatch.setenv("PATH", f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    # Set on the node only by `activate`, run by the template's worker_init (the job
+    # inherits this process's environment, PATH included).
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
 
     variables = {
         "partition": cluster.partition,
@@ -165,6 +169,7 @@ def test_reconstruction_runs_in_a_slurm_job_through_the_endpoint_engine(
     assert where["job"] in jobs, (where, jobs)
     assert where["cuda"] in (None, "")
     assert where["endpoint_cli"] == str(VENV / "bin" / "globus-compute-endpoint")
+    assert where["virtual_env"] == str(VENV)
 
     assert summary["iterations"] == 3 and summary["n_frames"] == 40
     assert summary["device"] == "cpu"
