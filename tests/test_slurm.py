@@ -139,6 +139,9 @@ def test_reconstruction_runs_in_a_slurm_job_through_the_endpoint_engine(
     out = hpc / "runs" / "r1"
     ckpt = hpc / "ckpt"
     run_dir = tmp_path / "endpoint"
+    # Children this process already has (earlier tests' helpers, multiprocessing's
+    # resource tracker...): not the engine's.
+    children_before = set(_children(os.getpid())) | cluster.pids
     engine.start(endpoint_id=uuid.uuid4(), run_dir=str(run_dir))
     try:
         try:
@@ -189,8 +192,8 @@ def test_reconstruction_runs_in_a_slurm_job_through_the_endpoint_engine(
         time.sleep(0.5)
     assert cluster.jobs() == [], "the engine's shutdown left its Slurm job"
     assert not Path(f"/proc/{where['pid']}").exists(), "the worker outlived its job"
-    children = {pid: n for pid, n in _children(os.getpid()).items() if pid not in cluster.pids}
-    assert not children, f"engine processes left: {children}"
+    left = {p: name for p, name in _children(os.getpid()).items() if p not in children_before}
+    assert not left, f"engine processes left: {left}"
 
 
 def _children(pid: int) -> dict[int, str]:
