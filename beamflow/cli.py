@@ -869,8 +869,9 @@ def flows_run(
     config: ConfigOption = None,
 ) -> None:
     """Run any definition on the local interpreter and print its final status and output."""
+    from beamflow.local.clock import SystemClock
     from beamflow.local.flowtool import FlowToolError, action_urls, load_flow, parse_input
-    from beamflow.local.interpreter import FlowRunner, SystemClock
+    from beamflow.local.interpreter import FlowRunner
     from beamflow.local.validation import FlowDefinitionError, FlowInputError
 
     try:
