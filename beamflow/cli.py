@@ -458,8 +458,8 @@ def runs_show(
     store = open_store(settings)
     run = _find_run(store, run_id)
     if not run.status.finished and run.backend_run_id and run.backend == settings.backend:
-        from beamflow.backend import BackendError, get_backend
-        from beamflow.runs import sync_run
+        from beamflow.backend import BackendError
+        from beamflow.runs import get_backend, sync_run
 
         backend = get_backend(settings)
         try:
@@ -508,7 +508,8 @@ WaitOption = Annotated[
 
 
 def _backend(settings: Settings, name: str | None = None):  # noqa: ANN202 - Backend
-    from beamflow.backend import BackendError, get_backend
+    from beamflow.backend import BackendError
+    from beamflow.runs import get_backend
 
     if name is not None and name != settings.backend:
         settings = settings.model_copy(update={"backend": name})

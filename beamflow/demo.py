@@ -20,11 +20,10 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from beamflow.backend import get_backend
 from beamflow.cli import styled_status
 from beamflow.config import CONFIG_NAME, Settings, load_config, local_workspace_toml
 from beamflow.formats import read_product
-from beamflow.runs import retry_run
+from beamflow.runs import get_backend, retry_run
 from beamflow.simulate import read_ground_truth, score_product, simulate_scan
 from beamflow.status.server import build_app, free_port, serve_in_thread
 from beamflow.store import Run, RunStatus, Store

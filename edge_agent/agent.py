@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from beamflow import runs as run_path
-from beamflow.backend import Backend, BackendError, get_backend
+from beamflow.backend import Backend, BackendError
 from beamflow.config import Settings
 from beamflow.store import DuplicateRun, Run, RunStatus, Store
 
@@ -166,7 +166,7 @@ class EdgeAgent:
         self.settings = settings
         self.policy = settings.agent
         self.store = store or Store(settings.store_path)
-        self.backend = backend or get_backend(settings)
+        self.backend = backend or run_path.get_backend(settings)
         self.clock = clock
         self.root = Path(settings.beamline.detector_dir)
         self.changes = ChangedScans()
