@@ -33,6 +33,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from beamflow.atomic import atomic_write_json
 from beamflow.backend import BackendError, FlowRunInfo, RegistrationResult, StepInfo
 from beamflow.config import Settings
 from beamflow.local.actions import ActionProvider, iso_time
@@ -42,7 +43,6 @@ from beamflow.processes import pid_alive
 from beamflow.registry import (
     Registry,
     RegistryError,
-    atomic_write_json,
     content_checksum,
     load_function,
     register_flows,
