@@ -19,6 +19,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from beamflow.validation_text import field_path
+
 CONFIG_NAME = "beamflow.toml"
 USER_CONFIG = Path("~/.config/beamflow") / CONFIG_NAME
 
@@ -223,7 +225,7 @@ def _explain(found: Path | None, exc: ValidationError) -> str:
     where = str(found) if found else "configuration (environment)"
     lines = [f"{where}: invalid configuration:"]
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"])
+        key = field_path(err)
         if err["type"] == "extra_forbidden":
             fix = "remove it or check the spelling (see `beamflow init` for a complete file)"
         else:

@@ -44,6 +44,7 @@ from beamflow.config import Settings
 from beamflow.reconstruct import RunParameters
 from beamflow.registry import Registry, RegistryError
 from beamflow.store import Run, RunStatus, Store, StoreError
+from beamflow.validation_text import field_path
 
 
 def get_backend(settings: Settings) -> Backend:
@@ -79,7 +80,7 @@ def reconstruction_params(settings: Settings, params: dict[str, Any] | None = No
         known = ", ".join(RunParameters.model_fields)
         problems = []
         for err in exc.errors():
-            key = ".".join(str(p) for p in err["loc"])
+            key = field_path(err)
             if err["type"] == "extra_forbidden":
                 problems.append(f"unknown parameter {key!r} (known: {known})")
             else:

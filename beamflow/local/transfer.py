@@ -57,6 +57,7 @@ from beamflow.local.transfer_task import (
     TransferTask,
     WriteHook,
 )
+from beamflow.validation_text import validation_text
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +107,7 @@ class LocalTransferProvider:
                 after_write=self.after_write,
             )
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
-            )
+            problems = validation_text(exc, root="body")
             raise ActionUnableToRunError(
                 f"invalid transfer request: {problems}",
                 {"code": "BadRequest", "description": f"invalid transfer request: {problems}"},
