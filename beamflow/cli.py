@@ -781,7 +781,11 @@ def agent(
     signal.signal(signal.SIGINT, lambda *_: edge.stop())
     try:
         if once:
-            ok = edge.run_once(timeout=timeout)
+            try:
+                ok = edge.run_once(timeout=timeout)
+            finally:
+                if edge.once_summary is not None:
+                    print(edge.once_summary.line(), flush=True)
             raise typer.Exit(0 if ok else 1)
         edge.run_forever()
     except KeyboardInterrupt:
