@@ -19,6 +19,7 @@ from rich.table import Table
 from beamflow import __version__
 from beamflow.config import (
     CONFIG_NAME,
+    RECONSTRUCTION_DEFAULTS,
     ConfigError,
     Settings,
     globus_workspace_toml,
@@ -1060,7 +1061,9 @@ def demo(
     scans: Annotated[int, typer.Option(min=1, max=50, help="Scans to simulate.")] = 3,
     positions: Annotated[int, typer.Option(min=10, help="Scan positions per scan.")] = 200,
     probe_size: Annotated[int, typer.Option(min=16, help="Detector frame size (px).")] = 64,
-    iterations: Annotated[int, typer.Option(min=1, help="Reconstruction iterations.")] = 100,
+    iterations: Annotated[
+        int, typer.Option(min=1, help="Reconstruction iterations.")
+    ] = RECONSTRUCTION_DEFAULTS.iterations,
     rate: Annotated[float, typer.Option(min=0.1, help="Simulated frames per second.")] = 60.0,
     port: Annotated[
         int | None, typer.Option(min=1, max=65535, help="Status page port (default: free).")

@@ -112,6 +112,11 @@ class Reconstruction(_Section):
         default=None, gt=0, description="near field, cone beam: focus-to-sample distance z1")
 
 
+# The one source of each reconstruction default: whoever builds a reconstruction (CLI,
+# compute function, agent, demo, a new workspace's file) and is given no value takes it here.
+RECONSTRUCTION_DEFAULTS = Reconstruction()
+
+
 class Agent(_Section):
     """Edge agent policy."""
 
@@ -251,15 +256,30 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
     return settings
 
 
+def _reconstruction_toml(**overrides: Any) -> str:
+    """The [reconstruction] section of a new workspace: the model's defaults (the one source
+    of each default), with ``overrides``."""
+    r = Reconstruction(**overrides)
+    return f"""[reconstruction]
+algorithm = "{r.algorithm}"                     # rpie | epie | dm | lsqml
+iterations = {r.iterations}
+probe_modes = {r.probe_modes}
+device = "{r.device}"                        # auto | cpu | cuda
+checkpoint_every = {r.checkpoint_every}
+preview_every = {r.preview_every}
+"""
+
+
 def local_workspace_toml(
     *,
-    iterations: int = 100,
+    iterations: int | None = None,
     quiet_seconds: float = 2.0,
     progressive: tuple[float, ...] = (),
     max_concurrent_runs: int = 2,
 ) -> str:
     """A complete, working local-backend configuration for `beamflow init` (and the demo,
     which tunes a few values)."""
+    recon = {} if iterations is None else {"iterations": iterations}
     beamline_id, hpc_id, endpoint_id = (str(uuid.uuid4()) for _ in range(3))
     return f"""\
 # beamflow workspace: the embedded local backend (one machine, no network).
@@ -284,14 +304,7 @@ scratch_dir = "hpc"                    # the compute function reads and writes o
 endpoint_id = "{endpoint_id}"
 workers = 1                            # reconstructions at once (one per GPU on a GPU node)
 
-[reconstruction]
-algorithm = "rpie"                     # rpie | epie | dm | lsqml
-iterations = {iterations}
-probe_modes = 1
-device = "auto"                        # auto | cpu | cuda
-checkpoint_every = 10
-preview_every = 10
-
+{_reconstruction_toml(**recon)}
 [agent]
 quiet_seconds = {quiet_seconds}                    # files unchanged this long before reading
 stall_timeout = 120.0                  # short of frames this long: processed as aborted
@@ -309,7 +322,7 @@ port = 8765
 
 def globus_workspace_toml() -> str:
     """A commented template for a facility deployment on Globus."""
-    return """\
+    return f"""\
 # beamflow on Globus. Fill in every id marked FILL, then:
 #   beamflow login && beamflow register functions && beamflow register flows && beamflow doctor
 # See docs/deployment.md.
@@ -338,14 +351,7 @@ scratch_dir = "/lus/project/beamflow"  # the compute function reads and writes o
 [compute]
 endpoint_id = "FILL: UUID of the Globus Compute endpoint (see deploy/)"
 
-[reconstruction]
-algorithm = "rpie"
-iterations = 200
-probe_modes = 1
-device = "cuda"
-checkpoint_every = 10
-preview_every = 10
-
+{_reconstruction_toml(device="cuda")}
 [agent]
 quiet_seconds = 5.0
 stall_timeout = 300.0

@@ -21,7 +21,13 @@ from rich.live import Live
 from rich.table import Table
 
 from beamflow.cli import styled_status
-from beamflow.config import CONFIG_NAME, Settings, load_config, local_workspace_toml
+from beamflow.config import (
+    CONFIG_NAME,
+    RECONSTRUCTION_DEFAULTS,
+    Settings,
+    load_config,
+    local_workspace_toml,
+)
 from beamflow.formats import read_product
 from beamflow.runs import get_backend, retry_run
 from beamflow.simulate import read_ground_truth, score_product, simulate_scan
@@ -37,7 +43,7 @@ class DemoOptions:
     positions: int = 200
     probe_size: int = 64
     photons: float = 1e6
-    iterations: int = 100
+    iterations: int = RECONSTRUCTION_DEFAULTS.iterations
     rate_hz: float = 60.0
     port: int | None = None
     exit_when_done: bool = False
