@@ -26,6 +26,7 @@ from beamflow.config import (
     load_config,
     local_workspace_toml,
 )
+from beamflow.console import styled_status
 from beamflow.store import RunStatus, Store
 
 app = typer.Typer(
@@ -381,21 +382,6 @@ def _duration(seconds: float | None) -> str:
     if seconds < 120:
         return f"{seconds:.1f} s"
     return f"{seconds / 60:.1f} min"
-
-
-STATUS_STYLE = {
-    RunStatus.QUEUED: "blue",
-    RunStatus.ACTIVE: "yellow",
-    RunStatus.INACTIVE: "magenta",
-    RunStatus.SUCCEEDED: "green",
-    RunStatus.FAILED: "red",
-    RunStatus.CANCELLED: "dim",
-}
-
-
-def styled_status(status: RunStatus) -> str:
-    """A run status in its colour (rich markup)."""
-    return f"[{STATUS_STYLE[status]}]{status}[/]"
 
 
 @runs_app.command("list")

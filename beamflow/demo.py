@@ -20,7 +20,6 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from beamflow.cli import styled_status
 from beamflow.config import (
     CONFIG_NAME,
     RECONSTRUCTION_DEFAULTS,
@@ -28,6 +27,7 @@ from beamflow.config import (
     load_config,
     local_workspace_toml,
 )
+from beamflow.console import styled_status
 from beamflow.formats import read_product
 from beamflow.runs import get_backend, retry_run
 from beamflow.simulate import read_ground_truth, score_product, simulate_scan
