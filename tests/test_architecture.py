@@ -153,3 +153,19 @@ def test_science_knows_nothing_of_flows_globus_or_the_web():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             wrong += [f"{m} -> {n}" for n in names if n.split(".")[0] in third_party]
     assert wrong == []
+
+
+# Leaf utilities: standard library (and pydantic) only, usable from every floor.
+LEAVES = ("beamflow.atomic", "beamflow.validation_text", "beamflow.processes")
+SCIENCE = ("beamflow.ptycho", "beamflow.checkpoint", "beamflow.formats")
+
+
+def test_science_imports_nothing_else_of_beamflow_but_leaf_utilities():
+    wrong = sorted(
+        f"{m} -> {t}"
+        for m, targets in GRAPH.items()
+        if _under(m, SCIENCE) or m in LEAVES
+        for t in targets
+        if not _under(t, SCIENCE + LEAVES) or (m in LEAVES and t != m)
+    )
+    assert wrong == []
