@@ -14,6 +14,7 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from beamflow import __version__
@@ -29,24 +30,43 @@ from beamflow.config import (
 from beamflow.console import styled_status
 from beamflow.store import RunStatus, Store
 
+# Plain (click) help, not rich panels: rich cuts option names ("--checkpoint-e…") to fit
+# its table at 80 columns; click prints them whole and wraps the descriptions.
+_HELP = {"no_args_is_help": True, "rich_markup_mode": None}
 app = typer.Typer(
     name="beamflow",
     help="Turn a ptychography beamline into a live analysis instrument.",
-    no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    **_HELP,
 )
-runs_app = typer.Typer(help="List, inspect, start, retry and cancel runs.", no_args_is_help=True)
-flows_app = typer.Typer(help="Validate and try flow definitions offline.", no_args_is_help=True)
-register_app = typer.Typer(
-    help="Register compute functions and flows (idempotent).", no_args_is_help=True
-)
+runs_app = typer.Typer(help="List, inspect, start, retry and cancel runs.", **_HELP)
+flows_app = typer.Typer(help="Validate and try flow definitions offline.", **_HELP)
+register_app = typer.Typer(help="Register compute functions and flows (idempotent).", **_HELP)
 app.add_typer(runs_app, name="runs")
 app.add_typer(flows_app, name="flows")
 app.add_typer(register_app, name="register")
 
-console = Console()
-err_console = Console(stderr=True)
+# Where the output is not a terminal (a pipe, a log file, a CI job) lines are never
+# wrapped or cut at 80 columns: names and paths stay whole, one per line, for grep and for
+# people reading logs. A terminal wraps what does not fit (tables fold, never "…").
+_WIDE = 10_000
+
+
+def make_console(stderr: bool = False) -> Console:
+    console = Console(stderr=stderr)
+    if console.is_terminal:
+        return console
+    return Console(stderr=stderr, width=_WIDE, soft_wrap=True)
+
+
+def data_table(title: str | None = None) -> Table:
+    """A table whose cells wrap (fold) instead of ending in "…"."""
+    return Table(title=title, title_justify="left")
+
+
+console = make_console()
+err_console = make_console(stderr=True)
 
 ConfigOption = Annotated[
     Path | None,
@@ -389,7 +409,9 @@ def runs_list(
     status: Annotated[
         str | None, typer.Option(help="Only runs with this status (e.g. FAILED).")
     ] = None,
-    scan: Annotated[str | None, typer.Option(help="Only scans whose name contains this.")] = None,
+    scan: Annotated[
+        str | None, typer.Option(help="Only scans whose name or path contains this.")
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many runs.")] = 50,
     as_json: JsonOption = False,
     config: ConfigOption = None,
@@ -399,21 +421,24 @@ def runs_list(
         fail(f"--status must be one of {', '.join(RunStatus)}, not {status!r}", code=2)
     store = open_store(settings_from(config))
     runs = store.list_runs(status=status, scan=scan, limit=limit)
+    names = store.display_names(runs)
     if as_json:
-        print(json.dumps([r.model_dump(mode="json") for r in runs]))
+        print(json.dumps([{**r.model_dump(mode="json"), "display_name": names[r.id]}
+                          for r in runs]))  # fmt: skip
         return
-    table = Table(title=f"runs ({store.count_runs(status=status, scan=scan)} in all)")
-    for column in ("id", "scan", "status", "step", "created", "duration", "error"):
-        table.add_column(column)
+    table = data_table(f"runs ({store.count_runs(status=status, scan=scan)} in all)")
+    for column in ("id", "scan", "status", "step", "created", "duration", "scan path", "error"):
+        table.add_column(column, overflow="fold")
     for r in runs:
         table.add_row(
             r.id[:8],
-            r.scan,
+            names[r.id],
             styled_status(r.status),
             r.current_step or "-",
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at)),
             _duration(r.duration),
-            (r.error or "")[:60],
+            r.scan_path or "-",
+            r.error or "",
         )
     console.print(table)
 
@@ -456,27 +481,36 @@ def runs_show(
         finally:
             backend.close()
     steps = store.steps(run.id)
+    name = store.display_names([run])[run.id]
     if as_json:
-        data = run.model_dump(mode="json")
+        data = {**run.model_dump(mode="json"), "display_name": name}
         data["steps"] = [s.model_dump(mode="json") for s in steps]
         print(json.dumps(data))
         return
-    console.print(f"[bold]{run.scan}[/]  run {run.id}")
-    console.print(f"  status    {styled_status(run.status)}")
-    console.print(f"  flow      {run.flow} on {run.backend}")
-    console.print(f"  duration  {_duration(run.duration)}")
+    out = {"highlight": False, "soft_wrap": True}  # names and paths stay whole
+    console.print(f"[bold]{escape(name)}[/]  run {run.id}", **out)
+    console.print(f"  scan      {escape(run.scan_path or run.scan)}", **out)
+    console.print(f"  status    {styled_status(run.status)}", **out)
+    console.print(f"  flow      {run.flow} on {run.backend}", **out)
+    console.print(f"  duration  {_duration(run.duration)}", **out)
     if run.iteration is not None:
-        console.print(f"  progress  iteration {run.iteration} of {run.iterations_total or '?'}")
+        console.print(f"  progress  iteration {run.iteration} of {run.iterations_total or '?'}",
+                      **out)
+    truth = run.result.get("truth") if isinstance(run.result, dict) else None
+    if isinstance(truth, dict) and truth.get("nrmse") is not None:
+        console.print(f"  vs truth  NRMSE {truth['nrmse']:.3f} (complex, against "
+                      f"{escape(str(truth.get('ground_truth', 'the ground truth')))})", **out)
     if run.error:
-        console.print(f"  error     [red]{run.error_step or ''}: {run.error}[/]", highlight=False)
+        console.print(f"  error     [red]{escape(run.error_step or '')}: {escape(run.error)}[/]",
+                      **out)
     if run.product:
-        console.print(f"  product   {run.product}")
+        console.print(f"  product   {escape(run.product)}", **out)
     for p in run.previews:
-        console.print(f"  preview   {p}")
+        console.print(f"  preview   {escape(p)}", **out)
     if steps:
-        table = Table(title="steps")
+        table = data_table("steps")
         for column in ("step", "status", "duration"):
-            table.add_column(column)
+            table.add_column(column, overflow="fold")
         for s in steps:
             table.add_row(s.name, s.status, _duration(s.duration))
         console.print(table)
