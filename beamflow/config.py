@@ -19,6 +19,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from beamflow.validation_text import field_path
+
 CONFIG_NAME = "beamflow.toml"
 USER_CONFIG = Path("~/.config/beamflow") / CONFIG_NAME
 
@@ -108,6 +110,11 @@ class Reconstruction(_Section):
         default=None, description="None: as the scan file says, else far-field")
     focus_distance_m: float | None = Field(
         default=None, gt=0, description="near field, cone beam: focus-to-sample distance z1")
+
+
+# The one source of each reconstruction default: whoever builds a reconstruction (CLI,
+# compute function, agent, demo, a new workspace's file) and is given no value takes it here.
+RECONSTRUCTION_DEFAULTS = Reconstruction()
 
 
 class Agent(_Section):
@@ -223,7 +230,7 @@ def _explain(found: Path | None, exc: ValidationError) -> str:
     where = str(found) if found else "configuration (environment)"
     lines = [f"{where}: invalid configuration:"]
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"])
+        key = field_path(err)
         if err["type"] == "extra_forbidden":
             fix = "remove it or check the spelling (see `beamflow init` for a complete file)"
         else:
@@ -249,15 +256,30 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
     return settings
 
 
+def _reconstruction_toml(**overrides: Any) -> str:
+    """The [reconstruction] section of a new workspace: the model's defaults (the one source
+    of each default), with ``overrides``."""
+    r = Reconstruction(**overrides)
+    return f"""[reconstruction]
+algorithm = "{r.algorithm}"                     # rpie | epie | dm | lsqml
+iterations = {r.iterations}
+probe_modes = {r.probe_modes}
+device = "{r.device}"                        # auto | cpu | cuda
+checkpoint_every = {r.checkpoint_every}
+preview_every = {r.preview_every}
+"""
+
+
 def local_workspace_toml(
     *,
-    iterations: int = 100,
+    iterations: int | None = None,
     quiet_seconds: float = 2.0,
     progressive: tuple[float, ...] = (),
     max_concurrent_runs: int = 2,
 ) -> str:
     """A complete, working local-backend configuration for `beamflow init` (and the demo,
     which tunes a few values)."""
+    recon = {} if iterations is None else {"iterations": iterations}
     beamline_id, hpc_id, endpoint_id = (str(uuid.uuid4()) for _ in range(3))
     return f"""\
 # beamflow workspace: the embedded local backend (one machine, no network).
@@ -282,14 +304,7 @@ scratch_dir = "hpc"                    # the compute function reads and writes o
 endpoint_id = "{endpoint_id}"
 workers = 1                            # reconstructions at once (one per GPU on a GPU node)
 
-[reconstruction]
-algorithm = "rpie"                     # rpie | epie | dm | lsqml
-iterations = {iterations}
-probe_modes = 1
-device = "auto"                        # auto | cpu | cuda
-checkpoint_every = 10
-preview_every = 10
-
+{_reconstruction_toml(**recon)}
 [agent]
 quiet_seconds = {quiet_seconds}                    # files unchanged this long before reading
 stall_timeout = 120.0                  # short of frames this long: processed as aborted
@@ -307,7 +322,7 @@ port = 8765
 
 def globus_workspace_toml() -> str:
     """A commented template for a facility deployment on Globus."""
-    return """\
+    return f"""\
 # beamflow on Globus. Fill in every id marked FILL, then:
 #   beamflow login && beamflow register functions && beamflow register flows && beamflow doctor
 # See docs/deployment.md.
@@ -336,14 +351,7 @@ scratch_dir = "/lus/project/beamflow"  # the compute function reads and writes o
 [compute]
 endpoint_id = "FILL: UUID of the Globus Compute endpoint (see deploy/)"
 
-[reconstruction]
-algorithm = "rpie"
-iterations = 200
-probe_modes = 1
-device = "cuda"
-checkpoint_every = 10
-preview_every = 10
-
+{_reconstruction_toml(device="cuda")}
 [agent]
 quiet_seconds = 5.0
 stall_timeout = 300.0

@@ -52,7 +52,7 @@ from beamflow.checkpoint import (
     clear_checkpoints,
     load_latest,
 )
-from beamflow.config import Reconstruction
+from beamflow.config import RECONSTRUCTION_DEFAULTS, Reconstruction
 from beamflow.formats import Product, Scan, load_scan, write_product
 from beamflow.live_previews import LivePreviews
 from beamflow.ptycho.backend import get_backend
@@ -102,14 +102,16 @@ class ReconstructJob(BaseModel):
     out: Path
     name: str | None = Field(default=None, description="product name (default: the scan's)")
     params: ReconParams = Field(default_factory=ReconParams)
-    device: str = "auto"
+    device: str = RECONSTRUCTION_DEFAULTS.device
     probe: Path | None = Field(default=None, description="initial probe (.npy or product .h5)")
     max_frames: int | None = Field(default=None, ge=1, description="use at most this many frames")
     allow_partial: bool = Field(default=False, description="use the frames written so far")
     resume: bool = True
     # checkpoint policy: L2 = DIR/checkpoints; L1 = node-local (off unless a dir is given)
     checkpoint_dir: Path | None = Field(default=None, description="L2 (default DIR/checkpoints)")
-    checkpoint_every: int | None = Field(default=10, ge=0, description="0/None: only at the end")
+    checkpoint_every: int | None = Field(
+        default=RECONSTRUCTION_DEFAULTS.checkpoint_every, ge=0,
+        description="0/None: only at the end")
     checkpoint_seconds: float | None = Field(default=None, gt=0)
     checkpoint_keep: int = Field(default=3, ge=1)
     l1_dir: Path | None = Field(default=None, description=f"node-local base dir (or ${L1_ENV})")
@@ -118,7 +120,9 @@ class ReconstructJob(BaseModel):
     checkpoint_max_overhead: float | None = Field(
         default=0.04, gt=0, le=1, description="CPU budget of the checkpoint writers per level "
         "(fraction of elapsed time); a due checkpoint waits until it fits. None: no limit")
-    preview_every: int = Field(default=10, ge=0, description="0: previews only at the end")
+    preview_every: int = Field(
+        default=RECONSTRUCTION_DEFAULTS.preview_every, ge=0,
+        description="0: previews only at the end")
     preview_min_seconds: float = Field(
         default=2.0, ge=0, description="at most one preview refresh per this many seconds")
     propagation: PropagationModel | None = Field(
@@ -140,6 +144,8 @@ class ReconstructJob(BaseModel):
         values = dict(values)
         params = values.get("params", {})
         params = params.model_dump() if isinstance(params, ReconParams) else dict(params)
+        for field in ("algorithm", "iterations", "probe_modes"):
+            params.setdefault(field, getattr(RECONSTRUCTION_DEFAULTS, field))
         for key, field in _PARAM_SHORTHANDS.items():
             if key in values:
                 value = values.pop(key)

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
+from beamflow.local.actions import ActionUnableToRunError
 from beamflow.local.compute import (
     LocalComputeProvider,
     WorkerPool,
     detect_gpus,
     slot_environments,
 )
-from beamflow.local.interpreter import ActionUnableToRunError
 
 ENDPOINT = "33333333-3333-4333-8333-333333333333"
 FUNCTIONS = {

@@ -33,6 +33,8 @@ import h5py
 import numpy as np
 from pydantic import ValidationError
 
+from beamflow.validation_text import validation_text
+
 from ._h5 import atomic_h5, dataset, open_h5, read_array, read_scalar
 from .errors import ScanFormatError
 from .scan import EV_J, Geometry, Scan, check_positions
@@ -185,12 +187,8 @@ def read_cxi(path: Path, *, max_frames: int | None = None, allow_partial: bool =
                 detector_pixel_size_m=px,
             )
         except ValidationError as exc:
-            e = exc.errors()[0]
-            raise ScanFormatError(
-                path,
-                DETECTOR,
-                f"invalid geometry: {e['loc'][0]}: {e['msg']} (got {e.get('input')!r})",
-            ) from exc
+            problem = validation_text(exc, show_input=True, first_only=True)
+            raise ScanFormatError(path, DETECTOR, f"invalid geometry: {problem}") from exc
 
         if f.get(MASK, getlink=True) is not None:
             m = read_array(f, path, MASK, ndim=2)

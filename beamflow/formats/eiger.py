@@ -298,18 +298,28 @@ def scan_progress(master_path: Path) -> tuple[int, int | None]:
     missing or unreadable one, so a data file still being written never counts. Raises
     ScanFormatError only when the master itself cannot be read.
     """
+    count, expected, _ = scan_progress_detail(master_path)
+    return count, expected
+
+
+def scan_progress_detail(master_path: Path) -> tuple[int, int | None, ScanFormatError | None]:
+    """:func:`scan_progress` and why the count stops where it does: None when the next data
+    file is simply not there (yet), else the reader's complaint about the data file that is
+    there under its final name but cannot be read (truncated, corrupt, wrong rank)."""
     master = Path(master_path)
     with open_h5(master) as f:
         expected = _expected_frames(f, master)
         links = _data_links(f, master)
     count = 0
     for link, file, key in links:
+        if not file.exists():
+            return count, expected, None
         try:
             n, _, _ = _probe_data(file, key, link, master)
-        except ScanFormatError:
-            break
+        except ScanFormatError as exc:
+            return count, expected, exc
         count += n
-    return count, expected
+    return count, expected, None
 
 
 def _geometry(f: h5py.File, master: Path) -> Geometry:

@@ -42,7 +42,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from beamflow.local.interpreter import ActionStatus, ActionUnableToRunError, RunContext
+from beamflow.local.actions import ActionStatus, ActionUnableToRunError, RunContext
 
 log = logging.getLogger(__name__)
 

@@ -175,6 +175,7 @@ def create_app(
         statuses = _parse_status(status)
         scan = (scan or "").strip() or None
         runs = store.list_runs(status=statuses or None, scan=scan, limit=limit, offset=offset)
+        names = store.display_names(runs)
         # Counts by status (for the summary chips) honour the scan filter, not the status one.
         counts = store.count_by_status(scan=scan)
         total = (
@@ -187,12 +188,12 @@ def create_app(
             status=statuses,
             scan=scan,
             counts=counts,
-            runs=[views.RunView.of(r) for r in runs],
+            runs=[views.RunView.of(r, names[r.id]) for r in runs],
         )
 
     def detail(run: Run) -> RunDetail:
         return RunDetail(
-            run=views.RunView.of(run),
+            run=views.RunView.of(run, store.display_names([run])[run.id]),
             steps=views.timeline(store.steps(run.id)),
             previews=views.previews_of(run, options.files_root),
             parameters=run.parameters,
@@ -295,7 +296,7 @@ def create_app(
     def api_runs(
         request: Request,
         status: list[str] | None = Query(None, description="one or more, comma-separated"),
-        scan: str | None = Query(None, description="substring of the scan name"),
+        scan: str | None = Query(None, description="substring of the scan name or path"),
         limit: int = Query(50, ge=1, le=MAX_LIMIT),
         offset: int = Query(0, ge=0),
     ) -> JSONResponse:

@@ -135,6 +135,8 @@ class RunView(_View):
 
     id: str
     scan: str
+    scan_path: str | None = None  # the master (or .cxi) file or scan directory
+    display_name: str = ""  # tells scans of the same file name apart (store.display_names)
     status: RunStatus
     status_label: str
     status_icon: str
@@ -165,7 +167,7 @@ class RunView(_View):
     verdict_reasons: list[str] = []
 
     @classmethod
-    def of(cls, run: Run) -> RunView:
+    def of(cls, run: Run, display_name: str | None = None) -> RunView:
         progress: float | None = None
         text = ""
         if run.iteration is not None and run.iterations_total:
@@ -179,6 +181,8 @@ class RunView(_View):
         return cls(
             id=run.id,
             scan=run.scan,
+            scan_path=run.scan_path,
+            display_name=display_name or run.scan,
             status=run.status,
             status_label=STATUS_LABEL[run.status],
             status_icon=STATUS_ICON[run.status],

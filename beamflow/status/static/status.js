@@ -165,9 +165,10 @@
       }
 
       const cScan = el("td", "c-scan");
-      const a = el("a", "scan", r.scan);
+      const a = el("a", "scan", r.display_name || r.scan);
       a.href = r.url;
       cScan.appendChild(a);
+      cScan.appendChild(el("div", "path", r.scan_path || ""));
       const sub = [];
       if (r.fraction && r.fraction < 1) sub.push(Math.round(r.fraction * 100) + "% of frames");
       if (r.attempt > 1) sub.push("attempt " + r.attempt);
@@ -406,7 +407,7 @@
     function render(d) {
       const r = d.run;
       finished = r.finished;
-      document.title = r.scan + " · " + r.status_label + " · beamflow";
+      document.title = (r.display_name || r.scan) + " · " + r.status_label + " · beamflow";
       const holder = document.getElementById("run-badge");
       const old = holder.querySelector(".badge");
       if (!old || old.dataset.status !== r.status) holder.replaceChildren(badge(r.status));
@@ -445,7 +446,7 @@
         }
       }
       renderSteps(d.steps);
-      renderPreviews(d.previews, r.scan);
+      renderPreviews(d.previews, r.display_name || r.scan);
       renderEvents(d.events);
     }
 
