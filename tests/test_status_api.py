@@ -374,7 +374,7 @@ def test_security_headers_on_every_kind_of_response(
         assert "frame-ancestors 'none'" in csp
         assert headers["x-content-type-options"] == "nosniff"
         assert headers["x-frame-options"] == "DENY"
-        assert headers["referrer-policy"] == "no-referrer"
+        assert headers["referrer-policy"] == "same-origin"
 
 
 def test_pages_have_no_inline_script_or_style_and_no_external_assets(

@@ -38,7 +38,10 @@ CSP = (
 SECURITY_HEADERS: list[tuple[bytes, bytes]] = [
     (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    # Not "no-referrer": with it browsers send "Origin: null" on this page's own form posts
+    # (Fetch spec), and the origin check below would refuse the login form itself.
+    # "same-origin" still sends nothing to other sites.
+    (b"referrer-policy", b"same-origin"),
     (b"x-frame-options", b"DENY"),
     (b"cross-origin-opener-policy", b"same-origin"),
     (b"cross-origin-resource-policy", b"same-origin"),
