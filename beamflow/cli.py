@@ -292,7 +292,12 @@ def reconstruct(
     from beamflow.checkpoint import IncompatibleCheckpoint
     from beamflow.formats import ScanFormatError
     from beamflow.ptycho.backend import BackendError
-    from beamflow.reconstruct import ReconstructError, ReconstructJob, run_reconstruction
+    from beamflow.reconstruct import (
+        ReconstructError,
+        ReconstructJob,
+        plain_words,
+        run_reconstruction,
+    )
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     rc = settings_from(config).reconstruction
@@ -336,10 +341,14 @@ def reconstruct(
         summary = run_reconstruction(job, progress=progress)
     except (ScanFormatError, IncompatibleCheckpoint, ReconstructError, BackendError) as exc:
         fail(str(exc))
-    except (ValueError, FloatingPointError, OSError) as exc:
-        fail(f"{scan}: {type(exc).__name__}: {exc}")
+    except OSError as exc:  # name the file the system refused, not the scan
+        where = exc.filename if exc.filename is not None else out
+        fail(f"{where}: {exc.strerror or exc}")
+    except (ValueError, FloatingPointError) as exc:
+        fail(f"{scan}: {plain_words(str(exc))}")
     finally:
-        bar.stop()
+        if bar.live.is_started:  # a bar never shown would still print an empty line
+            bar.stop()
     if as_json:
         print(json.dumps(summary.model_dump(mode="json")))
         return

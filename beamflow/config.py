@@ -16,7 +16,15 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from beamflow.validation_text import field_path
@@ -141,13 +149,41 @@ class Agent(_Section):
         return sorted(set(value))
 
 
+OLD_VIEWING_KEY = "require_token_for_viewing"
+
+
 class Status(_Section):
-    """The status page."""
+    """The status page. Bound to loopback, anyone on this machine may view and retry. Bound
+    elsewhere, a token is required, and every page, preview, API call and download needs
+    it unless ``public_viewing`` is set (then only actions, such as retry, need it)."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=1, le=65535)
-    token: SecretStr | None = Field(default=None, description="required for actions off loopback")
-    require_token_for_viewing: bool = False
+    token: SecretStr | None = Field(default=None, description="required off loopback")
+    public_viewing: bool = Field(
+        default=False,
+        description="off loopback: anyone who reaches the page may view runs, previews and "
+        "products without the token (unpublished data!); actions still need it",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_viewing_key(cls, data: Any) -> Any:
+        """The old key ``require_token_for_viewing``: ``true`` is what the default does
+        now, so it is accepted; ``false`` meant public viewing, which is now an explicit
+        choice: refused, saying what to write instead."""
+        if not isinstance(data, dict) or OLD_VIEWING_KEY not in data:
+            return data
+        data = dict(data)
+        old = data.pop(OLD_VIEWING_KEY)
+        if str(old).strip().lower() in ("true", "1", "yes", "on"):
+            return data
+        raise ValueError(
+            f"status.{OLD_VIEWING_KEY} is gone: viewing the status page off loopback now "
+            "needs the token by default. Remove the key, or, to let anyone who can reach "
+            "the page view runs, previews and products without the token, set "
+            "status.public_viewing = true (BEAMFLOW_STATUS__PUBLIC_VIEWING=true)"
+        )
 
 
 class Settings(BaseSettings):
@@ -233,6 +269,9 @@ def _explain(found: Path | None, exc: ValidationError) -> str:
         key = field_path(err)
         if err["type"] == "extra_forbidden":
             fix = "remove it or check the spelling (see `beamflow init` for a complete file)"
+        elif err["type"] == "value_error" and OLD_VIEWING_KEY in err["msg"]:
+            lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
+            continue
         else:
             fix = err["msg"]
         env = "BEAMFLOW_" + "__".join(str(p) for p in err["loc"]).upper()
@@ -317,6 +356,9 @@ progressive = {list(progressive)}                       # e.g. [0.25, 0.5]: also
 [status]
 host = "127.0.0.1"                     # loopback only; set a token before exposing it
 port = 8765
+# Off loopback every page, preview, API call and download needs the token;
+# public_viewing = true lets anyone who reaches the page view (actions still need it).
+# public_viewing = false
 """
 
 
@@ -365,7 +407,8 @@ progressive = [0.25, 0.5]
 [status]
 host = "127.0.0.1"
 port = 8765
-# token: set BEAMFLOW_STATUS__TOKEN before using --host 0.0.0.0
+# token: set BEAMFLOW_STATUS__TOKEN before using --host 0.0.0.0; off loopback, viewing
+# needs it too unless public_viewing = true (unpublished data: think twice)
 """
 
 

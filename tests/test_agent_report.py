@@ -148,13 +148,18 @@ def test_agent_json_says_what_the_agent_watches_and_waits_for(settings: Settings
 
 # -- `beamflow agent --once` ------------------------------------------------------------------
 @pytest.fixture
-def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     for key in [k for k in os.environ if k.startswith("BEAMFLOW_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("HOME", str(tmp_path))  # no user config
     ws = tmp_path / "ws"
     assert CliRunner().invoke(app, ["init", str(ws)]).exit_code == 0
-    return ws
+    # `beamflow agent` sets up its JSON logging on the "beamflow" logger: undone afterwards,
+    # so later tests' log capture works as before.
+    logger = logging.getLogger("beamflow")
+    saved = (logger.handlers[:], logger.propagate, logger.level)
+    yield ws
+    logger.handlers[:], logger.propagate, logger.level = saved
 
 
 def test_once_right_after_a_scan_lands_says_it_is_waiting(workspace: Path) -> None:

@@ -223,4 +223,6 @@ def read_cxi(path: Path, *, max_frames: int | None = None, allow_partial: bool =
         n_frames=n_use,
         expected_frames=n,
         _read=read,
+        # A CXI file is plain HDF5: its frames are indexed from 0.
+        _locate=lambda i: (path, data_key, f"frame index {i} (counted from 0)"),
     )

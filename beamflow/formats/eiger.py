@@ -534,6 +534,14 @@ def read_detector_scan(
                     ) from exc
         return out
 
+    def locate(index: int) -> tuple[Path, str, str]:
+        for file, key, first, count in segments:
+            if first <= index < first + count:
+                # Eiger numbers images from 1 (image_nr_low/high), in the file and the scan.
+                return file, key, (f"frame {index - first + 1} of {count} in this file "
+                                   f"(image {index + 1} of the scan, counted from 1)")
+        return master, DATA_GROUP, f"image {index + 1} of the scan (counted from 1)"
+
     return Scan(
         name=scan_name(master),
         source=master,
@@ -545,6 +553,7 @@ def read_detector_scan(
         n_frames=n_use,
         expected_frames=expected,
         _read=read,
+        _locate=locate,
         optics=optics,
         propagation=propagation,
         focus_distance_m=focus_distance,

@@ -244,11 +244,38 @@
       }
     }
 
+    function agentList(list, items) {
+      list.replaceChildren(...items.map((item) => {
+        const li = el("li");
+        if (item.wait) li.dataset.wait = item.wait;
+        li.append(el("span", "name", item.name), el("span", "why", item.reason),
+          el("code", "path", item.path));
+        return li;
+      }));
+    }
+
+    function renderAgent(a) {
+      const panel = document.getElementById("agent");
+      if (!panel) return;
+      panel.dataset.state = a.state;
+      document.getElementById("agent-headline").textContent = a.headline;
+      document.getElementById("agent-waiting-box").hidden = a.waiting.length === 0;
+      document.getElementById("agent-waiting-count").textContent = String(a.waiting_total);
+      agentList(document.getElementById("agent-waiting"), a.waiting);
+      document.getElementById("agent-skipped-box").hidden = a.skipped.length === 0;
+      document.getElementById("agent-skipped-count").textContent = String(a.skipped_total);
+      agentList(document.getElementById("agent-skipped"), a.skipped);
+      document.getElementById("agent-idle").hidden =
+        !a.available || a.waiting.length > 0 || a.skipped.length > 0;
+    }
+
     let inflight = 0;
     async function refresh() {
       const mine = ++inflight;
-      const data = await getJSON("/api/runs?" + query(state.offset));
+      const [data, agent] = await Promise.all([
+        getJSON("/api/runs?" + query(state.offset)), getJSON("/api/agent")]);
       if (mine === inflight) render(data); // a newer request (filter change) wins
+      renderAgent(agent);
     }
 
     const tick = loop(refresh);
@@ -299,9 +326,11 @@
       list.replaceChildren(...steps.map((s) => {
         const li = el("li", "step st-" + s.icon);
         const row = el("div", "step-row");
-        row.append(icon(s.icon), el("span", "step-name", s.name),
+        const name = el("span", "step-name", s.label || s.name);
+        name.title = s.name;
+        row.append(icon(s.icon), name,
           el("span", "step-status", s.status.toLowerCase()), el("span", "step-dur", s.duration_text));
-        const bar = el("div", "bar");
+        const bar = el("div", s.indeterminate ? "bar indeterminate" : "bar");
         bar.setAttribute("aria-hidden", "true");
         const fill = el("span", "fill");
         fill.dataset.left = s.left;
@@ -443,6 +472,15 @@
           a.href = d.product_url;
           a.setAttribute("download", "");
           product.replaceChildren(a, el("code", "path", r.product));
+        }
+      }
+      const truth = document.getElementById("truth");
+      if (truth) {
+        const known = r.truth_nrmse !== null && r.truth_nrmse !== undefined;
+        document.querySelectorAll(".kv .truth").forEach((node) => { node.hidden = !known; });
+        if (known) {
+          truth.replaceChildren(el("b", null, "NRMSE " + r.truth_nrmse.toFixed(3)), " ",
+            el("span", "muted", "complex, against the simulator's ground truth"));
         }
       }
       renderSteps(d.steps);
