@@ -830,7 +830,8 @@ def serve(
     host: Annotated[
         str | None,
         typer.Option(help="Address to bind (default status.host: 127.0.0.1). Anything but "
-                     "loopback needs status.token (or BEAMFLOW_STATUS__TOKEN)."),
+                     "loopback needs status.token (or BEAMFLOW_STATUS__TOKEN), to view too "
+                     "unless status.public_viewing."),
     ] = None,
     port: Annotated[
         int | None, typer.Option(min=1, max=65535, help="Port (default status.port: 8765).")
@@ -841,6 +842,7 @@ def serve(
     from functools import partial
 
     from beamflow.runs import retry_run
+    from beamflow.status.security import is_loopback
     from beamflow.status.server import StatusConfigError, build_app, make_server
 
     settings = settings_from(config)
@@ -852,8 +854,13 @@ def serve(
         fail(str(exc))
     shown = f"[{host}]" if ":" in host else host
     console.print(f"[green]status page:[/] http://{shown}:{port}/  (store {settings.store_path})")
-    if settings.status.token is not None and settings.status.require_token_for_viewing:
-        console.print("  viewing needs the status token (log in on the page)")
+    if not is_loopback(host):
+        console.print(
+            "  anyone who reaches it may view runs (status.public_viewing); actions need the "
+            "status token" if settings.status.public_viewing else
+            "  every page, preview, API call and download needs the status token (log in on "
+            "the page)"
+        )
     try:
         make_server(status_app, host, port).run()
     except OSError as exc:

@@ -514,6 +514,27 @@ def test_cli_serve_refuses_to_expose_without_token(
     assert result.exit_code == 1 and "at least 16" in result.output
 
 
+@pytest.mark.parametrize(("public", "said"), [
+    (False, "every page, preview, API call and download needs the status token"),
+    (True, "anyone who reaches it may view runs (status.public_viewing)")])
+def test_cli_serve_says_who_may_view(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, public: bool, said: str
+) -> None:
+    import socket
+
+    monkeypatch.chdir(tmp_path)
+    for key in [k for k in os.environ if k.startswith("BEAMFLOW_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("BEAMFLOW_STATUS__TOKEN", TOKEN)
+    monkeypatch.setenv("BEAMFLOW_STATUS__PUBLIC_VIEWING", str(public).lower())
+    with socket.socket() as taken:  # the server cannot bind: it says its piece and ends
+        taken.bind(("0.0.0.0", 0))  # noqa: S104 - only to make the port busy
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = CliRunner().invoke(cli_app, ["serve", "--host", "0.0.0.0", "--port", port])
+    assert said in result.stdout and result.exit_code != 0
+
+
 def test_exposed_actions_need_the_token(store: Store) -> None:
     failed = make_run(store, "scan_bad", RunStatus.FAILED)
     retry = FakeRetry(store)
