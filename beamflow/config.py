@@ -75,6 +75,11 @@ class Compute(_Section):
 
     endpoint_id: str = ""
     workers: int = Field(default=1, ge=1, description="local backend: worker processes")
+    engine_config: Path | None = Field(
+        default=None,
+        description="local backend: a Globus Compute endpoint config.yaml (GlobusComputeEngine "
+        "with a LocalProvider) to run compute on; default: `workers` workers, a GPU each",
+    )
 
 
 class Globus(_Section):
@@ -241,7 +246,7 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
         return p if p.is_absolute() else (base / p)
 
     settings.state_dir = absolute(settings.state_dir)
-    for section in (settings.beamline, settings.hpc, settings.globus):
+    for section in (settings.beamline, settings.hpc, settings.globus, settings.compute):
         for name, field in type(section).model_fields.items():
             value = getattr(section, name)
             if isinstance(value, Path) or (value is None and "Path" in str(field.annotation)):
@@ -281,6 +286,7 @@ scratch_dir = "hpc"                    # the compute function reads and writes o
 [compute]
 endpoint_id = "{endpoint_id}"
 workers = 1                            # reconstructions at once (one per GPU on a GPU node)
+# engine_config = "engine.yaml"        # a Globus Compute endpoint config.yaml to run on instead
 
 [reconstruction]
 algorithm = "rpie"                     # rpie | epie | dm | lsqml
