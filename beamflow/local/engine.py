@@ -481,7 +481,7 @@ class ComputeEngine:
         while not task.future.done() and time.monotonic() < deadline and not self._stop.is_set():
             for pid in worker_pids(task.sandbox):
                 if pid not in termed:
-                    log.info("cancel: SIGTERM to worker %d (task %s)", pid, task.task_id)
+                    log.debug("cancel: SIGTERM to worker %d (task %s)", pid, task.task_id)
                     _signal(pid, signal.SIGTERM)
                     termed[pid] = time.monotonic()
                 elif time.monotonic() - termed[pid] > grace:
