@@ -141,13 +141,13 @@ def load_engine(text: str, source: str) -> Any:
 
 
 # -- processes -------------------------------------------------------------------------------
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, ppid) of a process, None if it is gone."""
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, pgid) of a process, None if it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return fields[0], int(fields[1])
+    return fields[0], int(fields[1]), int(fields[2])
 
 
 def _pids() -> list[int]:
@@ -158,21 +158,23 @@ def _pids() -> list[int]:
 
 
 def engine_processes(run_dir: Path | str) -> list[int]:
-    """Live (not zombie) processes that carry the mark of the engine run in ``run_dir``: in
-    their environment, or (the interchange) as their working directory."""
+    """Live (not zombie) processes of the engine run in ``run_dir``: those that carry its
+    mark (in their environment; the interchange: as its working directory), and the rest of
+    their process groups (the worker pool's job script, which sets the mark for its
+    children)."""
     mark = f"{ENGINE_MARK}={Path(run_dir)}".encode()
-    found = []
-    for pid in _pids():
+    stats = {pid: stat for pid in _pids() if (stat := _stat(pid)) is not None and stat[0] != "Z"}
+    marked = set()
+    for pid in stats:
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
             cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             continue  # gone, or not ours
         if mark in environ.split(b"\0") or cwd == str(run_dir):
-            stat = _stat(pid)
-            if stat is not None and stat[0] != "Z":
-                found.append(pid)
-    return found
+            marked.add(pid)
+    groups = {stats[pid][2] for pid in marked} - {os.getpgrp()}
+    return sorted(pid for pid, stat in stats.items() if pid in marked or stat[2] in groups)
 
 
 def worker_pids(sandbox: Path) -> list[int]:
