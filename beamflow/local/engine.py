@@ -35,6 +35,7 @@ a second to import, and most beamflow commands never start an engine.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import math
@@ -261,7 +262,7 @@ def parse_error(text: str, code: str | None = None) -> dict[str, Any]:
         start += 1
     tail = lines[start:] if start < len(lines) else [text.strip()]
     head, _, rest = tail[0].partition(": ")
-    if " " in head or not head or not frames and "(" in head:
+    if " " in head or not head or (not frames and "(" in head):  # no "Type: message" line
         kind, message = (code or "Error"), "\n".join(tail)
     else:
         kind, message = head.rsplit(".", 1)[-1], "\n".join([rest, *tail[1:]]).strip()
@@ -299,8 +300,6 @@ class ComputeEngine:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._closed = False
-        self.started_at: float | None = None
-        self.ready_at: float | None = None
 
     @classmethod
     def from_yaml(cls, text: str, source: str, run_dir: Path, **kwargs: Any) -> ComputeEngine:
@@ -337,9 +336,11 @@ class ComputeEngine:
                 raise EngineError("the compute engine is closed")
             if self._thread is not None:
                 return
-            self.started_at = time.monotonic()
             self._thread = threading.Thread(target=self._own, name="compute-engine", daemon=True)
             self._thread.start()
+        # A process that ends without closing the engine still shuts it down in order (a
+        # running reconstruction saves its checkpoint); the kill -9 case is the job script's.
+        atexit.register(self.close)
 
     def wait_ready(self, timeout: float | None = 180.0) -> None:
         self.start()
@@ -387,6 +388,7 @@ class ComputeEngine:
 
     def _own(self) -> None:
         """The owner thread: start, serve until :meth:`close`, shut down."""
+        began = time.monotonic()
         try:
             self._prepare()
             self.engine.start(endpoint_id=self.endpoint_id, run_dir=str(self.run_dir))
@@ -397,7 +399,11 @@ class ComputeEngine:
             with contextlib.suppress(Exception):
                 self.engine.shutdown()
             return
-        self.ready_at = time.monotonic()
+        log.info(
+            "compute engine started",
+            extra={"fields": {"run_dir": str(self.run_dir), "workers": self.capacity,
+                              "seconds": round(time.monotonic() - began, 2)}},
+        )  # fmt: skip
         self._ready.set()
         if self.warm_up is not None:
             self._warm()
@@ -501,9 +507,12 @@ class ComputeEngine:
         """Shut the engine down: interchange, worker pool and running tasks; then make sure
         no process of it is left."""
         with self._lock:
+            if self._closed and self._stop.is_set():
+                return
             self._closed = True
             thread = self._thread
         self._stop.set()
+        atexit.unregister(self.close)
         if thread is None:
             return
         thread.join(timeout)
