@@ -412,3 +412,24 @@ def test_kill_9_of_the_owner_leaves_no_engine_process(tmp_path: Path) -> None:
     assert engine_processes(run_dir) == []
     assert not any(alive(pid) for pid in processes)
     assert not (tmp_path / "ck").exists()  # killed at once, not asked to save
+
+
+def test_compute_engine_config_names_an_endpoint_config_yaml(tmp_path: Path) -> None:
+    from beamflow.config import load_config as load
+    from beamflow.config import local_workspace_toml
+    from beamflow.local.compute import engine_from_settings
+
+    toml = tmp_path / "beamflow.toml"
+    toml.write_text(local_workspace_toml().replace(
+        '# engine_config = "engine.yaml"', 'engine_config = "engine.yaml"'))  # fmt: skip
+    settings = load(toml)
+    assert settings.compute.engine_config == tmp_path / "engine.yaml"  # next to the file
+    with pytest.raises(ConfigError, match=f"^{tmp_path / 'engine.yaml'}: cannot read"):
+        engine_from_settings(settings)
+    (tmp_path / "engine.yaml").write_text(default_engine_yaml(3))
+    engine = engine_from_settings(settings)
+    assert engine.capacity == 3
+    assert engine.run_dir.parent == tmp_path / "state" / "compute-engine"
+    (tmp_path / "engine.yaml").write_text("engine:\n  type: ThreadPoolEngine\n")
+    with pytest.raises(ConfigError, match=f"^{tmp_path / 'engine.yaml'}: engine.type"):
+        engine_from_settings(settings)
