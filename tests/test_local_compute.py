@@ -191,6 +191,9 @@ def test_results_in_the_service_layout_from_the_engines_workers(
     pids = set(engine.processes())
     assert all(r["pid"] != os.getpid() and r["pid"] in pids for r in outputs)
     assert all(Path(r["cwd"]).parent == engine.working_dir.resolve() for r in outputs)
+    # The task id the action reports is the one the engine ran it under (its sandbox).
+    assert [Path(r["cwd"]).name for r in outputs] == [
+        r["task_id"] for r in status.details["results"]]  # fmt: skip
     assert not any(Path(r["cwd"]).exists() for r in outputs)
     commands = {Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") for p in pids}
     assert any(b"process_worker_pool" in c for c in commands)

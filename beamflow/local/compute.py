@@ -228,8 +228,9 @@ class _Endpoint:
                 continue
             try:
                 job.task = self.engine.submit(
-                    job.function, job.args, job.kwargs, job.resource_specification
-                )
+                    job.function, job.args, job.kwargs, job.resource_specification,
+                    task_id=uuid.UUID(job.task_id),
+                )  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - the engine refused: the task failed
                 self.slots.release()
                 job.finish("FAILED", error={"type": type(exc).__name__, "message": str(exc)})
@@ -338,8 +339,10 @@ class LocalComputeProvider:
                 return None
             try:
                 return load_function(name)
-            except RegistryError:
-                return None
+            except RegistryError as exc:  # registered, but functions/NAME.py does not load
+                raise ActionUnableToRunError(
+                    str(exc), {"code": "FunctionNotLoadable", "description": str(exc)}
+                ) from None
 
         return cls(
             {settings.compute.endpoint_id: engine_from_settings(settings)},

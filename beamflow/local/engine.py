@@ -442,6 +442,8 @@ class ComputeEngine:
         args: Sequence[Any],
         kwargs: dict[str, Any],
         resource_specification: dict[str, Any] | None = None,
+        *,
+        task_id: uuid.UUID | None = None,
     ) -> EngineTask:
         """Submit a packed function (:meth:`pack_function`) with its arguments."""
         from globus_compute_common import messagepack
@@ -449,7 +451,7 @@ class ComputeEngine:
         from globus_compute_endpoint.engines.base import GCFuture
 
         self.wait_ready()
-        task_id = uuid.uuid4()
+        task_id = task_id or uuid.uuid4()
         payload = self.serde.pack_buffers(
             [self.serde.serialize(tuple(args)), self.serde.serialize(dict(kwargs))]
         )
