@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench browser clean
+.PHONY: demo test lint bench browser slurm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,10 +27,21 @@ browser:
 		|| echo "warning: could not install chromium; browser tests will be skipped"; \
 	else echo "warning: no /usr/bin/chromium and no root; browser tests will be skipped"; fi
 
+# Debian's Slurm and MUNGE for the one-node-cluster test (tests/test_slurm.py), which runs
+# the daemons as root: installed as root only (the test installs them too when missing).
+SLURM_BINS := /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged /usr/bin/sbatch
+slurm:
+	@if ls $(SLURM_BINS) >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends slurm-wlm munge) >/dev/null \
+		|| echo "warning: could not install slurm-wlm and munge; the Slurm test will be skipped"; \
+	else echo "warning: not root; the Slurm test will be skipped"; fi
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: $(STAMP) browser
+test: $(STAMP) browser slurm
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 

@@ -1,8 +1,10 @@
 """The one interface the agent and the CLI use to register, start, follow and cancel runs.
 
 Two implementations sit behind it: ``beamflow.local`` (embedded, one machine) and
-``beamflow.globus`` (Globus Flows, Transfer, Compute). Which one is chosen by configuration
-alone (``backend = "local" | "globus"``); callers never import either package directly.
+``beamflow.globus`` (Globus Flows, Transfer, Compute); both import this module and nothing
+above it. Which one runs is chosen by configuration alone (``backend = "local" | "globus"``)
+in :func:`beamflow.runs.get_backend`, one floor up, where runs are started; callers never
+import either package directly.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
-from beamflow.config import Settings
 from beamflow.store import RunStatus
 
 
@@ -77,14 +78,3 @@ class Backend(Protocol):
     def cancel_run(self, backend_run_id: str) -> None: ...
 
     def close(self) -> None: ...
-
-
-def get_backend(settings: Settings) -> Backend:
-    """The backend the configuration names."""
-    if settings.backend == "local":
-        from beamflow.local import LocalBackend
-
-        return LocalBackend(settings)
-    from beamflow.globus import GlobusBackend
-
-    return GlobusBackend(settings)

@@ -14,37 +14,59 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from beamflow import __version__
 from beamflow.config import (
     CONFIG_NAME,
+    RECONSTRUCTION_DEFAULTS,
     ConfigError,
     Settings,
     globus_workspace_toml,
     load_config,
     local_workspace_toml,
 )
+from beamflow.console import styled_status
 from beamflow.store import RunStatus, Store
 
+# Plain (click) help, not rich panels: rich cuts option names ("--checkpoint-e…") to fit
+# its table at 80 columns; click prints them whole and wraps the descriptions.
+_HELP = {"no_args_is_help": True, "rich_markup_mode": None}
 app = typer.Typer(
     name="beamflow",
     help="Turn a ptychography beamline into a live analysis instrument.",
-    no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    **_HELP,
 )
-runs_app = typer.Typer(help="List, inspect, start, retry and cancel runs.", no_args_is_help=True)
-flows_app = typer.Typer(help="Validate and try flow definitions offline.", no_args_is_help=True)
-register_app = typer.Typer(
-    help="Register compute functions and flows (idempotent).", no_args_is_help=True
-)
+runs_app = typer.Typer(help="List, inspect, start, retry and cancel runs.", **_HELP)
+flows_app = typer.Typer(help="Validate and try flow definitions offline.", **_HELP)
+register_app = typer.Typer(help="Register compute functions and flows (idempotent).", **_HELP)
 app.add_typer(runs_app, name="runs")
 app.add_typer(flows_app, name="flows")
 app.add_typer(register_app, name="register")
 
-console = Console()
-err_console = Console(stderr=True)
+# Where the output is not a terminal (a pipe, a log file, a CI job) lines are never
+# wrapped or cut at 80 columns: names and paths stay whole, one per line, for grep and for
+# people reading logs. A terminal wraps what does not fit (tables fold, never "…").
+_WIDE = 10_000
+
+
+def make_console(stderr: bool = False) -> Console:
+    console = Console(stderr=stderr)
+    if console.is_terminal:
+        return console
+    return Console(stderr=stderr, width=_WIDE, soft_wrap=True)
+
+
+def data_table(title: str | None = None) -> Table:
+    """A table whose cells wrap (fold) instead of ending in "…"."""
+    return Table(title=title, title_justify="left")
+
+
+console = make_console()
+err_console = make_console(stderr=True)
 
 ConfigOption = Annotated[
     Path | None,
@@ -270,7 +292,12 @@ def reconstruct(
     from beamflow.checkpoint import IncompatibleCheckpoint
     from beamflow.formats import ScanFormatError
     from beamflow.ptycho.backend import BackendError
-    from beamflow.reconstruct import ReconstructError, ReconstructJob, run_reconstruction
+    from beamflow.reconstruct import (
+        ReconstructError,
+        ReconstructJob,
+        plain_words,
+        run_reconstruction,
+    )
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     rc = settings_from(config).reconstruction
@@ -314,10 +341,14 @@ def reconstruct(
         summary = run_reconstruction(job, progress=progress)
     except (ScanFormatError, IncompatibleCheckpoint, ReconstructError, BackendError) as exc:
         fail(str(exc))
-    except (ValueError, FloatingPointError, OSError) as exc:
-        fail(f"{scan}: {type(exc).__name__}: {exc}")
+    except OSError as exc:  # name the file the system refused, not the scan
+        where = exc.filename if exc.filename is not None else out
+        fail(f"{where}: {exc.strerror or exc}")
+    except (ValueError, FloatingPointError) as exc:
+        fail(f"{scan}: {plain_words(str(exc))}")
     finally:
-        bar.stop()
+        if bar.live.is_started:  # a bar never shown would still print an empty line
+            bar.stop()
     if as_json:
         print(json.dumps(summary.model_dump(mode="json")))
         return
@@ -382,27 +413,14 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds / 60:.1f} min"
 
 
-STATUS_STYLE = {
-    RunStatus.QUEUED: "blue",
-    RunStatus.ACTIVE: "yellow",
-    RunStatus.INACTIVE: "magenta",
-    RunStatus.SUCCEEDED: "green",
-    RunStatus.FAILED: "red",
-    RunStatus.CANCELLED: "dim",
-}
-
-
-def styled_status(status: RunStatus) -> str:
-    """A run status in its colour (rich markup)."""
-    return f"[{STATUS_STYLE[status]}]{status}[/]"
-
-
 @runs_app.command("list")
 def runs_list(
     status: Annotated[
         str | None, typer.Option(help="Only runs with this status (e.g. FAILED).")
     ] = None,
-    scan: Annotated[str | None, typer.Option(help="Only scans whose name contains this.")] = None,
+    scan: Annotated[
+        str | None, typer.Option(help="Only scans whose name or path contains this.")
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many runs.")] = 50,
     as_json: JsonOption = False,
     config: ConfigOption = None,
@@ -412,21 +430,24 @@ def runs_list(
         fail(f"--status must be one of {', '.join(RunStatus)}, not {status!r}", code=2)
     store = open_store(settings_from(config))
     runs = store.list_runs(status=status, scan=scan, limit=limit)
+    names = store.display_names(runs)
     if as_json:
-        print(json.dumps([r.model_dump(mode="json") for r in runs]))
+        print(json.dumps([{**r.model_dump(mode="json"), "display_name": names[r.id]}
+                          for r in runs]))  # fmt: skip
         return
-    table = Table(title=f"runs ({store.count_runs(status=status, scan=scan)} in all)")
-    for column in ("id", "scan", "status", "step", "created", "duration", "error"):
-        table.add_column(column)
+    table = data_table(f"runs ({store.count_runs(status=status, scan=scan)} in all)")
+    for column in ("id", "scan", "status", "step", "created", "duration", "scan path", "error"):
+        table.add_column(column, overflow="fold")
     for r in runs:
         table.add_row(
             r.id[:8],
-            r.scan,
+            names[r.id],
             styled_status(r.status),
             r.current_step or "-",
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at)),
             _duration(r.duration),
-            (r.error or "")[:60],
+            r.scan_path or "-",
+            r.error or "",
         )
     console.print(table)
 
@@ -458,8 +479,8 @@ def runs_show(
     store = open_store(settings)
     run = _find_run(store, run_id)
     if not run.status.finished and run.backend_run_id and run.backend == settings.backend:
-        from beamflow.backend import BackendError, get_backend
-        from beamflow.runs import sync_run
+        from beamflow.backend import BackendError
+        from beamflow.runs import get_backend, sync_run
 
         backend = get_backend(settings)
         try:
@@ -469,27 +490,36 @@ def runs_show(
         finally:
             backend.close()
     steps = store.steps(run.id)
+    name = store.display_names([run])[run.id]
     if as_json:
-        data = run.model_dump(mode="json")
+        data = {**run.model_dump(mode="json"), "display_name": name}
         data["steps"] = [s.model_dump(mode="json") for s in steps]
         print(json.dumps(data))
         return
-    console.print(f"[bold]{run.scan}[/]  run {run.id}")
-    console.print(f"  status    {styled_status(run.status)}")
-    console.print(f"  flow      {run.flow} on {run.backend}")
-    console.print(f"  duration  {_duration(run.duration)}")
+    out = {"highlight": False, "soft_wrap": True}  # names and paths stay whole
+    console.print(f"[bold]{escape(name)}[/]  run {run.id}", **out)
+    console.print(f"  scan      {escape(run.scan_path or run.scan)}", **out)
+    console.print(f"  status    {styled_status(run.status)}", **out)
+    console.print(f"  flow      {run.flow} on {run.backend}", **out)
+    console.print(f"  duration  {_duration(run.duration)}", **out)
     if run.iteration is not None:
-        console.print(f"  progress  iteration {run.iteration} of {run.iterations_total or '?'}")
+        console.print(f"  progress  iteration {run.iteration} of {run.iterations_total or '?'}",
+                      **out)
+    truth = run.result.get("truth") if isinstance(run.result, dict) else None
+    if isinstance(truth, dict) and truth.get("nrmse") is not None:
+        console.print(f"  vs truth  NRMSE {truth['nrmse']:.3f} (complex, against "
+                      f"{escape(str(truth.get('ground_truth', 'the ground truth')))})", **out)
     if run.error:
-        console.print(f"  error     [red]{run.error_step or ''}: {run.error}[/]", highlight=False)
+        console.print(f"  error     [red]{escape(run.error_step or '')}: {escape(run.error)}[/]",
+                      **out)
     if run.product:
-        console.print(f"  product   {run.product}")
+        console.print(f"  product   {escape(run.product)}", **out)
     for p in run.previews:
-        console.print(f"  preview   {p}")
+        console.print(f"  preview   {escape(p)}", **out)
     if steps:
-        table = Table(title="steps")
+        table = data_table("steps")
         for column in ("step", "status", "duration"):
-            table.add_column(column)
+            table.add_column(column, overflow="fold")
         for s in steps:
             table.add_row(s.name, s.status, _duration(s.duration))
         console.print(table)
@@ -508,7 +538,8 @@ WaitOption = Annotated[
 
 
 def _backend(settings: Settings, name: str | None = None):  # noqa: ANN202 - Backend
-    from beamflow.backend import BackendError, get_backend
+    from beamflow.backend import BackendError
+    from beamflow.runs import get_backend
 
     if name is not None and name != settings.backend:
         settings = settings.model_copy(update={"backend": name})
@@ -780,7 +811,11 @@ def agent(
     signal.signal(signal.SIGINT, lambda *_: edge.stop())
     try:
         if once:
-            ok = edge.run_once(timeout=timeout)
+            try:
+                ok = edge.run_once(timeout=timeout)
+            finally:
+                if edge.once_summary is not None:
+                    print(edge.once_summary.line(), flush=True)
             raise typer.Exit(0 if ok else 1)
         edge.run_forever()
     except KeyboardInterrupt:
@@ -869,8 +904,9 @@ def flows_run(
     config: ConfigOption = None,
 ) -> None:
     """Run any definition on the local interpreter and print its final status and output."""
+    from beamflow.local.clock import SystemClock
     from beamflow.local.flowtool import FlowToolError, action_urls, load_flow, parse_input
-    from beamflow.local.interpreter import FlowRunner, SystemClock
+    from beamflow.local.interpreter import FlowRunner
     from beamflow.local.validation import FlowDefinitionError, FlowInputError
 
     try:
@@ -1054,7 +1090,9 @@ def demo(
     scans: Annotated[int, typer.Option(min=1, max=50, help="Scans to simulate.")] = 3,
     positions: Annotated[int, typer.Option(min=10, help="Scan positions per scan.")] = 200,
     probe_size: Annotated[int, typer.Option(min=16, help="Detector frame size (px).")] = 64,
-    iterations: Annotated[int, typer.Option(min=1, help="Reconstruction iterations.")] = 100,
+    iterations: Annotated[
+        int, typer.Option(min=1, help="Reconstruction iterations.")
+    ] = RECONSTRUCTION_DEFAULTS.iterations,
     rate: Annotated[float, typer.Option(min=0.1, help="Simulated frames per second.")] = 60.0,
     port: Annotated[
         int | None, typer.Option(min=1, max=65535, help="Status page port (default: free).")

@@ -16,8 +16,18 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from beamflow.validation_text import field_path
 
 CONFIG_NAME = "beamflow.toml"
 USER_CONFIG = Path("~/.config/beamflow") / CONFIG_NAME
@@ -115,6 +125,11 @@ class Reconstruction(_Section):
         default=None, gt=0, description="near field, cone beam: focus-to-sample distance z1")
 
 
+# The one source of each reconstruction default: whoever builds a reconstruction (CLI,
+# compute function, agent, demo, a new workspace's file) and is given no value takes it here.
+RECONSTRUCTION_DEFAULTS = Reconstruction()
+
+
 class Agent(_Section):
     """Edge agent policy."""
 
@@ -139,13 +154,41 @@ class Agent(_Section):
         return sorted(set(value))
 
 
+OLD_VIEWING_KEY = "require_token_for_viewing"
+
+
 class Status(_Section):
-    """The status page."""
+    """The status page. Bound to loopback, anyone on this machine may view and retry. Bound
+    elsewhere, a token is required, and every page, preview, API call and download needs
+    it unless ``public_viewing`` is set (then only actions, such as retry, need it)."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=1, le=65535)
-    token: SecretStr | None = Field(default=None, description="required for actions off loopback")
-    require_token_for_viewing: bool = False
+    token: SecretStr | None = Field(default=None, description="required off loopback")
+    public_viewing: bool = Field(
+        default=False,
+        description="off loopback: anyone who reaches the page may view runs, previews and "
+        "products without the token (unpublished data!); actions still need it",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_viewing_key(cls, data: Any) -> Any:
+        """The old key ``require_token_for_viewing``: ``true`` is what the default does
+        now, so it is accepted; ``false`` meant public viewing, which is now an explicit
+        choice: refused, saying what to write instead."""
+        if not isinstance(data, dict) or OLD_VIEWING_KEY not in data:
+            return data
+        data = dict(data)
+        old = data.pop(OLD_VIEWING_KEY)
+        if str(old).strip().lower() in ("true", "1", "yes", "on"):
+            return data
+        raise ValueError(
+            f"status.{OLD_VIEWING_KEY} is gone: viewing the status page off loopback now "
+            "needs the token by default. Remove the key, or, to let anyone who can reach "
+            "the page view runs, previews and products without the token, set "
+            "status.public_viewing = true (BEAMFLOW_STATUS__PUBLIC_VIEWING=true)"
+        )
 
 
 class Settings(BaseSettings):
@@ -228,9 +271,12 @@ def _explain(found: Path | None, exc: ValidationError) -> str:
     where = str(found) if found else "configuration (environment)"
     lines = [f"{where}: invalid configuration:"]
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"])
+        key = field_path(err)
         if err["type"] == "extra_forbidden":
             fix = "remove it or check the spelling (see `beamflow init` for a complete file)"
+        elif err["type"] == "value_error" and OLD_VIEWING_KEY in err["msg"]:
+            lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
+            continue
         else:
             fix = err["msg"]
         env = "BEAMFLOW_" + "__".join(str(p) for p in err["loc"]).upper()
@@ -254,15 +300,30 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
     return settings
 
 
+def _reconstruction_toml(**overrides: Any) -> str:
+    """The [reconstruction] section of a new workspace: the model's defaults (the one source
+    of each default), with ``overrides``."""
+    r = Reconstruction(**overrides)
+    return f"""[reconstruction]
+algorithm = "{r.algorithm}"                     # rpie | epie | dm | lsqml
+iterations = {r.iterations}
+probe_modes = {r.probe_modes}
+device = "{r.device}"                        # auto | cpu | cuda
+checkpoint_every = {r.checkpoint_every}
+preview_every = {r.preview_every}
+"""
+
+
 def local_workspace_toml(
     *,
-    iterations: int = 100,
+    iterations: int | None = None,
     quiet_seconds: float = 2.0,
     progressive: tuple[float, ...] = (),
     max_concurrent_runs: int = 2,
 ) -> str:
     """A complete, working local-backend configuration for `beamflow init` (and the demo,
     which tunes a few values)."""
+    recon = {} if iterations is None else {"iterations": iterations}
     beamline_id, hpc_id, endpoint_id = (str(uuid.uuid4()) for _ in range(3))
     return f"""\
 # beamflow workspace: the embedded local backend (one machine, no network).
@@ -288,14 +349,7 @@ endpoint_id = "{endpoint_id}"
 workers = 1                            # reconstructions at once (one per GPU on a GPU node)
 # engine_config = "engine.yaml"        # a Globus Compute endpoint config.yaml to run on instead
 
-[reconstruction]
-algorithm = "rpie"                     # rpie | epie | dm | lsqml
-iterations = {iterations}
-probe_modes = 1
-device = "auto"                        # auto | cpu | cuda
-checkpoint_every = 10
-preview_every = 10
-
+{_reconstruction_toml(**recon)}
 [agent]
 quiet_seconds = {quiet_seconds}                    # files unchanged this long before reading
 stall_timeout = 120.0                  # short of frames this long: processed as aborted
@@ -308,12 +362,15 @@ progressive = {list(progressive)}                       # e.g. [0.25, 0.5]: also
 [status]
 host = "127.0.0.1"                     # loopback only; set a token before exposing it
 port = 8765
+# Off loopback every page, preview, API call and download needs the token;
+# public_viewing = true lets anyone who reaches the page view (actions still need it).
+# public_viewing = false
 """
 
 
 def globus_workspace_toml() -> str:
     """A commented template for a facility deployment on Globus."""
-    return """\
+    return f"""\
 # beamflow on Globus. Fill in every id marked FILL, then:
 #   beamflow login && beamflow register functions && beamflow register flows && beamflow doctor
 # See docs/deployment.md.
@@ -342,14 +399,7 @@ scratch_dir = "/lus/project/beamflow"  # the compute function reads and writes o
 [compute]
 endpoint_id = "FILL: UUID of the Globus Compute endpoint (see deploy/)"
 
-[reconstruction]
-algorithm = "rpie"
-iterations = 200
-probe_modes = 1
-device = "cuda"
-checkpoint_every = 10
-preview_every = 10
-
+{_reconstruction_toml(device="cuda")}
 [agent]
 quiet_seconds = 5.0
 stall_timeout = 300.0
@@ -363,7 +413,8 @@ progressive = [0.25, 0.5]
 [status]
 host = "127.0.0.1"
 port = 8765
-# token: set BEAMFLOW_STATUS__TOKEN before using --host 0.0.0.0
+# token: set BEAMFLOW_STATUS__TOKEN before using --host 0.0.0.0; off loopback, viewing
+# needs it too unless public_viewing = true (unpublished data: think twice)
 """
 
 

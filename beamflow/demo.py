@@ -23,11 +23,16 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from beamflow.backend import get_backend
-from beamflow.cli import styled_status
-from beamflow.config import CONFIG_NAME, Settings, load_config, local_workspace_toml
+from beamflow.config import (
+    CONFIG_NAME,
+    RECONSTRUCTION_DEFAULTS,
+    Settings,
+    load_config,
+    local_workspace_toml,
+)
+from beamflow.console import styled_status
 from beamflow.formats import read_product
-from beamflow.runs import retry_run
+from beamflow.runs import get_backend, retry_run
 from beamflow.simulate import read_ground_truth, score_product, simulate_scan
 from beamflow.status.server import build_app, free_port, serve_in_thread
 from beamflow.store import Run, RunStatus, Store
@@ -41,7 +46,7 @@ class DemoOptions:
     positions: int = 200
     probe_size: int = 64
     photons: float = 1e6
-    iterations: int = 100
+    iterations: int = RECONSTRUCTION_DEFAULTS.iterations
     rate_hz: float = 60.0
     port: int | None = None
     exit_when_done: bool = False
@@ -157,6 +162,24 @@ def _final_runs(store: Store, settings: Settings, scans: _Scans, names: list[str
     }
 
 
+def score_against_truth(store: Store, run: Run, scan_dir: Path) -> str:
+    """The run's complex NRMSE against the simulator's ground truth, as text; recorded once
+    in the run's result (``result.truth``) so that the status page and `runs show` show it."""
+    truth = run.result.get("truth")
+    if isinstance(truth, dict) and truth.get("nrmse") is not None:
+        return f"{truth['nrmse']:.3f}"
+    if run.status != RunStatus.SUCCEEDED or not run.product:
+        return "-"
+    path = scan_dir / "ground_truth.h5"
+    try:
+        nrmse = float(score_product(read_product(run.product), read_ground_truth(scan_dir)).nrmse)
+    except (OSError, ValueError) as exc:
+        return f"unscored: {exc}"
+    store.update_run(run.id, result={**run.result, "truth": {
+        "nrmse": nrmse, "metric": "complex NRMSE", "ground_truth": str(path)}})
+    return f"{nrmse:.3f}"
+
+
 def summary_table(store: Store, settings: Settings, scans: _Scans, names: list[str]
                   ) -> tuple[Table, bool]:
     """The closing table: scan, status, iterations, NRMSE vs the truth, wall time."""
@@ -171,13 +194,7 @@ def summary_table(store: Store, settings: Settings, scans: _Scans, names: list[s
             continue
         ok &= run.status == RunStatus.SUCCEEDED
         iterations = "-" if run.iteration is None else str(run.iteration)
-        nrmse = "-"
-        if run.status == RunStatus.SUCCEEDED and run.product:
-            try:
-                truth = read_ground_truth(settings.beamline.detector_dir / name)
-                nrmse = f"{score_product(read_product(run.product), truth).nrmse:.3f}"
-            except (OSError, ValueError) as exc:
-                nrmse = f"unscored: {exc}"
+        nrmse = score_against_truth(store, run, settings.beamline.detector_dir / name)
         wall = sum(r.duration or 0.0 for r in _runs_by_scan(store, [name])[name])
         table.add_row(
             name,
@@ -228,6 +245,9 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> bool:
                 while True:
                     live.update(_live_table(store, scans, names, url))
                     finals = _final_runs(store, settings, scans, names)
+                    for name, run in finals.items():  # the score on the page as soon as can be
+                        if run is not None and run.status == RunStatus.SUCCEEDED:
+                            score_against_truth(store, run, settings.beamline.detector_dir / name)
                     if scans.done and (scans.error or all(
                         r is not None and r.status.finished for r in finals.values()
                     )):
@@ -236,6 +256,8 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> bool:
                         console.print("[red]demo timed out[/]")
                         break
                     time.sleep(0.25)
+            if not console.is_terminal:
+                console.line()  # a pipe gets the last frame without its line end
             table, ok = summary_table(store, settings, scans, names)
             console.print(table)
             if scans.error:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from beamflow.atomic import atomic_path
 from beamflow.processes import die_with_parent, helper_command
 
 __all__ = ["LivePreviews"]
@@ -80,14 +81,13 @@ class LivePreviews:
             return  # no helper any more: live previews are off for this job
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.out_dir / (BUNDLE + ".tmp")
-            with open(tmp, "wb") as f:  # np.save to a real file writes the array as it is
+            with (atomic_path(self.out_dir / BUNDLE, durable=False) as tmp,
+                  open(tmp, "wb") as f):  # np.save to a real file writes the array as it is
                 # No positions travel as an empty [0, 2] array: the helper reads four arrays.
                 corners = np.zeros((0, 2)) if positions_px is None else positions_px
                 for a in (obj, probe, np.asarray(loss_history, np.float64),
                           np.asarray(corners, np.float64)):
                     np.save(f, a, allow_pickle=False)
-            os.replace(tmp, self.out_dir / BUNDLE)
         except OSError as e:  # a full disk must not stop the reconstruction
             self.errors.append(f"live preview not handed over: {e}")
             log.warning("%s", self.errors[-1])

@@ -31,6 +31,7 @@ import hashlib
 import logging
 import math
 import os
+import re
 import statistics
 import threading
 import time
@@ -52,8 +53,8 @@ from beamflow.checkpoint import (
     clear_checkpoints,
     load_latest,
 )
-from beamflow.config import Reconstruction
-from beamflow.formats import Product, Scan, load_scan, write_product
+from beamflow.config import RECONSTRUCTION_DEFAULTS, Reconstruction
+from beamflow.formats import Product, Scan, ScanFormatError, load_scan, write_product
 from beamflow.live_previews import LivePreviews
 from beamflow.ptycho.backend import get_backend
 from beamflow.ptycho.engine import Reconstructor, initial_state, mean_pattern
@@ -71,6 +72,73 @@ _READ_CHUNK = 32  # frames read (and hashed) at a time: small transients, not 2x
 
 class ReconstructError(Exception):
     """The job cannot run (bad scan data, bad probe file, ...); the message says why."""
+
+
+# The engine's checks name its own classes (PtychoData.intensities, ...): right for a
+# programmer, meaningless to the person who gave a scan file. Their words instead.
+_ENGINE_WORDS = [
+    (re.compile(r"PtychoData\.append intensities|PtychoData\.append"), "the new frames"),
+    (re.compile(r"PtychoData\.intensities"), "the diffraction frames"),
+    (re.compile(r"PtychoData\.positions_px"), "the scan positions"),
+    (re.compile(r"PtychoData\.mask"), "the detector pixel mask"),
+    (re.compile(r"PtychoData\.object_shape"), "the object size"),
+    (re.compile(r"ReconState\.from_arrays"), "the checkpoint's state"),
+    (re.compile(r"ReconState\.extend_positions"), "the new positions"),
+    (re.compile(r"ReconState\.(\w+)"), r"the \1"),
+    (re.compile(r"\b(PtychoData|ReconState|ReconParams|Reconstructor)\b(\.\w+)*"),
+     "the reconstruction"),
+]
+
+
+def plain_words(message: str) -> str:
+    """An engine message in the words of someone who gave a scan file, not a class name."""
+    for pattern, words in _ENGINE_WORDS:
+        message = pattern.sub(words, message)
+    return message
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse an output path that cannot become a directory, naming it, before any work."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ReconstructError(
+            f"{out}: the output directory is an existing file; give a directory "
+            "(it is created if missing)"
+        )
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ReconstructError(
+            f"{out}: the output directory cannot be created: {parent} is a file"
+        )
+    if not out.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise ReconstructError(
+            f"{out}: the output directory cannot be created: no permission to write in "
+            f"{parent}"
+        )
+
+
+def _bad_frame(scan: Scan, frames: np.ndarray) -> ScanFormatError | None:
+    """The first frame with a NaN, an infinity or a negative count on a valid pixel, named
+    by its data file and its number there (1-based where the file counts from 1)."""
+    mask = scan.mask
+    for start in range(0, frames.shape[0], 64):
+        block = frames[start : start + 64][:, mask]
+        finite = np.isfinite(block)
+        if not finite.all():
+            what, rows = "a NaN or infinite value", ~finite.all(axis=1)
+        elif block.size and float(block.min()) < 0:
+            what, rows = "a negative count", (block < 0).any(axis=1)
+        else:
+            continue
+        index = start + int(np.flatnonzero(rows)[0])
+        file, key, where = scan.locate(index)
+        return ScanFormatError(
+            file, key, f"{where}: {what} on a valid detector pixel; mark such pixels "
+            "invalid in the detector's pixel mask (or fix the file)"
+        )
+    return None
 
 
 #: flat keys accepted as shorthands for `params` fields (CLI, compute function kwargs)
@@ -102,14 +170,16 @@ class ReconstructJob(BaseModel):
     out: Path
     name: str | None = Field(default=None, description="product name (default: the scan's)")
     params: ReconParams = Field(default_factory=ReconParams)
-    device: str = "auto"
+    device: str = RECONSTRUCTION_DEFAULTS.device
     probe: Path | None = Field(default=None, description="initial probe (.npy or product .h5)")
     max_frames: int | None = Field(default=None, ge=1, description="use at most this many frames")
     allow_partial: bool = Field(default=False, description="use the frames written so far")
     resume: bool = True
     # checkpoint policy: L2 = DIR/checkpoints; L1 = node-local (off unless a dir is given)
     checkpoint_dir: Path | None = Field(default=None, description="L2 (default DIR/checkpoints)")
-    checkpoint_every: int | None = Field(default=10, ge=0, description="0/None: only at the end")
+    checkpoint_every: int | None = Field(
+        default=RECONSTRUCTION_DEFAULTS.checkpoint_every, ge=0,
+        description="0/None: only at the end")
     checkpoint_seconds: float | None = Field(default=None, gt=0)
     checkpoint_keep: int = Field(default=3, ge=1)
     l1_dir: Path | None = Field(default=None, description=f"node-local base dir (or ${L1_ENV})")
@@ -118,7 +188,9 @@ class ReconstructJob(BaseModel):
     checkpoint_max_overhead: float | None = Field(
         default=0.04, gt=0, le=1, description="CPU budget of the checkpoint writers per level "
         "(fraction of elapsed time); a due checkpoint waits until it fits. None: no limit")
-    preview_every: int = Field(default=10, ge=0, description="0: previews only at the end")
+    preview_every: int = Field(
+        default=RECONSTRUCTION_DEFAULTS.preview_every, ge=0,
+        description="0: previews only at the end")
     preview_min_seconds: float = Field(
         default=2.0, ge=0, description="at most one preview refresh per this many seconds")
     propagation: PropagationModel | None = Field(
@@ -140,6 +212,8 @@ class ReconstructJob(BaseModel):
         values = dict(values)
         params = values.get("params", {})
         params = params.model_dump() if isinstance(params, ReconParams) else dict(params)
+        for field in ("algorithm", "iterations", "probe_modes"):
+            params.setdefault(field, getattr(RECONSTRUCTION_DEFAULTS, field))
         for key, field in _PARAM_SHORTHANDS.items():
             if key in values:
                 value = values.pop(key)
@@ -362,7 +436,7 @@ def _initial_probe(job: ReconstructJob, scan: Scan) -> tuple[np.ndarray | None, 
                               n_modes=job.params.probe_modes,
                               pixel_size_m=scan.object_pixel_size_m), PROBE_FROM_FILE
         except ValueError as e:
-            raise ReconstructError(str(e)) from e
+            raise ReconstructError(plain_words(str(e))) from e
     optics = scan.optics
     if optics is not None and job.params.propagation.near_field:
         log.info("initial probe: the recorded zone plate is not used in the near field")
@@ -421,6 +495,7 @@ def _load_resume(job: ReconstructJob) -> Checkpoint | None:
 
 def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) -> ReconstructSummary:
     """Run (or resume, or continue) the reconstruction `job` describes."""
+    check_out_dir(job.out)
     # Live previews are drawn by a helper process (see beamflow.live_previews), started now
     # so that its imports overlap the reading of the frames; the final previews are drawn
     # here, once the engine's memory is released.
@@ -469,7 +544,8 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
             frame = _Frame.model_validate(job_meta["frame"])
             state = ReconState.from_arrays(ckpt.arrays, ckpt.meta["state"])
         except (KeyError, ValueError) as e:
-            raise ReconstructError(f"{ckpt.path}: cannot restore the state: {e}") from e
+            raise ReconstructError(
+                f"{ckpt.path}: cannot restore the state: {plain_words(str(e))}") from e
         state.params = params  # soft settings may change; the hard ones were checked
         resumed_from = ckpt.iteration
         since = int(job_meta["data_since_iteration"])
@@ -496,7 +572,11 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
         data = PtychoData(intensities=frames, positions_px=nominal,
                           object_shape=frame.object_shape, mask=scan.mask)
     except ValueError as e:
-        raise ReconstructError(f"{scan.source}: {e}") from e
+        # Bad counts live in a data file: name it, and the frame as that file numbers it.
+        bad = _bad_frame(scan, frames)
+        if bad is not None:
+            raise bad from None
+        raise ReconstructError(f"{scan.source}: {plain_words(str(e))}") from e
     del frames  # PtychoData holds the same array (no copy); keep one reference only
     loaded.frames = data.intensities
     # What the data say of their regime and noise, before the engine spends the frames.

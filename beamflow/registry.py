@@ -42,9 +42,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
@@ -54,6 +52,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from beamflow import __version__
+from beamflow.atomic import atomic_write_json
 from beamflow.backend import RegistrationResult
 
 Kind = Literal["function", "flow"]
@@ -346,28 +345,3 @@ def register_flows(registry: Registry, **kwargs: Any) -> list[RegistrationResult
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise RegistryError(f"kind must be one of {KINDS}, not {kind!r}")
-
-
-def atomic_write_json(path: Path, data: Any, *, durable: bool = True) -> None:
-    """Write ``data`` as JSON so that readers see the old file or the new one, never a mix.
-    ``durable`` also fsyncs the file and its directory (survives a power cut)."""
-    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    if not durable:
-        return
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

@@ -39,11 +39,25 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from beamflow.backend import Backend, BackendError, FlowRunInfo, StepInfo, get_backend
+from beamflow.backend import Backend, BackendError, FlowRunInfo, StepInfo
 from beamflow.config import Settings
 from beamflow.reconstruct import RunParameters
 from beamflow.registry import Registry, RegistryError
 from beamflow.store import Run, RunStatus, Store, StoreError
+from beamflow.validation_text import field_path
+
+
+def get_backend(settings: Settings) -> Backend:
+    """The backend the configuration names. The packages are imported here, not at the top,
+    so a local run does not pay for importing the Globus SDKs (nor the reverse); neither
+    package imports this module, so no circle hides behind the late import."""
+    if settings.backend == "local":
+        from beamflow.local import LocalBackend
+
+        return LocalBackend(settings)
+    from beamflow.globus import GlobusBackend
+
+    return GlobusBackend(settings)
 
 DEFAULT_FLOW = "ptycho_reconstruct"
 SHARED_FS_FLOW = "ptycho_shared_fs"
@@ -66,7 +80,7 @@ def reconstruction_params(settings: Settings, params: dict[str, Any] | None = No
         known = ", ".join(RunParameters.model_fields)
         problems = []
         for err in exc.errors():
-            key = ".".join(str(p) for p in err["loc"])
+            key = field_path(err)
             if err["type"] == "extra_forbidden":
                 problems.append(f"unknown parameter {key!r} (known: {known})")
             else:

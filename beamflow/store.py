@@ -15,11 +15,11 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from pydantic import BaseModel, Field, computed_field, field_serializer
@@ -137,6 +137,29 @@ class Event(_Timed):
     code: str
     message: str
     details: dict[str, Any] = Field(default_factory=dict)
+
+
+def scan_labels(name: str, paths: Iterable[str]) -> dict[str, str]:
+    """Labels for the scans called ``name`` at ``paths``: the name alone when there is one
+    path, else the fewest parent directories that tell them apart, then the name
+    (``a/s1``, ``b/s1``; a directory named like the scan, the usual layout, is skipped)."""
+    paths = sorted(set(paths))
+    if len(paths) <= 1:
+        return {p: name for p in paths}
+    context: dict[str, tuple[str, ...]] = {}
+    for p in paths:
+        parts = [x for x in PurePath(p).parent.parts if x not in ("/", "\\")]
+        if parts and parts[-1] == name:
+            parts.pop()
+        context[p] = tuple(parts)
+    labels = {p: name for p in paths}
+    for k in range(1, max(len(c) for c in context.values()) + 1):
+        labels = {p: "/".join([*c[-k:], name]) for p, c in context.items()}
+        if len(set(labels.values())) == len(paths):
+            return labels
+    # Still alike (a master file and its directory side by side): the full paths.
+    taken = [labels[p] for p in paths]
+    return {p: (p if taken.count(labels[p]) > 1 else labels[p]) for p in paths}
 
 
 # Each entry moves the schema one version forward; never edit a released entry.
@@ -361,6 +384,24 @@ class Store:
         counts.update({status: n for status, n in rows})
         return counts
 
+    def display_names(self, runs: Iterable[Run]) -> dict[str, str]:
+        """A name for each run that tells scans of the same file name apart: the scan name
+        where it is the only scan of that name in the store, else the shortest path suffix
+        that is unique (``day1/demo_scan_001``). Keyed by run id."""
+        runs = list(runs)
+        names = sorted({r.scan for r in runs})
+        paths: dict[str, set[str]] = {n: set() for n in names}
+        for start in range(0, len(names), 500):  # SQLite's bound-parameter limit
+            chunk = names[start : start + 500]
+            rows = self._connect().execute(
+                f"SELECT DISTINCT scan, scan_path FROM runs WHERE scan_path IS NOT NULL "
+                f"AND scan IN ({', '.join('?' for _ in chunk)})", chunk,
+            )  # fmt: skip
+            for scan, path in rows:
+                paths[scan].add(path)
+        labels = {n: scan_labels(n, paths[n]) for n in names}
+        return {r.id: labels[r.scan].get(r.scan_path or "", r.scan) for r in runs}
+
     def update_run(self, run_id: str, **fields: Any) -> Run:
         """Change fields of a run. Status changes stamp started_at/finished_at on the way."""
         unknown = set(fields) - _UPDATABLE
@@ -485,9 +526,10 @@ class Store:
             clauses.append(f"status IN ({', '.join('?' for _ in values)})")
             args += values
         if scan:
-            clauses.append("scan LIKE ? ESCAPE '\\'")
+            # The name or the path: "day2/" finds the scans of one directory.
+            clauses.append("(scan LIKE ? ESCAPE '\\' OR scan_path LIKE ? ESCAPE '\\')")
             escaped = scan.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            args.append(f"%{escaped}%")
+            args += [f"%{escaped}%", f"%{escaped}%"]
         return ("WHERE " + " AND ".join(clauses)) if clauses else "", args
 
     @staticmethod

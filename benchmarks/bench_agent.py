@@ -64,7 +64,7 @@ class InstantCompute:
     url = "https://compute.actions.globus.org/v3"
 
     def start(self, body: dict, context: Any = None):  # noqa: ANN201 - ActionStatus
-        from beamflow.local.interpreter import ActionStatus
+        from beamflow.local.actions import ActionStatus
 
         kwargs = body["tasks"][0]["kwargs"]
         out = Path(kwargs["output_dir"])

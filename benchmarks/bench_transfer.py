@@ -28,11 +28,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from beamflow.local.transfer import (
-    Collections,
-    TransferRequest,
-    TransferTask,
-)
+from beamflow.local.collection_paths import Collections
+from beamflow.local.transfer_task import TransferRequest, TransferTask
 
 SRC_ID = "11111111-1111-4111-8111-111111111111"
 DST_ID = "22222222-2222-4222-8222-222222222222"

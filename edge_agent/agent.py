@@ -37,18 +37,28 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from beamflow import runs as run_path
-from beamflow.backend import Backend, BackendError, get_backend
+from beamflow.agent_state import (
+    HEARTBEAT_SECONDS,
+    MAX_LISTED,
+    AgentState,
+    SkippedFile,
+    WatchedScan,
+    state_path,
+    write_state,
+)
+from beamflow.backend import Backend, BackendError
 from beamflow.config import Settings
 from beamflow.store import DuplicateRun, Run, RunStatus, Store
 
-from .scans import Readiness, ScanState, assess, find_scans
+from .scans import Readiness, ScanState, assess, find_scans, find_skipped, skipped_in
 from .watch import ChangedScans, scans_in, start_observer
 
 log = logging.getLogger("beamflow.agent")
@@ -76,6 +86,31 @@ class _Tracked:
 
     first_seen_complete: bool | None = None
     next_check: float = 0.0
+    # What the operator was last told about it (logged once per change) and since when.
+    said: tuple | None = None
+    waiting: WatchedScan | None = None
+
+
+@dataclass
+class OnceSummary:
+    """What `beamflow agent --once` did, for its closing line."""
+
+    processed: int = 0  # runs that succeeded
+    waiting: int = 0  # scans still being written or not quiet: left for a running agent
+    skipped: int = 0  # HDF5 files that are not scans
+    failed: int = 0  # runs that failed or were cancelled, unreadable scans included
+    done_before: int = 0  # scans processed by an earlier agent
+    unfinished: int = 0  # runs still going when --timeout struck
+    waiting_reasons: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        text = (
+            f"agent --once: {self.processed} processed, {self.waiting} waiting, "
+            f"{self.skipped} skipped, {self.failed} failed"
+        )
+        extra = [f"{n} {what}" for n, what in ((self.done_before, "done before"),
+                                               (self.unfinished, "unfinished")) if n]
+        return text + (f" ({', '.join(extra)})" if extra else "")
 
 
 @dataclass
@@ -166,7 +201,7 @@ class EdgeAgent:
         self.settings = settings
         self.policy = settings.agent
         self.store = store or Store(settings.store_path)
-        self.backend = backend or get_backend(settings)
+        self.backend = backend or run_path.get_backend(settings)
         self.clock = clock
         self.root = Path(settings.beamline.detector_dir)
         self.changes = ChangedScans()
@@ -180,6 +215,13 @@ class EdgeAgent:
         self._last_rescan = float("-inf")
         self._next_attach = float("-inf")
         self._schedule_needed = True
+        self._skipped: dict[Path, SkippedFile] = {}
+        self._state_file = state_path(settings.state_dir)
+        self._mode = "watch"
+        self._started_at = self.clock()
+        self._published: tuple | None = None
+        self._published_at = float("-inf")
+        self.once_summary: OnceSummary | None = None
         # The local backend runs flows inside this process; a remote service keeps them.
         self._runs_outlive_agent = bool(
             getattr(self.backend, "runs_outlive_agent", self.backend.name != "local")
@@ -251,38 +293,68 @@ class EdgeAgent:
             observer.stop()
             self._shutdown()
             observer.join(timeout=5)
+            self._publish(running=False)
             log.info("agent stopped", extra={"fields": self._stats_fields()})
 
     def run_once(self, timeout: float | None = None) -> bool:
         """Process every scan that is ready now, wait for those runs; True if all succeeded.
 
-        Scans still being written are left for a running agent. Runs queued or active from
-        before are finished too.
+        Scans still being written are left for a running agent, each with a log line saying
+        what it waits for. Runs queued or active from before are finished too. The counts
+        end up in :attr:`once_summary` (and a closing log line).
         """
         deadline = None if timeout is None else self.clock() + timeout
+        self._mode = "once"
         self.prepare()
+        summary = self.once_summary = OnceSummary()
         mine: set[str] = set()
-        for path in find_scans(self.root):
+        for path in sorted(find_scans(self.root)):
             state = self._assess(path)
             if state.readiness in (Readiness.COMPLETE, Readiness.ABORTED, Readiness.BROKEN):
                 run = self._ensure_final(state)
                 if run is not None:
                     mine.add(run.id)
+                elif self._finalised(path):
+                    summary.done_before += 1
+                    log.debug("scan done before", extra={"fields": {"path": str(path)}})
+            else:
+                # Reported, not looked at again: --once leaves it for a running agent.
+                self._note(path, state, self._tracked.setdefault(path, _Tracked(
+                    next_check=math.inf)))
+                summary.waiting += 1
+                summary.waiting_reasons.append(f"{state.name}: {state.reason}")
+        self._note_skipped(find_skipped(self.root), prune=True)
+        summary.skipped = len(self._skipped)
         mine.update(r.id for r in self._unfinished_runs())
+        ok = False
         try:
             while not self._stop.is_set():
                 self._schedule()
                 self._follow()
+                self._publish()
                 runs = [self.store.require_run(i) for i in mine]
                 if all(r.status.finished for r in runs):
-                    return all(r.status == RunStatus.SUCCEEDED for r in runs)
+                    ok = all(r.status == RunStatus.SUCCEEDED for r in runs)
+                    break
                 if deadline is not None and self.clock() > deadline:
                     log.error("--once: timed out waiting for runs")
-                    return False
+                    break
                 self._stop.wait(self._sleep_for(cap=0.2))
-            return False
+            return ok
         finally:
             self._shutdown()
+            for run in (self.store.require_run(i) for i in mine):
+                if run.status == RunStatus.SUCCEEDED:
+                    summary.processed += 1
+                elif run.status.finished:
+                    summary.failed += 1
+                else:
+                    summary.unfinished += 1
+            log.info(summary.line(), extra={"fields": {
+                "processed": summary.processed, "waiting": summary.waiting,
+                "skipped": summary.skipped, "failed": summary.failed,
+                "done_before": summary.done_before, "unfinished": summary.unfinished}})
+            self._publish(running=False, summary=summary.line())
 
     def _shutdown(self) -> None:
         """On a clean stop, runs that cannot outlive this process (the local backend runs
@@ -322,7 +394,8 @@ class EdgeAgent:
 
     # -- one pass --------------------------------------------------------------------------
     def tick(self) -> None:
-        for phase in (self._discover, self._check_scans, self._schedule, self._follow):
+        for phase in (self._discover, self._check_scans, self._schedule, self._follow,
+                      self._publish):
             try:
                 phase()
             except Exception:  # noqa: BLE001 - one bad pass must not end a weeks-long daemon
@@ -333,11 +406,13 @@ class EdgeAgent:
         candidates: set[Path] = set()
         for directory in self.changes.take():
             candidates.update(scans_in(directory))
+            self._note_skipped(skipped_in(directory), directory=directory)
         if now - self._last_rescan >= self.policy.rescan_seconds:
             self._last_rescan = now
             found = set(find_scans(self.root))
             self._done &= found  # forget scans that are gone: memory stays bounded
             candidates.update(found)
+            self._note_skipped(find_skipped(self.root), prune=True)
         for path in candidates:
             if path in self._tracked:
                 self._tracked[path].next_check = 0.0  # something changed: look now
@@ -356,6 +431,7 @@ class EdgeAgent:
                 continue
             if not path.exists():
                 self._tracked.pop(path)
+                log.info("scan gone", extra={"fields": {"path": str(path)}})
                 continue
             state = self._assess(path, progress=bool(self.policy.progressive))
             if tracked.first_seen_complete is None:
@@ -363,6 +439,7 @@ class EdgeAgent:
                 # written) gets its final run only: partial runs would be wasted work.
                 tracked.first_seen_complete = state.readiness != Readiness.WRITING
             if state.readiness == Readiness.WRITING:
+                self._note(path, state, tracked)
                 tracked.next_check = self._next_look(state, now)
                 if not tracked.first_seen_complete:
                     self._ensure_partial(state)
@@ -370,6 +447,66 @@ class EdgeAgent:
             self._ensure_final(state)
             self._tracked.pop(path)
             self._done.add(path)
+
+    # -- telling the operator what the agent sees ------------------------------------------
+    def _note(self, path: Path, state: ScanState, tracked: _Tracked) -> None:
+        """Log why a scan is not read yet, once per change of what it waits for (a new
+        data file counts as a change: one line per file, not one per look)."""
+        said = (state.wait, state.frames, state.expected, state.blocker)
+        if said == tracked.said:
+            return
+        tracked.said = said
+        tracked.waiting = WatchedScan(
+            path=str(path), name=state.name, wait=state.wait, reason=state.reason,
+            frames=state.frames, expected=state.expected, since=self.clock(),
+        )  # fmt: skip
+        level = logging.WARNING if state.wait == "unreadable" else logging.INFO
+        log.log(level, "scan waiting", extra={"fields": {
+            "scan": state.name, "path": str(path), "wait": state.wait, "reason": state.reason,
+            "frames": state.frames, "expected": state.expected}})  # fmt: skip
+
+    def _note_skipped(
+        self, found, *, prune: bool = False, directory: Path | None = None  # noqa: ANN001
+    ) -> None:
+        """Log each HDF5 file that is not read as a scan, once, with why. ``prune``: the
+        whole tree was listed, so entries no longer found are forgotten (memory stays
+        bounded); ``directory``: that directory was listed."""
+        seen: set[Path] = set()
+        for path, reason in found:
+            seen.add(path)
+            known = self._skipped.get(path)
+            if known is not None and known.reason == reason:
+                continue
+            self._skipped[path] = SkippedFile(path=str(path), reason=reason, since=self.clock())
+            log.info("file skipped", extra={"fields": {"path": str(path), "reason": reason}})
+        for path in list(self._skipped):
+            if path not in seen and (prune or path.parent == directory):
+                del self._skipped[path]
+
+    def _publish(self, running: bool = True, summary: str | None = None) -> None:
+        """Write agent.json when what it says changed, and at least every heartbeat."""
+        waiting = [t.waiting for t in self._tracked.values() if t.waiting is not None]
+        waiting.sort(key=lambda w: w.since, reverse=True)
+        skipped = sorted(self._skipped.values(), key=lambda f: f.since, reverse=True)
+        stats = self._stats_fields()
+        content = (running, summary, tuple(w.model_dump_json() for w in waiting),
+                   tuple(f.path + f.reason for f in skipped), tuple(stats.values()))
+        now = self.clock()
+        if content == self._published and now - self._published_at < HEARTBEAT_SECONDS:
+            return
+        state = AgentState(
+            pid=os.getpid(), mode=self._mode, running=running, watching=str(self.root),
+            backend=self.backend.name, started_at=self._started_at, updated_at=now,
+            waiting=waiting[:MAX_LISTED], waiting_total=len(waiting),
+            skipped=skipped[:MAX_LISTED], skipped_total=len(skipped), stats=stats,
+            summary=summary,
+        )  # fmt: skip
+        try:
+            write_state(self._state_file, state)
+        except OSError as exc:  # a report only: never stop the agent for it
+            log.warning("cannot write the agent state file",
+                        extra={"fields": {"path": str(self._state_file), "error": str(exc)}})
+        self._published, self._published_at = content, now
 
     def _next_look(self, state: ScanState, now: float) -> float:
         """When a scan still being written is worth looking at again without an event: the
@@ -421,6 +558,7 @@ class EdgeAgent:
                 "fields": {
                     "run": run.id,
                     "scan": state.name,
+                    "path": str(state.path),
                     "part": part,
                     "frames": state.frames,
                     "expected": state.expected,
@@ -495,7 +633,8 @@ class EdgeAgent:
             self.stats.failed += 1
             log.error(
                 "scan unreadable",
-                extra={"fields": {"run": run.id, "scan": state.name, "error": state.error}},
+                extra={"fields": {"run": run.id, "scan": state.name, "path": str(state.path),
+                                  "error": state.error}},
             )
         return run
 

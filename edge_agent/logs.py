@@ -23,8 +23,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def setup_logging(level: str = "INFO", stream=sys.stderr) -> None:  # noqa: ANN001
-    handler = logging.StreamHandler(stream)
+def setup_logging(level: str = "INFO", stream=None) -> None:  # noqa: ANN001
+    # sys.stderr as it is now, not as it was at import (tests and wrappers redirect it).
+    handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger("beamflow")
     root.handlers[:] = [handler]

@@ -22,16 +22,20 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from beamflow.formats import ScanFormatError, load_scan, scan_progress
+from beamflow.formats import ScanFormatError, load_scan, scan_progress_detail
 
 MASTER_SUFFIX = "_master.h5"
 CXI_SUFFIX = ".cxi"
+# Files that look like HDF5 to an operator: the ones worth saying why they are not read.
+HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".nxs", ".nx5")
+_DATA_FILE = re.compile(r"^(?P<name>.+)_data_\d{6}\.h5$")
 
 
 class Readiness(StrEnum):
@@ -52,6 +56,11 @@ class ScanState:
     expected: int | None  # frames promised
     last_change: float  # newest modification time among the scan's files
     error: str | None = None
+    # Why a scan is still WRITING, for the operator: "not quiet", "frames" (short of the
+    # frames promised) or "unreadable" (a data file there but not readable), with the words.
+    wait: str = ""
+    reason: str = ""
+    blocker: str | None = None  # the data file that stops the count, when unreadable
 
     def due_fractions(self, fractions: Sequence[float]) -> list[tuple[float, int]]:
         """The progressive (fraction, frames) points this scan has reached, in order."""
@@ -70,25 +79,76 @@ def scan_name(path: Path) -> str:
     return name[: -len(MASTER_SUFFIX)] if name.endswith(MASTER_SUFFIX) else path.stem
 
 
-def find_scans(root: Path, max_depth: int = 2) -> Iterator[Path]:
-    """Master and CXI files under ``root`` (the scan's own directory or the root itself)."""
+def _directories(root: Path, max_depth: int) -> Iterator[tuple[Path, list[os.DirEntry]]]:
+    """Each directory under ``root`` (down to ``max_depth``) with its visible entries."""
     if not root.is_dir():
         return
     stack = [(root, 0)]
     while stack:
         directory, depth = stack.pop()
-        try:
-            entries = list(os.scandir(directory))
+        try:  # hidden entries are the writer's temporary files
+            entries = [e for e in os.scandir(directory) if not e.name.startswith(".")]
         except OSError:
             continue
+        yield directory, entries
         for entry in entries:
-            if entry.name.startswith("."):
-                continue  # temporary files of the writer
-            if entry.is_dir(follow_symlinks=False):
-                if depth < max_depth:
-                    stack.append((Path(entry.path), depth + 1))
-            elif entry.name.endswith(MASTER_SUFFIX) or entry.name.endswith(CXI_SUFFIX):
+            if depth < max_depth and entry.is_dir(follow_symlinks=False):
+                stack.append((Path(entry.path), depth + 1))
+
+
+def _is_scan(name: str) -> bool:
+    return name.endswith(MASTER_SUFFIX) or name.endswith(CXI_SUFFIX)
+
+
+def find_scans(root: Path, max_depth: int = 2) -> Iterator[Path]:
+    """Master and CXI files under ``root`` (the scan's own directory or the root itself)."""
+    for _, entries in _directories(root, max_depth):
+        for entry in entries:
+            if _is_scan(entry.name) and not entry.is_dir(follow_symlinks=False):
                 yield Path(entry.path)
+
+
+def skip_reason(path: Path, siblings: set[str]) -> str | None:
+    """Why an HDF5-looking file is not read as a scan, or None when it is a scan or part of
+    one. ``siblings``: the names in its directory. Files beside a scan's master (its ground
+    truth, a log) are that scan's business, not reported."""
+    name = path.name
+    if name.startswith(".") or _is_scan(name) or not name.lower().endswith(HDF5_SUFFIXES):
+        return None
+    data = _DATA_FILE.match(name)
+    if data is not None:
+        master = data["name"] + MASTER_SUFFIX
+        if master in siblings:
+            return None
+        return f"a data file without its master file: {master} is not there (yet)"
+    if any(_is_scan(n) for n in siblings):
+        return None
+    return (
+        f"not a scan master: the agent reads detector master files (*{MASTER_SUFFIX}) and "
+        f"CXI files (*{CXI_SUFFIX})"
+    )
+
+
+def skipped_in(directory: Path, entries: list[os.DirEntry] | None = None) -> list[tuple[Path, str]]:
+    """(file, why) for each HDF5-looking file directly in ``directory`` that is not read."""
+    if entries is None:
+        try:
+            entries = [e for e in os.scandir(directory) if not e.name.startswith(".")]
+        except OSError:
+            return []
+    names = {e.name for e in entries}
+    out = []
+    for entry in entries:
+        reason = skip_reason(Path(entry.path), names)
+        if reason is not None and entry.is_file(follow_symlinks=False):
+            out.append((Path(entry.path), reason))
+    return sorted(out)
+
+
+def find_skipped(root: Path, max_depth: int = 2) -> Iterator[tuple[Path, str]]:
+    """(file, why) for the HDF5-looking files under ``root`` that are not scans."""
+    for directory, entries in _directories(root, max_depth):
+        yield from skipped_in(directory, entries)
 
 
 def scan_files(path: Path) -> list[os.DirEntry]:
@@ -121,27 +181,35 @@ def assess(
     name = scan_name(path)
     files = scan_files(path)
     last_change = 0.0
-    writing = False
+    in_flight: str | None = None  # a file still being written, by name
     for entry in files:
         try:
             last_change = max(last_change, entry.stat().st_mtime)
         except FileNotFoundError:  # renamed under us: the writer is busy
-            writing = True
+            in_flight = in_flight or entry.name
         if entry.name.startswith("."):
-            writing = True
-    quiet = not writing and now - last_change >= quiet_seconds
+            in_flight = in_flight or entry.name
+    quiet = in_flight is None and now - last_change >= quiet_seconds
 
     def state(
-        readiness: Readiness, frames: int = 0, expected: int | None = None, error: str | None = None
+        readiness: Readiness, frames: int = 0, expected: int | None = None,
+        error: str | None = None, **why: str | None,
     ) -> ScanState:
-        return ScanState(path, name, readiness, frames, expected, last_change, error)
+        return ScanState(path, name, readiness, frames, expected, last_change, error, **why)
 
     if not quiet:
         # Still cheap to report progress while writing: it drives progressive runs.
-        frames, expected = _progress_or_none(path) if progress else (0, None)
-        return state(Readiness.WRITING, frames, expected)
+        frames, expected, _ = _progress_or_none(path) if progress else (0, None, None)
+        if in_flight is not None:
+            reason = f"not quiet yet: {in_flight} is still being written"
+        else:
+            reason = (
+                f"not quiet yet: files changed {max(0.0, now - last_change):.1f} s ago, "
+                f"read once unchanged for {quiet_seconds:g} s"
+            )
+        return state(Readiness.WRITING, frames, expected, wait="not quiet", reason=reason)
     try:
-        frames, expected = _progress(path)
+        frames, expected, blocker = _progress(path)
     except ScanFormatError as exc:
         return state(Readiness.BROKEN, error=str(exc))
     except OSError as exc:
@@ -156,7 +224,7 @@ def assess(
             return state(Readiness.BROKEN, frames, expected, problem)
         return state(Readiness.COMPLETE, frames, expected)
     if now - last_change >= stall_timeout:
-        if frames == 0:
+        if frames == 0 and blocker is None:
             return state(
                 Readiness.BROKEN,
                 frames,
@@ -165,11 +233,26 @@ def assess(
             )
         # Short and stalled: an aborted scan if the rest simply never came, a broken one if
         # a data file is there but cannot be read (truncated or corrupt).
-        problem = _validate(path, frames)
+        problem = _validate(path, frames) if blocker is None else str(blocker)
         if problem is not None:
             return state(Readiness.BROKEN, frames, expected, problem)
         return state(Readiness.ABORTED, frames, expected)
-    return state(Readiness.WRITING, frames, expected)
+    left = max(0.0, stall_timeout - (now - last_change))
+    if blocker is not None:
+        # Under its final name a data file should be whole; on a network file system it
+        # may still be catching up, so the scan waits for the stall timeout before it is
+        # reported broken. The operator sees why now.
+        reason = (
+            f"unreadable: {blocker}; {frames} of {expected} frames readable; reported as "
+            f"broken if nothing changes for {left:.0f} s more"
+        )
+        return state(Readiness.WRITING, frames, expected, wait="unreadable", reason=reason,
+                     blocker=blocker.file)
+    reason = (
+        f"waiting for {expected - frames} more frame(s): {frames} of {expected} readable; "
+        f"processed as aborted if nothing new comes for {left:.0f} s more"
+    )
+    return state(Readiness.WRITING, frames, expected, wait="frames", reason=reason)
 
 
 def _validate(path: Path, frames: int) -> str | None:
@@ -202,15 +285,15 @@ def _validate(path: Path, frames: int) -> str | None:
     return None
 
 
-def _progress(path: Path) -> tuple[int, int | None]:
+def _progress(path: Path) -> tuple[int, int | None, ScanFormatError | None]:
     if path.name.endswith(CXI_SUFFIX):
         scan = load_scan(path)
-        return scan.n_frames, scan.n_frames
-    return scan_progress(path)
+        return scan.n_frames, scan.n_frames, None
+    return scan_progress_detail(path)
 
 
-def _progress_or_none(path: Path) -> tuple[int, int | None]:
+def _progress_or_none(path: Path) -> tuple[int, int | None, ScanFormatError | None]:
     try:
         return _progress(path)
     except (ScanFormatError, OSError):
-        return 0, None
+        return 0, None, None

@@ -5,6 +5,7 @@ demo ends, is stopped with SIGTERM or with Ctrl-C at its terminal."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,8 +21,8 @@ from beamflow.store import RunStatus, Store
 DEMO = [sys.executable, "-m", "beamflow.cli", "demo", "--probe-size", "32", "--rate", "200"]
 
 
-def demo_env(tmp_path: Path) -> dict[str, str]:
-    return {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+def demo_env(tmp_path: Path, columns: int = 200) -> dict[str, str]:
+    return {"COLUMNS": str(columns), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
 
 
 def engine_leftovers(ws: Path) -> list[int]:
@@ -34,18 +35,29 @@ def test_demo_runs_every_scan_to_success(tmp_path: Path) -> None:
     result = subprocess.run(
         [*DEMO, "--workspace", str(ws), "--scans", "2", "--positions", "60", "--iterations",
          "20", "--exit"],
-        capture_output=True, text=True, timeout=280, env=demo_env(tmp_path),
+        capture_output=True, text=True, timeout=280,
+        # Into a pipe at 80 columns, as a log gets it: nothing may be cut.
+        env=demo_env(tmp_path, columns=80),
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert engine_leftovers(ws) == []
     assert (ws / "state" / "compute-engine").is_dir()  # it did run on the engine
-    assert "summary" in result.stdout and "http://127.0.0.1:" in result.stdout
+    lines = result.stdout.splitlines()
+    # The live table's status line ends the line; the summary's title is a line of its own.
+    assert any(re.fullmatch(r"status page: http://127\.0\.0\.1:\d+", line) for line in lines)
+    assert "summary" in lines and "…" not in result.stdout
     settings = load_config(ws / "beamflow.toml")
     store = Store(settings.store_path)
     finals = [r for r in store.list_runs(limit=None) if r.fraction == 1.0]
     assert sorted(r.scan for r in finals) == ["demo_scan_001", "demo_scan_002"]
     for run in finals:
         assert run.status == "SUCCEEDED", run.error
+        (row,) = [line for line in lines if run.product in line]  # whole, on its row
+        # The score against the simulator's truth is kept with the run (for its page).
+        truth = run.result["truth"]
+        assert 0 < truth["nrmse"] < 0.5 and f"{truth['nrmse']:.3f}" in row
+        assert truth["ground_truth"] == str(settings.beamline.detector_dir / run.scan
+                                            / "ground_truth.h5")
         assert run.product and Path(run.product).is_file()
         assert Path(run.product).is_relative_to(settings.beamline.preview_dir)
         assert {Path(p).name for p in run.previews} >= {"object_phase.png", "convergence.png"}

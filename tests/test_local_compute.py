@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from beamflow.config import ConfigError
+from beamflow.local.actions import ActionUnableToRunError
 from beamflow.local.compute import LocalComputeProvider, detect_gpus
 from beamflow.local.engine import (
     ComputeEngine,
@@ -34,7 +35,6 @@ from beamflow.local.engine import (
     parse_error,
     worker_pids,
 )
-from beamflow.local.interpreter import ActionUnableToRunError
 
 ENDPOINT = "33333333-3333-4333-8333-333333333333"
 GPUS = ["4", "7"]

@@ -8,15 +8,9 @@ from typing import Any
 
 import pytest
 
-from beamflow.local.interpreter import (
-    ActionStatus,
-    ActionUnableToRunError,
-    FlowInputError,
-    FlowRunner,
-    ManualClock,
-    RunContext,
-    SystemClock,
-)
+from beamflow.local.actions import ActionStatus, ActionUnableToRunError, RunContext
+from beamflow.local.clock import ManualClock, SystemClock
+from beamflow.local.interpreter import FlowInputError, FlowRunner
 
 TRANSFER_URL = "https://transfer.actions.globus.org/transfer"
 

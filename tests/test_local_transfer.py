@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from beamflow.local.interpreter import ActionUnableToRunError
-from beamflow.local.transfer import PARTIAL_MARK, LocalTransferProvider
+from beamflow.local.actions import ActionUnableToRunError
+from beamflow.local.transfer import LocalTransferProvider
+from beamflow.local.transfer_task import PARTIAL_MARK
 
 SRC = "11111111-1111-4111-8111-111111111111"
 DST = "22222222-2222-4222-8222-222222222222"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from beamflow.cli import app as cli_app
@@ -182,7 +183,10 @@ def test_run_detail_has_steps_error_previews_product(
     d = client.get(f"/api/runs/{run.id}").json()
     assert [s["name"] for s in d["steps"]] == ["TransferIn", "Reconstruct"]
     assert d["steps"][0]["duration"] == pytest.approx(4) and d["steps"][0]["left"] == 0
-    assert d["steps"][1]["left"] == pytest.approx(100 * 4 / 24, abs=0.1)
+    # Finished steps are full bars, whatever they took: the text gives the duration.
+    assert [(s["width"], s["duration_text"]) for s in d["steps"]] == [
+        (100.0, "4.0 s"), (100.0, "20.0 s")]
+    assert [s["label"] for s in d["steps"]] == ["Transfer in", "Reconstruct"]
     assert [p["label"] for p in d["previews"]] == [
         "Object phase", "Object amplitude", "Probe", "Convergence"]
     assert all(p["exists"] and p["url"].startswith(f"/files/{run.id}/") for p in d["previews"])
@@ -370,7 +374,7 @@ def test_security_headers_on_every_kind_of_response(
         assert "frame-ancestors 'none'" in csp
         assert headers["x-content-type-options"] == "nosniff"
         assert headers["x-frame-options"] == "DENY"
-        assert headers["referrer-policy"] == "no-referrer"
+        assert headers["referrer-policy"] == "same-origin"
 
 
 def test_pages_have_no_inline_script_or_style_and_no_external_assets(
@@ -486,8 +490,12 @@ def test_exposed_server_needs_a_token_to_start(store: Store) -> None:
         options_for(Settings(), host="0.0.0.0")
     with pytest.raises(StatusConfigError, match="at least 16"):
         options_for(Settings(status={"token": "short"}), host="10.1.2.3")
-    with pytest.raises(StatusConfigError, match="require_token_for_viewing"):
-        options_for(Settings(status={"require_token_for_viewing": True}))
+    # The old key: true is today's default and still loads; false (public) must be said anew.
+    assert Settings(status={"require_token_for_viewing": True}).status.public_viewing is False
+    with pytest.raises(ValidationError, match="status.public_viewing = true"):
+        Settings(status={"require_token_for_viewing": False})
+    assert options_for(Settings(status={"token": TOKEN, "public_viewing": True}),
+                       host="10.1.2.3").public_viewing is True
     assert options_for(Settings(status={"token": TOKEN}), host="0.0.0.0").host == "0.0.0.0"
     assert options_for(Settings()).host == "127.0.0.1"
 
@@ -510,9 +518,10 @@ def test_exposed_actions_need_the_token(store: Store) -> None:
     failed = make_run(store, "scan_bad", RunStatus.FAILED)
     retry = FakeRetry(store)
     exposed = "http://beamline-ws.example:8765"
-    client = client_for(store, retry=retry, host="0.0.0.0", token=TOKEN, base_url=exposed)
+    client = client_for(store, retry=retry, host="0.0.0.0", token=TOKEN, base_url=exposed,
+                        public_viewing=True)
     page = client.get(f"/runs/{failed.id}")
-    assert page.status_code == 200 and "Log in to retry" in page.text  # viewing is open
+    assert page.status_code == 200 and "Log in to retry" in page.text  # viewing is opened
     csrf = re.search(r'name="csrf-token" content="([0-9a-f]+)"', page.text).group(1)
     assert client.post(f"/api/runs/{failed.id}/retry",
                        headers={"X-CSRF-Token": csrf}).status_code == 401
@@ -546,25 +555,46 @@ def test_login_never_redirects_off_site(store: Store) -> None:
         assert r.headers["location"] == "/", target
 
 
-def test_viewing_token_when_required(store: Store, previews: Path) -> None:
-    run = make_run(store, "scan_private", RunStatus.SUCCEEDED)
+def test_exposed_viewing_needs_the_token_by_default(store: Store, previews: Path) -> None:
+    run = make_run(store, "scan_private", RunStatus.SUCCEEDED, product=str(previews / "product.h5"))
     store.add_previews(run.id, [str(previews / "probe.png")])
-    client = client_for(store, host="0.0.0.0", token=TOKEN, require_token_for_viewing=True,
-                        base_url="http://10.0.0.5:8765")
-    page = client.get("/", follow_redirects=False)
-    assert page.status_code == 303 and page.headers["location"].startswith("/login")
-    for url in ("/api/runs", f"/api/runs/{run.id}", f"/files/{run.id}/0"):
+    client = client_for(store, host="0.0.0.0", token=TOKEN, base_url="http://10.0.0.5:8765")
+    for url in ("/", f"/runs/{run.id}", "/?scan=scan_private"):
+        page = client.get(url, follow_redirects=False)
+        # The login form, answered 401: curl and scripts see the refusal, people the form.
+        assert page.status_code == 401 and 'action="/login"' in page.text, url
+        assert "scan_private" not in page.text.replace('value="/?scan=scan_private"', ""), url
+    for url in ("/api/runs", f"/api/runs/{run.id}", f"/files/{run.id}/0",
+                f"/files/{run.id}/product", "/api/agent", "/api/openapi.json"):
         denied = client.get(url)
         assert denied.status_code == 401 and denied.headers["www-authenticate"] == "Bearer", url
         assert "scan_private" not in denied.text
     health = client.get("/healthz").json()
-    assert health["ok"] is True and "counts" not in health
+    assert health["ok"] is True and "counts" not in health and "store" not in health
     auth = {"Authorization": f"Bearer {TOKEN}"}
     assert client.get("/api/runs", headers=auth).json()["total"] == 1
     assert client.get(f"/files/{run.id}/0", headers=auth).status_code == 200
-    client.post("/login", data={"token": TOKEN})
+    assert client.get(f"/files/{run.id}/product", headers=auth).status_code == 200
+    assert client.get("/api/openapi.json", headers=auth).json()["info"]["title"]
+    login = client.post("/login", data={"token": TOKEN, "next": f"/runs/{run.id}"},
+                        follow_redirects=False)
+    assert login.status_code == 303 and login.headers["location"] == f"/runs/{run.id}"
     assert "scan_private" in client.get("/").text
     assert client.get("/static/status.css").status_code == 200  # no data in static files
+
+
+def test_public_viewing_is_an_explicit_opt_in(store: Store, previews: Path) -> None:
+    run = make_run(store, "scan_public", RunStatus.FAILED, product=str(previews / "product.h5"))
+    client = client_for(store, retry=FakeRetry(store), host="0.0.0.0", token=TOKEN,
+                        public_viewing=True, base_url="http://10.0.0.5:8765")
+    assert "scan_public" in client.get("/").text
+    assert client.get(f"/api/runs/{run.id}").status_code == 200
+    assert client.get(f"/files/{run.id}/product").status_code == 200
+    # Viewing only: actions still need the token.
+    assert client.post(f"/api/runs/{run.id}/retry").status_code == 401
+    # On loopback nothing changes: this machine may view without a token.
+    local = client_for(store, token=TOKEN)
+    assert local.get("/api/runs").status_code == 200
 
 
 # -- small pieces -------------------------------------------------------------------------

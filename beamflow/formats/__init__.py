@@ -4,7 +4,7 @@ Nothing here imports the rest of beamflow.
 """
 
 from .cxi import read_cxi, write_cxi
-from .eiger import read_detector_scan, scan_progress
+from .eiger import read_detector_scan, scan_progress, scan_progress_detail
 from .errors import ScanFormatError
 from .load import find_scan_file, load_scan
 from .product import Product, read_product, write_product
@@ -21,6 +21,7 @@ __all__ = [
     "read_detector_scan",
     "read_product",
     "scan_progress",
+    "scan_progress_detail",
     "write_cxi",
     "write_product",
     "ZonePlateOptics",

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import h5py
 import hdf5plugin  # noqa: F401  (registers the bitshuffle/LZ4 filter for reading and writing)
 import numpy as np
+
+from beamflow.atomic import atomic_path
 
 from .errors import ScanFormatError
 
@@ -121,15 +121,6 @@ def length_scale(ds: h5py.Dataset, path: Path, key: str, default_units: str = "m
     return _LENGTH_UNITS[units]
 
 
-def fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):  # not every file system lets one fsync a directory
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 @contextlib.contextmanager
 def atomic_h5(path: Path, tmp_name: str | None = None) -> Iterator[h5py.File]:
     """Write an HDF5 file under a temporary name, fsync, then rename it into place.
@@ -140,25 +131,5 @@ def atomic_h5(path: Path, tmp_name: str | None = None) -> Iterator[h5py.File]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if tmp_name is None:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        tmp_path = Path(tmp)
-    else:
-        tmp_path = path.parent / tmp_name
-    try:
-        with h5py.File(tmp_path, "w") as f:
-            yield f
-        with open(tmp_path, "rb+") as fh:
-            os.fsync(fh.fileno())
-        # mkstemp makes 0600 files; give the final file the permissions a plain open() would
-        # (other accounts, e.g. a transfer service, must be able to read detector data).
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp_path, 0o666 & ~umask)
-        os.replace(tmp_path, path)
-        fsync_dir(path.parent)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp_path.unlink()
-        raise
+    with atomic_path(path, tmp_name=tmp_name) as tmp, h5py.File(tmp, "w") as f:
+        yield f

@@ -33,6 +33,8 @@ import h5py
 import numpy as np
 from pydantic import ValidationError
 
+from beamflow.validation_text import validation_text
+
 from ._h5 import atomic_h5, dataset, open_h5, read_array, read_scalar
 from .errors import ScanFormatError
 from .scan import EV_J, Geometry, Scan, check_positions
@@ -185,12 +187,8 @@ def read_cxi(path: Path, *, max_frames: int | None = None, allow_partial: bool =
                 detector_pixel_size_m=px,
             )
         except ValidationError as exc:
-            e = exc.errors()[0]
-            raise ScanFormatError(
-                path,
-                DETECTOR,
-                f"invalid geometry: {e['loc'][0]}: {e['msg']} (got {e.get('input')!r})",
-            ) from exc
+            problem = validation_text(exc, show_input=True, first_only=True)
+            raise ScanFormatError(path, DETECTOR, f"invalid geometry: {problem}") from exc
 
         if f.get(MASK, getlink=True) is not None:
             m = read_array(f, path, MASK, ndim=2)
@@ -225,4 +223,6 @@ def read_cxi(path: Path, *, max_frames: int | None = None, allow_partial: bool =
         n_frames=n_use,
         expected_frames=n,
         _read=read,
+        # A CXI file is plain HDF5: its frames are indexed from 0.
+        _locate=lambda i: (path, data_key, f"frame index {i} (counted from 0)"),
     )

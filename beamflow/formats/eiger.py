@@ -298,18 +298,28 @@ def scan_progress(master_path: Path) -> tuple[int, int | None]:
     missing or unreadable one, so a data file still being written never counts. Raises
     ScanFormatError only when the master itself cannot be read.
     """
+    count, expected, _ = scan_progress_detail(master_path)
+    return count, expected
+
+
+def scan_progress_detail(master_path: Path) -> tuple[int, int | None, ScanFormatError | None]:
+    """:func:`scan_progress` and why the count stops where it does: None when the next data
+    file is simply not there (yet), else the reader's complaint about the data file that is
+    there under its final name but cannot be read (truncated, corrupt, wrong rank)."""
     master = Path(master_path)
     with open_h5(master) as f:
         expected = _expected_frames(f, master)
         links = _data_links(f, master)
     count = 0
     for link, file, key in links:
+        if not file.exists():
+            return count, expected, None
         try:
             n, _, _ = _probe_data(file, key, link, master)
-        except ScanFormatError:
-            break
+        except ScanFormatError as exc:
+            return count, expected, exc
         count += n
-    return count, expected
+    return count, expected, None
 
 
 def _geometry(f: h5py.File, master: Path) -> Geometry:
@@ -524,6 +534,14 @@ def read_detector_scan(
                     ) from exc
         return out
 
+    def locate(index: int) -> tuple[Path, str, str]:
+        for file, key, first, count in segments:
+            if first <= index < first + count:
+                # Eiger numbers images from 1 (image_nr_low/high), in the file and the scan.
+                return file, key, (f"frame {index - first + 1} of {count} in this file "
+                                   f"(image {index + 1} of the scan, counted from 1)")
+        return master, DATA_GROUP, f"image {index + 1} of the scan (counted from 1)"
+
     return Scan(
         name=scan_name(master),
         source=master,
@@ -535,6 +553,7 @@ def read_detector_scan(
         n_frames=n_use,
         expected_frames=expected,
         _read=read,
+        _locate=locate,
         optics=optics,
         propagation=propagation,
         focus_distance_m=focus_distance,

@@ -25,6 +25,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from beamflow.validation_text import field_path
+
 from ._h5 import atomic_h5, dataset, open_h5, read_array
 from .errors import ScanFormatError
 
@@ -250,5 +252,4 @@ def read_product(path: Path) -> Product:
         return Product(**values)
     except ValidationError as exc:
         e = exc.errors()[0]
-        key = ".".join(str(x) for x in e["loc"]) or "/"
-        raise ScanFormatError(path, key, e["msg"]) from exc
+        raise ScanFormatError(path, field_path(e, root="/"), e["msg"]) from exc

@@ -85,6 +85,9 @@ class Scan:
     n_frames: int
     expected_frames: int | None
     _read: FrameReader = field(repr=False)
+    #: where frame i (0-based, of this scan) is stored: (file, dataset, "frame k of the
+    #: file" in the file's own numbering); None: in ``source`` at index i
+    _locate: Callable[[int], tuple[Path, str, str]] | None = field(default=None, repr=False)
     optics: ZonePlateOptics | None = None
     #: what the scan file says of the propagation regime ("far-field" / "near-field") and
     #: of a cone beam's focus-to-sample distance z1 [m]; None where it says nothing
@@ -115,6 +118,13 @@ class Scan:
     @property
     def object_pixel_size_m(self) -> float:
         return self.geometry.object_pixel_size_m(self.frame_shape[0])
+
+    def locate(self, index: int) -> tuple[Path, str, str]:
+        """(file, dataset, words) saying where frame ``index`` (0-based) of the scan is, in
+        the numbering of the file that holds it (an Eiger data file counts from 1)."""
+        if self._locate is not None:
+            return self._locate(index)
+        return self.source, "", f"frame index {index} (counted from 0)"
 
     def frames(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Frames ``start:stop`` (clipped to ``n_frames``) as float32 ``(n, H, W)``."""

@@ -29,24 +29,20 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from beamflow.atomic import atomic_write_json
 from beamflow.backend import BackendError, FlowRunInfo, RegistrationResult, StepInfo
 from beamflow.config import ConfigError, Settings
-from beamflow.local.interpreter import (
-    ActionProvider,
-    FlowDefinitionError,
-    FlowRunner,
-    RunResult,
-)
+from beamflow.local.actions import ActionProvider, iso_time
+from beamflow.local.interpreter import FlowDefinitionError, FlowRunner, RunResult
 from beamflow.local.validation import validate_input
 from beamflow.processes import pid_alive
 from beamflow.registry import (
     Registry,
     RegistryError,
-    atomic_write_json,
     content_checksum,
     load_function,
     register_flows,
@@ -75,10 +71,6 @@ def _parse_time(text: Any) -> float | None:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
 class _LocalRun:
@@ -278,7 +270,7 @@ class LocalBackend:
             "output": None,
             "error": None,
             "details": None,
-            "start_time": _iso(now),
+            "start_time": iso_time(now),
             "completion_time": None,
             "pid": os.getpid(),
             "host": self._host,
@@ -324,7 +316,7 @@ class LocalBackend:
                 rec["error"] = result.error
                 rec["details"] = result.details
                 rec["log"] = result.log
-            rec["completion_time"] = _iso(time.time())
+            rec["completion_time"] = iso_time(time.time())
         run.persist()
         run.done.set()
         with self._lock:
@@ -394,14 +386,14 @@ class LocalBackend:
 
     def _mark_lost(self, run_id: str, record: dict[str, Any]) -> dict[str, Any]:
         beat = record.get("heartbeat")
-        when = _iso(beat) if isinstance(beat, int | float) else "never"
+        when = iso_time(beat) if isinstance(beat, int | float) else "never"
         record["status"] = "FAILED"
         record["error"] = {
             "Error": "RunLost",
             "Cause": f"{LOST} (pid {record.get('pid')} on {record.get('host')}, "
             f"last heartbeat {when})",
         }
-        record["completion_time"] = _iso(time.time())
+        record["completion_time"] = iso_time(time.time())
         atomic_write_json(self.runs_dir / f"{run_id}.json", record, durable=False)
         return record
 

@@ -44,8 +44,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from beamflow.local.actions import ActionStatus, ActionUnableToRunError, RunContext
 from beamflow.local.engine import ComputeEngine, EngineError, EngineTask, default_engine_yaml
-from beamflow.local.interpreter import ActionStatus, ActionUnableToRunError, RunContext
 
 log = logging.getLogger(__name__)
 

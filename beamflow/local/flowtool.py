@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from beamflow.local.interpreter import ActionProvider
+from beamflow.local.actions import ActionProvider
 
 
 class FlowToolError(Exception):

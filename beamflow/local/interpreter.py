@@ -37,9 +37,9 @@ Action providers (our own protocol; the service speaks the Action Provider HTTP 
 completion_time, details, display_status, creator_id, label``. A provider that cannot start
 an action raises (``ActionUnableToRunError`` to pass a structured error, or any exception).
 
-Clocks: :class:`SystemClock` (``time_scale=0.01`` makes waits and polls 100x shorter while
-the flow sees full-length time) and :class:`ManualClock` (sleeps return at once and advance
-its time; for tests).
+Clocks (:mod:`beamflow.local.clock`): ``SystemClock`` (``time_scale=0.01`` makes waits and
+polls 100x shorter while the flow sees full-length time) and ``ManualClock`` (sleeps return at
+once and advance its time; for tests). The provider interface is :mod:`beamflow.local.actions`.
 
 Service semantics implemented, and where they come from
 -------------------------------------------------------
@@ -81,17 +81,22 @@ import copy
 import getpass
 import json
 import logging
-import re
 import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from beamflow.local.actions import (
+    ActionProvider,
+    ActionUnableToRunError,
+    RunContext,
+    iso_time,
+    normalize_action_url,
+)
+from beamflow.local.choice import compare, type_test
+from beamflow.local.clock import Clock, SystemClock
 from beamflow.local.expressions import ExpressionError, evaluate
 from beamflow.local.jsonpath import (
     JSONPathError,
@@ -110,19 +115,11 @@ from beamflow.local.validation import (
 )
 
 __all__ = [
-    "ActionProvider",
-    "ActionStatus",
-    "ActionUnableToRunError",
-    "Clock",
     "FlowDefinitionError",
     "FlowInputError",
     "FlowRunner",
-    "ManualClock",
-    "RunContext",
     "RunHandle",
     "RunResult",
-    "SystemClock",
-    "normalize_action_url",
 ]
 
 log = logging.getLogger(__name__)
@@ -130,121 +127,6 @@ log = logging.getLogger(__name__)
 RunStatus = Literal["ACTIVE", "INACTIVE", "SUCCEEDED", "FAILED", "ENDED"]
 DEFAULT_WAIT_TIME = 300
 MAX_STATUS_ERRORS = 5  # consecutive failed status polls before the action counts as failed
-
-
-# -- clocks ------------------------------------------------------------------------------------
-@runtime_checkable
-class Clock(Protocol):
-    def time(self) -> float:
-        """Seconds since the epoch, as the flow sees them."""
-        ...
-
-    def sleep(self, seconds: float, interrupt: threading.Event) -> bool:
-        """Wait ``seconds`` of flow time; return True early if ``interrupt`` is set."""
-        ...
-
-
-class SystemClock:
-    """Real time; ``time_scale`` < 1 shortens every wait while flow time runs faster."""
-
-    def __init__(self, time_scale: float = 1.0) -> None:
-        if time_scale <= 0:
-            raise ValueError("time_scale must be positive")
-        self.time_scale = time_scale
-        self._wall0 = time.time()
-        self._mono0 = time.monotonic()
-
-    def time(self) -> float:
-        return self._wall0 + (time.monotonic() - self._mono0) / self.time_scale
-
-    def sleep(self, seconds: float, interrupt: threading.Event) -> bool:
-        return interrupt.wait(max(0.0, seconds) * self.time_scale)
-
-
-class ManualClock:
-    """Flow time that only moves when the flow sleeps (or :meth:`advance` is called)."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.now = start
-        self._lock = threading.Lock()
-        self.sleeps: list[float] = []
-
-    def time(self) -> float:
-        with self._lock:
-            return self.now
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self.now += seconds
-
-    def sleep(self, seconds: float, interrupt: threading.Event) -> bool:
-        if interrupt.is_set():
-            return True
-        with self._lock:
-            self.sleeps.append(seconds)
-            self.now += max(0.0, seconds)
-        return interrupt.is_set()
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat()
-
-
-# -- actions -----------------------------------------------------------------------------------
-class ActionStatus(BaseModel):
-    """An action's status document, as the Action Provider API returns it."""
-
-    action_id: str
-    status: Literal["ACTIVE", "INACTIVE", "SUCCEEDED", "FAILED"]
-    start_time: str | None = None
-    completion_time: str | None = None
-    details: Any = None
-    display_status: str | None = None
-    creator_id: str | None = None
-    label: str | None = None
-
-    def document(self) -> dict[str, Any]:
-        doc = self.model_dump(mode="json")
-        if doc["display_status"] is None:
-            doc["display_status"] = self.status
-        # Through JSON, so the flow state stays plain JSON whatever a provider put in details.
-        return json.loads(json.dumps(doc, default=str))
-
-
-@dataclass(frozen=True)
-class RunContext:
-    """What a provider learns about the run that starts an action."""
-
-    run_id: str
-    flow_id: str
-    state_name: str
-    label: str | None = None
-    tags: tuple[str, ...] = ()
-    username: str | None = None
-    user_id: str | None = None
-
-
-class ActionUnableToRunError(Exception):
-    """Raised by a provider's ``start`` when it refuses the action; ``details`` is the error
-    structure that becomes the ``Cause`` of ``ActionUnableToRun``."""
-
-    def __init__(self, message: str, details: Any = None) -> None:
-        super().__init__(message)
-        self.details = details
-
-
-@runtime_checkable
-class ActionProvider(Protocol):
-    def start(self, body: dict[str, Any], context: RunContext) -> ActionStatus: ...
-
-    def status(self, action_id: str) -> ActionStatus: ...
-
-    def cancel(self, action_id: str) -> ActionStatus: ...
-
-
-def normalize_action_url(url: str) -> str:
-    """ActionUrls with and without a trailing slash name the same provider."""
-    return url.rstrip("/")
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -346,7 +228,7 @@ class _Execution:
     # -- bookkeeping ---------------------------------------------------------------------
     def emit(self, code: str, description: str, details: dict[str, Any]) -> None:
         entry = {
-            "time": _iso(self.clock.time()),
+            "time": iso_time(self.clock.time()),
             "code": code,
             "description": description,
             "details": _strip_private(copy.deepcopy(details)),
@@ -703,33 +585,10 @@ class _Execution:
             details=details,
             label=self.label,
             tags=self.tags,
-            start_time=_iso(self.start_ts),
-            completion_time=_iso(self.clock.time()),
+            start_time=iso_time(self.start_ts),
+            completion_time=iso_time(self.clock.time()),
         )
         return self.result
-
-
-_FAMILIES = ("String", "Numeric", "Boolean", "Timestamp")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _string_matches(value: str, pattern: str) -> bool:
-    """ASL StringMatches: ``*`` matches any run of characters; ``\\*`` and ``\\\\`` are a
-    literal star and backslash."""
-    out = []
-    i = 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\" and i + 1 < len(pattern) and pattern[i + 1] in "*\\":
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-            continue
-        out.append(".*" if ch == "*" else re.escape(ch))
-        i += 1
-    return re.fullmatch("".join(out), value, flags=re.DOTALL) is not None
 
 
 def _evaluate_test(run: _Execution, rule: dict[str, Any], where: str) -> bool:
@@ -740,43 +599,11 @@ def _evaluate_test(run: _Execution, rule: dict[str, Any], where: str) -> bool:
         return has_value(run.data, variable, run.context) == expected
     value = run.path(run.data, variable, f"{where}: Variable")
     if op.startswith("Is"):
-        actual = {
-            "IsNull": value is None,
-            "IsNumeric": _is_number(value),
-            "IsString": isinstance(value, str),
-            "IsBoolean": isinstance(value, bool),
-            "IsTimestamp": parse_timestamp(value) is not None,
-        }[op]
-        return actual == expected
+        return type_test(op, value) == expected
     if op.endswith("Path"):
         expected = run.path(run.data, expected, f"{where}: {op}")
         op = op[:-4]
-    family = next(f for f in _FAMILIES if op.startswith(f))
-    comparison = op[len(family) :]
-    # A value of the wrong type makes the test false, as in the States Language.
-    if family == "String":
-        if not isinstance(value, str) or not isinstance(expected, str):
-            return False
-        if comparison == "Matches":
-            return _string_matches(value, expected)
-        left, right = value, expected
-    elif family == "Numeric":
-        if not _is_number(value) or not _is_number(expected):
-            return False
-        left, right = value, expected
-    elif family == "Boolean":
-        return isinstance(value, bool) and isinstance(expected, bool) and value == expected
-    else:
-        left, right = parse_timestamp(value), parse_timestamp(expected)  # type: ignore[assignment]
-        if left is None or right is None:
-            return False
-    return {
-        "Equals": left == right,
-        "LessThan": left < right,
-        "GreaterThan": left > right,
-        "LessThanEquals": left <= right,
-        "GreaterThanEquals": left >= right,
-    }[comparison]
+    return compare(op, value, expected)
 
 
 # -- the runner --------------------------------------------------------------------------------

@@ -51,8 +51,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +64,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, NullFormatter
 from numpy.typing import ArrayLike, NDArray
+
+from beamflow.atomic import atomic_write_bytes
 
 from .backend import dct2
 from .metrics import fit_phase_ramp, illumination_mask
@@ -670,17 +670,7 @@ def write_png_atomic(path: str | Path, data: bytes) -> Path:
     Readers see the old file or the complete new one, never a partial file. (No fsync:
     previews are regenerated, so after a crash a stale file is fine; a torn one is not.)
     """
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return atomic_write_bytes(path, data, durable=False)
 
 
 def write_previews(

@@ -1,8 +1,13 @@
 """The status page and its JSON API (FastAPI, Jinja2 templates, a small static script).
 
-Pages:  ``/`` runs (filters, pagination), ``/runs/{id}`` one run, ``/login``.
-API:    ``/api/runs``, ``/api/runs/{id}``, ``POST /api/runs/{id}/retry``, ``/healthz``.
+Pages:  ``/`` runs (filters, pagination) and the edge agent's panel, ``/runs/{id}`` one run,
+        ``/login``.
+API:    ``/api/runs``, ``/api/runs/{id}``, ``POST /api/runs/{id}/retry``, ``/api/agent``,
+        ``/api/openapi.json``, ``/healthz``.
 Files:  ``/files/{run_id}/{index|name|product}``: only files a run in the store lists.
+
+Who may see what is :mod:`beamflow.status.security`'s: off loopback everything but
+``/healthz``, ``/login`` and the static files needs the token unless ``public_viewing``.
 
 The store is read on every request (the agent writes it from another process); handlers are
 plain functions, so FastAPI runs them in its thread pool and each thread has its own SQLite
@@ -52,10 +57,15 @@ class StatusOptions(BaseModel):
 
     host: str = "127.0.0.1"
     token: SecretStr | None = None
-    require_token_for_viewing: bool = False
+    public_viewing: bool = Field(
+        default=False, description="off loopback: viewing without the token (explicit opt-in)"
+    )
     poll_seconds: float = Field(default=2.0, gt=0, description="browser refresh interval")
     files_root: Path | None = Field(
         default=None, description="base for relative preview/product paths in the store"
+    )
+    agent_state: Path | None = Field(
+        default=None, description="the edge agent's agent.json (its state directory)"
     )
 
 
@@ -113,9 +123,7 @@ def create_app(
     """The status web app over ``store``; ``retry`` is the shared run path (None: no retries)."""
     options = options or StatusOptions()
     token = options.token.get_secret_value() if options.token else None
-    guard = Guard(
-        host=options.host, token=token, require_token_for_viewing=options.require_token_for_viewing
-    )
+    guard = Guard(host=options.host, token=token, public_viewing=options.public_viewing)
     env = Environment(
         loader=FileSystemLoader(str(TEMPLATES)),
         autoescape=select_autoescape(["html"], default_for_string=True),
@@ -136,7 +144,7 @@ def create_app(
         version=__version__,
         docs_url=None,  # the Swagger UI loads assets from a CDN; the page must work offline
         redoc_url=None,
-        openapi_url="/api/openapi.json",
+        openapi_url=None,  # served below, behind the same gate as the rest of the API
     )
     app.add_middleware(SecurityMiddleware, loopback=guard.loopback)
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
@@ -147,7 +155,10 @@ def create_app(
     def wants_html(request: Request) -> bool:
         return not request.url.path.startswith(("/api/", "/healthz", "/files/"))
 
-    def render(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    def render(
+        request: Request, name: str, status_code: int = 200,
+        headers: dict[str, str] | None = None, **context: Any,
+    ) -> HTMLResponse:
         context.update(
             request=request,
             csrf=guard.csrf_token(),
@@ -157,7 +168,8 @@ def create_app(
             poll_seconds=options.poll_seconds,
         )
         html = env.get_template(name).render(**context)
-        return HTMLResponse(html, status_code=status_code, headers={"cache-control": "no-store"})
+        return HTMLResponse(html, status_code=status_code,
+                            headers={"cache-control": "no-store", **(headers or {})})
 
     def require_view(request: Request) -> None:
         if not guard.can_view(request):
@@ -175,6 +187,7 @@ def create_app(
         statuses = _parse_status(status)
         scan = (scan or "").strip() or None
         runs = store.list_runs(status=statuses or None, scan=scan, limit=limit, offset=offset)
+        names = store.display_names(runs)
         # Counts by status (for the summary chips) honour the scan filter, not the status one.
         counts = store.count_by_status(scan=scan)
         total = (
@@ -187,13 +200,14 @@ def create_app(
             status=statuses,
             scan=scan,
             counts=counts,
-            runs=[views.RunView.of(r) for r in runs],
+            runs=[views.RunView.of(r, names[r.id]) for r in runs],
         )
 
     def detail(run: Run) -> RunDetail:
+        view = views.RunView.of(run, store.display_names([run])[run.id])
         return RunDetail(
-            run=views.RunView.of(run),
-            steps=views.timeline(store.steps(run.id)),
+            run=view,
+            steps=views.timeline(store.steps(run.id), view.progress),
             previews=views.previews_of(run, options.files_root),
             parameters=run.parameters,
             result=run.result,
@@ -206,9 +220,11 @@ def create_app(
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if wants_html(request):
             if exc.status_code == 401:
-                return RedirectResponse(
-                    "/login?" + urlencode({"next": request.url.path}), status_code=303
-                )
+                # The login form itself, answered 401: a browser shows the form, a script
+                # or curl sees the refusal (no redirect that looks like success).
+                target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                return render(request, "login.html", status_code=401, next=_local(target),
+                              failed=False, headers={"www-authenticate": "Bearer"})
             return render(
                 request, "error.html", status_code=exc.status_code,
                 code=exc.status_code, message=str(exc.detail),
@@ -241,7 +257,7 @@ def create_app(
             return "/?" + urlencode(query) if query else "/"
 
         return render(
-            request, "runs.html", page=page,
+            request, "runs.html", page=page, agent=views.AgentView.of(options.agent_state),
             selected=page.status[0].value if len(page.status) == 1 else "",
             newer=link(max(0, offset - limit)) if offset > 0 else None,
             older=link(offset + limit) if offset + limit < page.total else None,
@@ -295,7 +311,7 @@ def create_app(
     def api_runs(
         request: Request,
         status: list[str] | None = Query(None, description="one or more, comma-separated"),
-        scan: str | None = Query(None, description="substring of the scan name"),
+        scan: str | None = Query(None, description="substring of the scan name or path"),
         limit: int = Query(50, ge=1, le=MAX_LIMIT),
         offset: int = Query(0, ge=0),
     ) -> JSONResponse:
@@ -334,6 +350,17 @@ def create_app(
         if form:  # a plain HTML form post (no script): go to the new run
             return RedirectResponse(f"/runs/{new_id}", status_code=303)
         return JSONResponse({"id": new_id, "url": f"/runs/{new_id}", "retried": run_id})
+
+    @app.get("/api/agent", response_model=views.AgentView)
+    def api_agent(request: Request) -> JSONResponse:
+        require_view(request)
+        agent = views.AgentView.of(options.agent_state)
+        return JSONResponse(agent.model_dump(mode="json"), headers={"cache-control": "no-store"})
+
+    @app.get("/api/openapi.json", include_in_schema=False)
+    def openapi(request: Request) -> JSONResponse:
+        require_view(request)
+        return JSONResponse(app.openapi())
 
     @app.get("/healthz")
     def healthz(request: Request) -> JSONResponse:

@@ -5,9 +5,12 @@ Rules (see docs and issue 8):
   must name loopback too, so a web page elsewhere cannot reach the server through DNS
   rebinding, and a reverse proxy in front of a loopback-bound server is refused instead of
   silently exposing actions without a token.
-- Bound elsewhere, a token is mandatory (the server refuses to start without one); actions
-  need it, viewing needs it when ``require_token_for_viewing`` is set. The token comes as
-  ``Authorization: Bearer ...`` or as the HttpOnly, SameSite=Strict cookie the login form sets.
+- Bound elsewhere, a token is mandatory (the server refuses to start without one), and every
+  page, preview, API call and download needs it: unpublished data must not leak to whoever
+  is on the network. ``public_viewing`` (``status.public_viewing``) is the explicit opt-in
+  to let anyone who reaches the page view; actions need the token regardless. The token
+  comes as ``Authorization: Bearer ...`` or as the HttpOnly, SameSite=Strict cookie the
+  login form sets.
 - Every state-changing POST is CSRF-safe: a Bearer header cannot be sent by another site, and
   browser posts must carry the page's CSRF token and, where the browser says, come from this
   origin.
@@ -35,7 +38,10 @@ CSP = (
 SECURITY_HEADERS: list[tuple[bytes, bytes]] = [
     (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    # Not "no-referrer": with it browsers send "Origin: null" on this page's own form posts
+    # (Fetch spec), and the origin check below would refuse the login form itself.
+    # "same-origin" still sends nothing to other sites.
+    (b"referrer-policy", b"same-origin"),
     (b"x-frame-options", b"DENY"),
     (b"cross-origin-opener-policy", b"same-origin"),
     (b"cross-origin-resource-policy", b"same-origin"),
@@ -71,7 +77,7 @@ def host_of(header: str) -> str:
 class Guard:
     """The access rules for one server (bind address and token fixed at start)."""
 
-    def __init__(self, *, host: str, token: str | None, require_token_for_viewing: bool) -> None:
+    def __init__(self, *, host: str, token: str | None, public_viewing: bool = False) -> None:
         self.loopback = is_loopback(host)
         self.token = token or None
         if not self.loopback and not self.token:
@@ -79,7 +85,8 @@ class Guard:
                 f"refusing to serve on {host!r} without a token: set status.token in "
                 "beamflow.toml or BEAMFLOW_STATUS__TOKEN (or bind 127.0.0.1)"
             )
-        self.view_needs_token = bool(self.token) and require_token_for_viewing
+        # On loopback only this machine can connect (and could read the store anyway).
+        self.view_needs_token = not self.loopback and not public_viewing
         # Per-process secret: CSRF tokens die with the server, which is what we want.
         self._csrf_key = secrets.token_bytes(32)
 

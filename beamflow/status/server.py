@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import uvicorn
 from fastapi import FastAPI
 
+from beamflow.agent_state import state_path
 from beamflow.config import Settings
 from beamflow.status.app import RetryFn, StatusOptions, create_app
 from beamflow.status.security import is_loopback
@@ -34,7 +35,8 @@ def options_for(settings: Settings, host: str | None = None) -> StatusOptions:
         if not value:
             raise StatusConfigError(
                 f"refusing to serve the status page on {host!r} without a token: anyone on "
-                "the network could view runs and retry them. Set status.token in beamflow.toml "
+                "the network could view runs, previews and products and retry runs. Set "
+                "status.token in beamflow.toml "
                 "or BEAMFLOW_STATUS__TOKEN (e.g. `python -c 'import secrets; "
                 "print(secrets.token_urlsafe(24))'`), or bind 127.0.0.1."
             )
@@ -43,16 +45,12 @@ def options_for(settings: Settings, host: str | None = None) -> StatusOptions:
                 f"status.token is {len(value)} characters; use at least {MIN_TOKEN_LENGTH} "
                 f"random characters before exposing the page on {host!r}"
             )
-    if settings.status.require_token_for_viewing and not value:
-        raise StatusConfigError(
-            "status.require_token_for_viewing is set but status.token is not: set "
-            "status.token (or BEAMFLOW_STATUS__TOKEN)"
-        )
     return StatusOptions(
         host=host,
         token=token if value else None,
-        require_token_for_viewing=settings.status.require_token_for_viewing,
+        public_viewing=settings.status.public_viewing,
         files_root=settings.beamline.preview_dir,
+        agent_state=state_path(settings.state_dir),
     )
 
 

@@ -135,6 +135,8 @@ class RunView(_View):
 
     id: str
     scan: str
+    scan_path: str | None = None  # the master (or .cxi) file or scan directory
+    display_name: str = ""  # tells scans of the same file name apart (store.display_names)
     status: RunStatus
     status_label: str
     status_icon: str
@@ -163,9 +165,11 @@ class RunView(_View):
     finished: bool
     verdict: str | None = None  # "trusted" / "suspect" once a reconstruction finished
     verdict_reasons: list[str] = []
+    truth_nrmse: float | None = None  # against the simulator's ground truth (demo scans)
+    truth_text: str | None = None
 
     @classmethod
-    def of(cls, run: Run) -> RunView:
+    def of(cls, run: Run, display_name: str | None = None) -> RunView:
         progress: float | None = None
         text = ""
         if run.iteration is not None and run.iterations_total:
@@ -176,9 +180,14 @@ class RunView(_View):
         if run.status == RunStatus.SUCCEEDED:
             progress = 1.0
             text = text or "done"
+        truth = run.result.get("truth") if isinstance(run.result, dict) else None
+        nrmse = truth.get("nrmse") if isinstance(truth, dict) else None
+        nrmse = float(nrmse) if isinstance(nrmse, int | float) else None
         return cls(
             id=run.id,
             scan=run.scan,
+            scan_path=run.scan_path,
+            display_name=display_name or run.scan,
             status=run.status,
             status_label=STATUS_LABEL[run.status],
             status_icon=STATUS_ICON[run.status],
@@ -207,11 +216,25 @@ class RunView(_View):
             finished=run.status.finished,
             verdict=run.verdict,
             verdict_reasons=run.verdict_reasons,
+            truth_nrmse=nrmse,
+            truth_text=None if nrmse is None else f"{nrmse:.3f} complex NRMSE against the "
+            "simulator's ground truth",
         )
+
+
+def step_label(name: str) -> str:
+    """A flow state's name in words: "TransferScanToHPC" -> "Transfer scan to HPC" (the
+    page wraps between words, never inside one)."""
+    words = re.findall(r"[A-Z]+(?=[A-Z][a-z]|\d|\b|_|$)|[A-Z]?[a-z]+|\d+|[A-Z]+", name)
+    if not words:
+        return name
+    out = [words[0]] + [w if w.isupper() and len(w) > 1 else w.lower() for w in words[1:]]
+    return " ".join(out)
 
 
 class StepView(_View):
     name: str
+    label: str = ""  # the name in words, for people
     status: str
     icon: str
     started_at: float | None
@@ -220,9 +243,12 @@ class StepView(_View):
     duration_text: str
     started_text: str
     details: dict[str, Any]
-    # Position on the run's time axis, percent of the whole (for the timeline bars).
+    # The step's bar: how far the step got, percent. A finished step is a full bar (its
+    # colour says how it ended, the text its duration); a running one shows the run's
+    # iterations where it reports them, else an indeterminate bar; a waiting one is empty.
     left: float = 0.0
     width: float = 0.0
+    indeterminate: bool = False
 
     @classmethod
     def of(cls, step: Step) -> StepView:
@@ -233,6 +259,7 @@ class StepView(_View):
             duration = time.time() - step.started_at
         return cls(
             name=step.name,
+            label=step_label(step.name),
             status=step.status,
             icon=STEP_ICON.get(step.status.upper(), "queued"),
             started_at=step.started_at,
@@ -313,24 +340,95 @@ def parameters_of(run: Run) -> list[tuple[str, str]]:
     return [(key, format_value(value)) for key, value in sorted(run.parameters.items())]
 
 
-def timeline(steps: list[Step], now: float | None = None) -> list[StepView]:
-    """Steps with their place on one time axis: where each starts and how long it takes."""
+def timeline(steps: list[Step], progress: float | None = None) -> list[StepView]:
+    """The steps with their bars (see StepView). ``progress``: the run's iteration progress
+    (0..1), shown on the running step."""
     views = [StepView.of(s) for s in steps]
-    starts = [v.started_at for v in views if v.started_at is not None]
-    if not starts:
-        return views
-    now = time.time() if now is None else now
-    t0 = min(starts)
-    ends = [
-        v.finished_at if v.finished_at is not None else (now if v.started_at else t0)
-        for v in views
-    ]
-    span = max(max(ends) - t0, 1e-9)
-    for view, end in zip(views, ends, strict=True):
-        if view.started_at is None:
-            continue
-        view.left = round(100 * (view.started_at - t0) / span, 2)
-        # A step of a few milliseconds still gets a visible sliver.
-        view.width = round(max(100 * (end - view.started_at) / span, 0.6), 2)
-        view.width = min(view.width, round(100 - view.left, 2)) or 0.6
+    for view in views:
+        if view.icon in ("ok", "failed", "cancelled") and view.finished_at is not None:
+            view.width = 100.0
+        elif view.icon == "active":
+            if progress is not None:
+                view.width = round(100 * min(1.0, max(0.0, progress)), 2)
+            else:
+                view.indeterminate = True
     return views
+
+
+class WaitingView(BaseModel):
+    name: str
+    path: str
+    wait: str
+    reason: str
+    frames: int
+    expected: int | None
+    since_text: str
+
+
+class SkippedView(BaseModel):
+    name: str
+    path: str
+    reason: str
+
+
+class AgentView(BaseModel):
+    """``/api/agent``: what the edge agent watches and waits for (from its agent.json)."""
+
+    available: bool
+    state: str  # none | running | stale | stopped | unreadable
+    headline: str
+    watching: str | None = None
+    backend: str | None = None
+    mode: str | None = None
+    pid: int | None = None
+    updated_at: float | None = None
+    updated_text: str = "–"
+    waiting: list[WaitingView] = []
+    waiting_total: int = 0
+    skipped: list[SkippedView] = []
+    skipped_total: int = 0
+    summary: str | None = None
+
+    @field_serializer("updated_at", when_used="json")
+    def _iso(self, value: float | None) -> str | None:
+        return iso(value)
+
+    @classmethod
+    def of(cls, path: Path | None, now: float | None = None) -> AgentView:
+        from beamflow.agent_state import AgentStateError, read_state
+
+        if path is None:
+            return cls(available=False, state="none", headline="No agent state directory "
+                       "is configured for this page.")
+        try:
+            state = read_state(path)
+        except AgentStateError as exc:
+            return cls(available=False, state="unreadable", headline=str(exc))
+        if state is None:
+            return cls(available=False, state="none", headline=(
+                f"No edge agent has reported here yet (a running agent writes {path})."))
+        now = time.time() if now is None else now
+        when = format_time(state.updated_at)
+        if state.stale(now):
+            kind = "stale"
+            headline = (f"Not responding: the agent (pid {state.pid}) last reported at {when}, "
+                        f"{format_duration(now - state.updated_at)} ago. Is it still running?")
+        elif state.running:
+            kind = "running"
+            headline = f"Watching {state.watching} ({state.backend} backend)"
+        else:
+            kind = "stopped"
+            headline = (f"Last `agent --once` at {when}: {state.summary}" if state.summary
+                        else f"Stopped at {when}: no agent is watching {state.watching}")
+        return cls(
+            available=True, state=kind, headline=headline, watching=state.watching,
+            backend=state.backend, mode=state.mode, pid=state.pid, updated_at=state.updated_at,
+            updated_text=when,
+            waiting=[WaitingView(name=w.name, path=w.path, wait=w.wait, reason=w.reason,
+                                 frames=w.frames, expected=w.expected,
+                                 since_text=format_time(w.since)) for w in state.waiting],
+            waiting_total=state.waiting_total,
+            skipped=[SkippedView(name=PurePath(f.path).name, path=f.path, reason=f.reason)
+                     for f in state.skipped],
+            skipped_total=state.skipped_total, summary=state.summary,
+        )  # fmt: skip

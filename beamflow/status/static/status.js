@@ -165,9 +165,10 @@
       }
 
       const cScan = el("td", "c-scan");
-      const a = el("a", "scan", r.scan);
+      const a = el("a", "scan", r.display_name || r.scan);
       a.href = r.url;
       cScan.appendChild(a);
+      cScan.appendChild(el("div", "path", r.scan_path || ""));
       const sub = [];
       if (r.fraction && r.fraction < 1) sub.push(Math.round(r.fraction * 100) + "% of frames");
       if (r.attempt > 1) sub.push("attempt " + r.attempt);
@@ -243,11 +244,38 @@
       }
     }
 
+    function agentList(list, items) {
+      list.replaceChildren(...items.map((item) => {
+        const li = el("li");
+        if (item.wait) li.dataset.wait = item.wait;
+        li.append(el("span", "name", item.name), el("span", "why", item.reason),
+          el("code", "path", item.path));
+        return li;
+      }));
+    }
+
+    function renderAgent(a) {
+      const panel = document.getElementById("agent");
+      if (!panel) return;
+      panel.dataset.state = a.state;
+      document.getElementById("agent-headline").textContent = a.headline;
+      document.getElementById("agent-waiting-box").hidden = a.waiting.length === 0;
+      document.getElementById("agent-waiting-count").textContent = String(a.waiting_total);
+      agentList(document.getElementById("agent-waiting"), a.waiting);
+      document.getElementById("agent-skipped-box").hidden = a.skipped.length === 0;
+      document.getElementById("agent-skipped-count").textContent = String(a.skipped_total);
+      agentList(document.getElementById("agent-skipped"), a.skipped);
+      document.getElementById("agent-idle").hidden =
+        !a.available || a.waiting.length > 0 || a.skipped.length > 0;
+    }
+
     let inflight = 0;
     async function refresh() {
       const mine = ++inflight;
-      const data = await getJSON("/api/runs?" + query(state.offset));
+      const [data, agent] = await Promise.all([
+        getJSON("/api/runs?" + query(state.offset)), getJSON("/api/agent")]);
       if (mine === inflight) render(data); // a newer request (filter change) wins
+      renderAgent(agent);
     }
 
     const tick = loop(refresh);
@@ -298,9 +326,11 @@
       list.replaceChildren(...steps.map((s) => {
         const li = el("li", "step st-" + s.icon);
         const row = el("div", "step-row");
-        row.append(icon(s.icon), el("span", "step-name", s.name),
+        const name = el("span", "step-name", s.label || s.name);
+        name.title = s.name;
+        row.append(icon(s.icon), name,
           el("span", "step-status", s.status.toLowerCase()), el("span", "step-dur", s.duration_text));
-        const bar = el("div", "bar");
+        const bar = el("div", s.indeterminate ? "bar indeterminate" : "bar");
         bar.setAttribute("aria-hidden", "true");
         const fill = el("span", "fill");
         fill.dataset.left = s.left;
@@ -406,7 +436,7 @@
     function render(d) {
       const r = d.run;
       finished = r.finished;
-      document.title = r.scan + " · " + r.status_label + " · beamflow";
+      document.title = (r.display_name || r.scan) + " · " + r.status_label + " · beamflow";
       const holder = document.getElementById("run-badge");
       const old = holder.querySelector(".badge");
       if (!old || old.dataset.status !== r.status) holder.replaceChildren(badge(r.status));
@@ -444,8 +474,17 @@
           product.replaceChildren(a, el("code", "path", r.product));
         }
       }
+      const truth = document.getElementById("truth");
+      if (truth) {
+        const known = r.truth_nrmse !== null && r.truth_nrmse !== undefined;
+        document.querySelectorAll(".kv .truth").forEach((node) => { node.hidden = !known; });
+        if (known) {
+          truth.replaceChildren(el("b", null, "NRMSE " + r.truth_nrmse.toFixed(3)), " ",
+            el("span", "muted", "complex, against the simulator's ground truth"));
+        }
+      }
       renderSteps(d.steps);
-      renderPreviews(d.previews, r.scan);
+      renderPreviews(d.previews, r.display_name || r.scan);
       renderEvents(d.events);
     }
 

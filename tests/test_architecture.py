@@ -1,0 +1,171 @@
+"""The one-way architecture of docs/architecture.md, checked on the source: no import
+circles, and no arrow that runs back up a floor. Every import counts, including those inside
+functions (a late import hides a circle; it does not remove it)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("beamflow", "edge_agent", "functions")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_package(name: str) -> bool:
+    return MODULES[name].name == "__init__.py"
+
+
+def _resolve(name: str) -> str | None:
+    """The longest known module that ``name`` (a module or a name in one) lies in."""
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imports(module: str) -> set[str]:
+    tree = ast.parse(MODULES[module].read_text(), str(MODULES[module]))
+    package = module if _is_package(module) else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    targets = {_resolve(n) for n in names} - {None, module}
+    # A module inside a package reaches the package's __init__ on its way in; that is not
+    # an arrow of the design.
+    return {t for t in targets if not (_is_package(t) and module.startswith(t + "."))}
+
+
+GRAPH = {m: _imports(m) for m in MODULES}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    assert _cycles() == []
+
+
+def _under(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+# Floors, bottom first: a module may import its own floor and those below, never above.
+SCIENCE_AND_STORAGE = (
+    "beamflow.ptycho", "beamflow.checkpoint", "beamflow.formats", "beamflow.store",
+    "beamflow.atomic", "beamflow.validation_text",
+)
+ABOVE_SCIENCE = (
+    "beamflow.backend", "beamflow.local", "beamflow.globus", "beamflow.registry",
+    "beamflow.runs", "beamflow.status", "beamflow.cli", "beamflow.demo", "edge_agent",
+    "functions",
+)
+BACKENDS = ("beamflow.local", "beamflow.globus", "beamflow.registry")
+STARTERS = ("beamflow.runs", "beamflow.status", "beamflow.cli", "beamflow.demo", "edge_agent")
+
+
+@pytest.mark.parametrize(
+    ("floor", "forbidden"),
+    [
+        (SCIENCE_AND_STORAGE, ABOVE_SCIENCE),
+        (("beamflow.backend",), (*BACKENDS, *STARTERS)),
+        (BACKENDS, STARTERS),
+    ],
+    ids=["science-and-storage", "backend-interface", "backends"],
+)
+def test_no_arrow_runs_back_up(floor, forbidden):
+    wrong = sorted(
+        f"{m} -> {t}"
+        for m, targets in GRAPH.items()
+        if _under(m, floor)
+        for t in targets
+        if _under(t, forbidden)
+    )
+    assert wrong == []
+
+
+def test_science_knows_nothing_of_flows_globus_or_the_web():
+    third_party = ("globus_sdk", "globus_compute_sdk", "globus_compute_endpoint", "fastapi",
+                   "uvicorn", "jinja2", "typer", "rich", "watchdog")
+    wrong = []
+    for m, path in MODULES.items():
+        if not _under(m, SCIENCE_AND_STORAGE):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            wrong += [f"{m} -> {n}" for n in names if n.split(".")[0] in third_party]
+    assert wrong == []
+
+
+# Leaf utilities: standard library (and pydantic) only, usable from every floor.
+LEAVES = ("beamflow.atomic", "beamflow.validation_text", "beamflow.processes")
+SCIENCE = ("beamflow.ptycho", "beamflow.checkpoint", "beamflow.formats")
+
+
+def test_science_imports_nothing_else_of_beamflow_but_leaf_utilities():
+    wrong = sorted(
+        f"{m} -> {t}"
+        for m, targets in GRAPH.items()
+        if _under(m, SCIENCE) or m in LEAVES
+        for t in targets
+        if not _under(t, SCIENCE + LEAVES) or (m in LEAVES and t != m)
+    )
+    assert wrong == []

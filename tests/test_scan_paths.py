@@ -1,0 +1,162 @@
+"""Runs carry their scan's path, and scans with the same file name in three directories are
+told apart everywhere: the store, `runs list/show` (tables and --json), the API, the pages.
+Output into a pipe is never cut at 80 columns; neither is `--help`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+import pytest
+import typer
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from beamflow.cli import app
+from beamflow.config import load_config
+from beamflow.formats import Geometry
+from beamflow.formats.eiger import data_file_name, master_path, write_data_file, write_master
+from beamflow.runs import create_scan_run
+from beamflow.status import StatusOptions, create_app
+from beamflow.store import RunStatus, Store, scan_labels
+
+ROOT = Path(__file__).resolve().parents[1]  # this checkout's beamflow, whatever the cwd
+NAME = "demo_scan_001"
+LONG_ERROR = (
+    "Reconstruct: /very/long/path/to/the/cluster/scratch/beamflow/runs/demo_scan_001-0123abcd/"
+    "raw/demo_scan_001/demo_scan_001_data_000007.h5: /entry/data/data: last frame cannot be "
+    "read: truncated or corrupt (bitshuffle decompression failed at chunk 41 of 50)"
+)
+
+
+def write_scan(directory: Path) -> Path:
+    master = master_path(directory, NAME)
+    master.parent.mkdir(parents=True)
+    positions = np.stack([np.arange(4) * 2e-7, np.zeros(4)], axis=1)
+    write_master(master, geometry=Geometry(energy_eV=8800.0, distance_m=2.0,
+                                           detector_pixel_size_m=75e-6),
+                 frame_shape=(16, 16), positions_m=positions, frames_per_file=4)
+    write_data_file(master.parent / data_file_name(NAME, 1), np.ones((4, 16, 16), np.uint32), 1)
+    return master
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Store, dict]:
+    """A workspace whose store holds one run of each of three demo_scan_001 scans, in the
+    directories day1/, day2/ and the deeper beamtime/day3/; the last run failed with a long
+    error."""
+    for key in [k for k in os.environ if k.startswith("BEAMFLOW_")]:
+        monkeypatch.delenv(key)
+    ws = tmp_path / "ws"
+    assert CliRunner().invoke(app, ["init", str(ws)]).exit_code == 0
+    settings = load_config(ws / "beamflow.toml")
+    store = Store(settings.store_path)
+    detector = settings.beamline.detector_dir
+    runs = {}
+    for sub in ("day1", "day2", "beamtime/day3"):
+        master = write_scan(detector / sub)
+        runs[sub] = create_scan_run(settings, store, master)
+    runs["beamtime/day3"] = store.update_run(runs["beamtime/day3"].id, status=RunStatus.FAILED,
+                                             error=LONG_ERROR, error_step="Reconstruct")
+    return ws, store, runs
+
+
+def cli(ws: Path, *args: str) -> subprocess.CompletedProcess:
+    """The real command with its output into a pipe, as a log or `| grep` gets it."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(ws), "COLUMNS": "80",
+           "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "beamflow.cli", *args], cwd=ws, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_display_names_are_the_shortest_unique_path_suffix() -> None:
+    assert scan_labels("s", ["/d/a/s/s_master.h5"]) == {"/d/a/s/s_master.h5": "s"}
+    assert scan_labels("s", ["/d/a/s/s_master.h5", "/d/b/s_master.h5", "/e/a/x/s.cxi"]) == {
+        "/d/a/s/s_master.h5": "a/s", "/d/b/s_master.h5": "b/s", "/e/a/x/s.cxi": "x/s"}
+    assert scan_labels("s", ["/d/a/s/s_master.h5", "/e/a/s/s_master.h5"]) == {
+        "/d/a/s/s_master.h5": "d/a/s", "/e/a/s/s_master.h5": "e/a/s"}
+
+
+def test_the_store_tells_the_three_scans_apart(workspace) -> None:
+    ws, store, runs = workspace
+    assert {r.scan for r in runs.values()} == {NAME}
+    names = store.display_names(store.list_runs())
+    assert {names[r.id] for r in runs.values()} == {
+        f"day1/{NAME}", f"day2/{NAME}", f"day3/{NAME}"}
+    for sub, run in runs.items():
+        assert run.scan_path.endswith(f"/detector/{sub}/{NAME}/{NAME}_master.h5")
+    # A scan of a new name is just its name; the filter finds a directory.
+    assert [r.id for r in store.list_runs(scan="day2/")] == [runs["day2"].id]
+
+
+def test_runs_list_into_a_pipe_shows_whole_names_paths_and_errors(workspace) -> None:
+    ws, store, runs = workspace
+    result = cli(ws, "runs", "list")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    for sub, run in runs.items():
+        (row,) = [line for line in lines if run.id[:8] in line]
+        assert run.scan_path in row and f"{sub.split('/')[-1]}/{NAME}" in row
+    assert any(LONG_ERROR in line for line in lines)  # one line, not cut
+    assert "…" not in result.stdout and all(line == line.rstrip() for line in lines)
+
+    listed = json.loads(cli(ws, "runs", "list", "--json").stdout)
+    assert {r["scan_path"] for r in listed} == {r.scan_path for r in runs.values()}
+    assert {r["display_name"] for r in listed} == {
+        f"day1/{NAME}", f"day2/{NAME}", f"day3/{NAME}"}
+
+    day3 = runs["beamtime/day3"]
+    shown = cli(ws, "runs", "show", day3.id[:8])
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[0] == f"day3/{NAME}  run {day3.id}"
+    assert f"  scan      {day3.scan_path}" in shown.stdout.splitlines()
+    assert LONG_ERROR in shown.stdout
+    data = json.loads(cli(ws, "runs", "show", day3.id, "--json").stdout)
+    assert data["scan_path"] == day3.scan_path and data["display_name"] == f"day3/{NAME}"
+
+
+def test_api_and_pages_show_path_and_display_name(workspace) -> None:
+    ws, store, runs = workspace
+    client = TestClient(create_app(store, StatusOptions()), base_url="http://127.0.0.1:8765")
+    listed = client.get("/api/runs").json()["runs"]
+    assert {(r["display_name"], r["scan_path"]) for r in listed} == {
+        (f"{sub.split('/')[-1]}/{NAME}", run.scan_path) for sub, run in runs.items()}
+    page = client.get("/").text
+    for sub, run in runs.items():
+        assert f">{sub.split('/')[-1]}/{NAME}</a>" in page and run.scan_path in page
+    day1 = runs["day1"]
+    detail = client.get(f"/api/runs/{day1.id}").json()["run"]
+    assert detail["display_name"] == f"day1/{NAME}" and detail["scan_path"] == day1.scan_path
+    html = client.get(f"/runs/{day1.id}").text
+    assert f'<h1 class="scan-title">day1/{NAME}</h1>' in html and day1.scan_path in html
+    assert [r["id"] for r in client.get("/api/runs", params={"scan": "day1/"}).json()[
+        "runs"]] == [day1.id]
+
+
+def _commands(group: click.Group, prefix: tuple[str, ...] = ()):  # noqa: ANN202
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*prefix, name))
+        else:
+            yield (*prefix, name), command
+
+
+def test_help_at_80_columns_keeps_every_option_name_whole(tmp_path: Path) -> None:
+    root = typer.main.get_command(app)
+    checked = 0
+    for path, command in _commands(root):
+        result = cli(tmp_path, *path, "--help")
+        assert result.returncode == 0, result.stderr
+        assert "…" not in result.stdout, path
+        words = set(result.stdout.replace(",", " ").split())
+        for param in command.params:
+            for opt in [*param.opts, *param.secondary_opts]:
+                if opt.startswith("-"):
+                    assert opt in words, (path, opt)
+                    checked += 1
+    assert checked > 70  # every command, every option
