@@ -1111,8 +1111,13 @@ def demo(
 ) -> None:
     """The main job on the embedded backend: simulated beamline, agent, flows,
     reconstruction, previews and the status page, live."""
+    import signal
+
     from beamflow.demo import DemoOptions, run_demo
 
+    # SIGTERM (kill, a CI runner's timeout) stops the demo as Ctrl-C does: through its
+    # cleanup, which shuts the compute engine down.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     options = DemoOptions(
         workspace=workspace, scans=scans, positions=positions, probe_size=probe_size,
         iterations=iterations, rate_hz=rate, port=port, exit_when_done=exit_when_done,

@@ -85,6 +85,11 @@ class Compute(_Section):
 
     endpoint_id: str = ""
     workers: int = Field(default=1, ge=1, description="local backend: worker processes")
+    engine_config: Path | None = Field(
+        default=None,
+        description="local backend: a Globus Compute endpoint config.yaml (GlobusComputeEngine "
+        "with a LocalProvider) to run compute on; default: `workers` workers, a GPU each",
+    )
 
 
 class Globus(_Section):
@@ -287,7 +292,7 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
         return p if p.is_absolute() else (base / p)
 
     settings.state_dir = absolute(settings.state_dir)
-    for section in (settings.beamline, settings.hpc, settings.globus):
+    for section in (settings.beamline, settings.hpc, settings.globus, settings.compute):
         for name, field in type(section).model_fields.items():
             value = getattr(section, name)
             if isinstance(value, Path) or (value is None and "Path" in str(field.annotation)):
@@ -342,6 +347,7 @@ scratch_dir = "hpc"                    # the compute function reads and writes o
 [compute]
 endpoint_id = "{endpoint_id}"
 workers = 1                            # reconstructions at once (one per GPU on a GPU node)
+# engine_config = "engine.yaml"        # a Globus Compute endpoint config.yaml to run on instead
 
 {_reconstruction_toml(**recon)}
 [agent]

@@ -10,8 +10,11 @@ back. At the end, each reconstruction is scored against the simulator's ground t
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -266,9 +269,26 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> bool:
                 while True:
                     time.sleep(1)
         except KeyboardInterrupt:
-            pass  # Ctrl-C: stop serving; the outcome is what the runs did
+            pass  # Ctrl-C or SIGTERM: stop serving; the outcome is what the runs did
         finally:
-            edge.stop()
-            agent_thread.join(timeout=15)
-            edge.backend.close()
+            # A second Ctrl-C must not cut the shutdown short: it stops the compute engine
+            # (its interchange and worker pool do not get the terminal's Ctrl-C themselves).
+            with _interrupts_ignored():
+                edge.stop()
+                agent_thread.join(timeout=15)
+                edge.backend.close()
     return ok
+
+
+@contextmanager
+def _interrupts_ignored() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT,
+                                                                     signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

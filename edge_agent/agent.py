@@ -261,6 +261,11 @@ class EdgeAgent:
             changed = [r.name for r in register() if r.action != "unchanged"]
             if changed:
                 log.info(f"registered {what}", extra={"fields": {"names": changed}})
+        # The embedded backend's compute engine takes seconds to start: start it now, not
+        # when the first scan is ready.
+        warm = getattr(self.backend, "warm", None)
+        if warm is not None:
+            warm()
 
     def run_forever(self) -> None:
         """Watch and process until :meth:`stop` (SIGTERM) is called."""

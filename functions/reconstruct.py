@@ -12,7 +12,8 @@ Flow kwargs (``flows/ptycho_reconstruct.json``, task kwargs)::
 Every path must resolve (symlinks followed, ``..`` collapsed) inside one of
 ``allowed_roots``; anything else is refused before a byte is read. The GPU is the one the
 endpoint pinned for this worker (``CUDA_VISIBLE_DEVICES``, which the endpoint's
-``available_accelerators`` and the local compute pool both set); the function never widens it.
+``available_accelerators`` sets, on the endpoint and in the local backend's engine alike); the
+function never widens it.
 Errors raise ``ValueError`` (bad input: nothing to retry) or ``RuntimeError`` (the
 reconstruction failed), both built-ins so they deserialise anywhere, with the scan and the
 cause in the message.

@@ -85,6 +85,15 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def engine_of(workspace: Path, pid: int) -> list[int]:
+    """The processes of the compute engine that agent ``pid`` started (its run directory is
+    ``state/compute-engine/<time>-<pid>``)."""
+    from beamflow.local.engine import engine_processes
+
+    base = workspace / "state" / "compute-engine"
+    return [p for d in base.glob(f"*-{pid}") for p in engine_processes(d)]
+
+
 def gone(pids: list[int], within: float = 10.0) -> list[int]:
     """The processes of ``pids`` still alive after up to ``within`` seconds."""
     deadline = time.monotonic() + within
@@ -205,13 +214,18 @@ def test_kill_9_mid_reconstruction_leaves_no_orphan_and_sigterm_is_prompt(
 
     agent = Agent(workspace, log, long_run)
     wait_until(store, "iterations under way", computing(1), log=log)
+    engine = engine_of(workspace, agent.proc.pid)
+    assert len(engine) >= 4  # interchange, pool (manager, worker), the job script
     assert agent.kill() == []
+    assert gone(engine) == []  # the whole compute engine, not only the agent's children
 
     agent = Agent(workspace, log, long_run)
     wait_until(store, "the retry's iterations under way", computing(2), log=log)
     children = children_of(agent.proc.pid)
+    engine = engine_of(workspace, agent.proc.pid)
     assert agent.terminate(timeout=60) == 0
-    assert gone(children) == []  # the worker (and multiprocessing's helper) went with it
+    assert gone(children) == []  # the interchange went with it
+    assert gone(engine) == []  # and the worker pool, shut down in order
     (run,) = store.list_runs()
     assert run.status == RunStatus.QUEUED and run.attempt == 2
     assert store.events(run.id)[-1].code == "Interrupted"

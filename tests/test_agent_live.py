@@ -78,12 +78,26 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     thread = threading.Thread(target=agent.run_forever, name="agent", daemon=True)
     thread.start()
     try:
+        # The agent starts the compute engine when it starts, not at the first scan.
+        deadline = time.monotonic() + 60
+        while not engine_processes(settings):
+            assert time.monotonic() < deadline, "the agent did not start the compute engine"
+            time.sleep(0.1)
+        assert Store(settings.store_path).list_runs() == []
         yield Live(settings, agent)
     finally:
         agent.stop()
         thread.join(30)
         agent.backend.close()
         assert not thread.is_alive()
+    assert engine_processes(settings) == []
+
+
+def engine_processes(settings: Settings) -> list[int]:
+    from beamflow.local import engine
+
+    base = settings.state_dir / "compute-engine"
+    return [p for d in base.glob("*") for p in engine.engine_processes(d)]
 
 
 def last_write(master: Path) -> float:

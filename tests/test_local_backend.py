@@ -35,6 +35,7 @@ pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 
 FAST = {"iterations": 4, "preview_every": 0, "checkpoint_every": 2, "device": "cpu"}
 FOREVER = {"iterations": 1_000_000, "preview_every": 0, "checkpoint_every": 0, "device": "cpu"}
+COMPUTE_URL = "https://compute.actions.globus.org/v3"
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,15 @@ def settings(workspace: Path) -> Settings:
     return load_config(workspace / "beamflow.toml")
 
 
+def engine_leftovers(settings: Settings, pid: int | None = None) -> list[int]:
+    """Live processes of the compute engines run from ``settings`` (of process ``pid``)."""
+    from beamflow.local.engine import engine_processes
+
+    base = settings.state_dir / "compute-engine"
+    dirs = [d for d in base.iterdir() if pid is None or d.name.endswith(f"-{pid}")]
+    return [p for d in dirs for p in engine_processes(d)]
+
+
 @pytest.fixture(scope="module")
 def backend(settings: Settings) -> Iterator:
     from beamflow.local import LocalBackend
@@ -60,8 +70,34 @@ def backend(settings: Settings) -> Iterator:
     b = LocalBackend(settings, poll_interval=0.05, max_poll_interval=0.5)
     b.register_functions()
     b.register_flows()
+    b.warm()
     yield b
     b.close()
+    assert engine_leftovers(settings) == [], "compute engine processes left behind"
+
+
+def engine_of(backend):  # noqa: ANN001, ANN201 - the backend's ComputeEngine
+    provider = backend._action_providers()[COMPUTE_URL]
+    (endpoint,) = provider.endpoints.values()
+    return endpoint.engine
+
+
+def reconstruction_worker(backend) -> int:  # noqa: ANN001
+    """The pid of the engine's worker process running a task now."""
+    from beamflow.local.engine import worker_pids
+
+    engine = engine_of(backend)
+
+    def find() -> list[int]:
+        tasks = engine.working_dir.iterdir() if engine.working_dir.is_dir() else []
+        return [pid for d in tasks for pid in worker_pids(d.resolve())]
+
+    deadline = time.monotonic() + 30
+    while not (pids := find()):
+        assert time.monotonic() < deadline, "no worker is running a task"
+        time.sleep(0.05)
+    assert all(pid in engine.processes() for pid in pids)
+    return pids[0]
 
 
 @pytest.fixture
@@ -233,6 +269,11 @@ os._exit(0)  # the process ends with its run still going
     info = backend.get_run(run_id)
     assert info.status == RunStatus.FAILED
     assert "lost: the process running it ended" in info.error
+    # Its compute engine went with it (the pool watches the process that owns it).
+    deadline = time.monotonic() + 15
+    while engine_leftovers(settings, record["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert engine_leftovers(settings, record["pid"]) == []
     record = json.loads((settings.state_dir / "local_runs" / f"{run_id}.json").read_text())
     assert record["status"] == "FAILED"
 
@@ -268,6 +309,77 @@ def test_cancel_from_another_backend_object_stops_the_run(
     assert {s.name: s.status for s in store.steps(run.id)}["Reconstruct"] == "CANCELLED"
 
 
+def pool_processes(backend) -> set[int]:  # noqa: ANN001
+    def command(pid: int) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return b""
+
+    return {p for p in engine_of(backend).processes()
+            if b"process_worker_pool" in command(p) or b"HTEX interchange" in command(p)}
+
+
+def wait_for_iteration(store: Store, backend, run, at_least: int):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + 60
+    while (run := runs.sync_run(store, backend, run)).iteration is None or (
+        run.iteration < at_least
+    ):
+        assert run.status == RunStatus.ACTIVE, run.error
+        assert time.monotonic() < deadline, "no iteration progress reported"
+        time.sleep(0.05)
+    return run
+
+
+def test_cancel_stops_the_reconstruction_which_checkpoints_and_the_next_run_resumes(
+    settings: Settings, backend, store: Store  # noqa: ANN001
+) -> None:
+    """Cancel sends SIGTERM to the reconstruction's worker (that one only): it saves a
+    checkpoint at the iteration boundary, although none was due, and exits."""
+    import signal
+
+    scan = Path(settings.beamline.detector_dir) / "s1"
+    rare = {**FOREVER, "checkpoint_every": 100_000}
+    run = runs.start_scan_run(settings, store, backend, scan, params=rare)
+    run = wait_for_iteration(store, backend, run, 3)
+    worker = reconstruction_worker(backend)
+    pool = pool_processes(backend)
+    assert len(pool) == 2  # the interchange and the worker pool's manager
+    run = runs.cancel_run(settings, run.id, store=store, backend=backend)
+    run = runs.follow_run(store, backend, run, poll_seconds=0.05, timeout=60)
+    assert run.status == RunStatus.CANCELLED
+    assert pool_processes(backend) == pool  # only the worker was stopped
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker, signal.SIGCONT)
+    stopped_at = run.iteration
+    resumed = runs.follow_run(store, backend, runs.start_scan_run(
+        settings, store, backend, scan, params={**FAST, "iterations": stopped_at + 2}),
+        poll_seconds=0.05)  # fmt: skip
+    assert resumed.status == RunStatus.SUCCEEDED, resumed.error
+    assert resumed.result["summary"]["resumed_from_iteration"] >= 3
+
+
+def test_kill_9_of_the_worker_fails_the_run_cleanly_and_a_retry_resumes(
+    settings: Settings, backend, store: Store  # noqa: ANN001
+) -> None:
+    import signal
+
+    scan = Path(settings.beamline.detector_dir) / "s1"
+    params = {**FOREVER, "iterations": 60, "checkpoint_every": 2}
+    run = runs.start_scan_run(settings, store, backend, scan, params=params)
+    run = wait_for_iteration(store, backend, run, 5)
+    os.kill(reconstruction_worker(backend), signal.SIGKILL)
+    run = runs.follow_run(store, backend, run, poll_seconds=0.05, timeout=60)
+    assert run.status == RunStatus.FAILED and run.error_step == "Reconstruct"
+    assert "WorkerLost" in run.error and "the worker process running reconstruct ended" in (
+        run.error
+    )
+    retry = runs.follow_run(store, backend, runs.retry_run(settings, run.id, store=store,
+                                                           backend=backend), poll_seconds=0.05)
+    assert retry.status == RunStatus.SUCCEEDED, retry.error
+    assert retry.result["summary"]["resumed_from_iteration"] >= 4
+
+
 def test_closing_the_backend_leaves_running_runs_marked_lost(settings: Settings) -> None:
     from beamflow.local import LocalBackend
 
@@ -276,7 +388,10 @@ def test_closing_the_backend_leaves_running_runs_marked_lost(settings: Settings)
     body = runs.flow_input_for(settings, scan, FOREVER, "closing-1")
     run_id = mine.start_run("ptycho_reconstruct", body, label="closing", tags=[])
     wait_for_step(mine, run_id, "Reconstruct")
+    engine = engine_of(mine)
+    assert engine.processes()
     mine.close()
+    assert engine.processes() == []
     info = LocalBackend(settings).get_run(run_id)
     assert info.status == RunStatus.FAILED
     assert "lost" in info.error

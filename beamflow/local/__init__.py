@@ -13,7 +13,7 @@ __all__ = ["LocalBackend", "providers_for"]
 
 def providers_for(settings: Any) -> Mapping[str, Any]:
     """The local action providers by ActionUrl, configured from ``settings`` (collections
-    mapped to their roots, the compute endpoint to a worker pool): what ``beamflow flows
+    mapped to their roots, the compute endpoint to a GlobusComputeEngine): what ``beamflow flows
     run`` gives a definition to run against. Close them (``.close()``) when done."""
     from beamflow.local.compute import LocalComputeProvider
     from beamflow.local.transfer import LocalTransferProvider

@@ -35,7 +35,7 @@ from typing import Any
 
 from beamflow.atomic import atomic_write_json
 from beamflow.backend import BackendError, FlowRunInfo, RegistrationResult, StepInfo
-from beamflow.config import Settings
+from beamflow.config import ConfigError, Settings
 from beamflow.local.actions import ActionProvider, iso_time
 from beamflow.local.interpreter import FlowDefinitionError, FlowRunner, RunResult
 from beamflow.local.validation import validate_input
@@ -210,11 +210,22 @@ class LocalBackend:
                 from beamflow.local.compute import LocalComputeProvider
                 from beamflow.local.transfer import LocalTransferProvider
 
+                try:
+                    compute = LocalComputeProvider.from_settings(self.settings)
+                except ConfigError as exc:
+                    raise BackendError(str(exc), step="Start") from None
                 transfer = LocalTransferProvider.from_settings(self.settings)
-                compute = LocalComputeProvider.from_settings(self.settings)
                 self._owned_providers = [transfer, compute]
                 self._providers = {transfer.url: transfer, compute.url: compute}
             return self._providers
+
+    def warm(self) -> None:
+        """Start the compute engine now, in the background, so that the first run does not
+        wait for its worker pool (the agent and the demo call this when they start)."""
+        for provider in self._action_providers().values():
+            warm = getattr(provider, "warm", None)
+            if warm is not None:
+                warm()
 
     # -- runs --------------------------------------------------------------------------------
     def start_run(self, flow: str, body: dict[str, Any], *, label: str, tags: list[str]) -> str:

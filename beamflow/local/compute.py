@@ -1,18 +1,24 @@
 """The local Compute action provider (``https://compute.actions.globus.org/v3``).
 
 A request names an endpoint and tasks: ``{endpoint_id, tasks: [{function_id, args,
-kwargs}]}``. The endpoint id maps to a pool of worker processes on this machine and each
-function id, through the registry, to a function shipped in ``functions/`` (the registry
-records what ``beamflow register functions`` registered for the local backend).
+kwargs}]}``. The endpoint id maps to a compute engine on this machine, Globus Compute's own
+``GlobusComputeEngine`` (:mod:`beamflow.local.engine`), and each function id, through the
+registry, to a function shipped in ``functions/`` (the registry records what ``beamflow
+register functions`` registered for the local backend). The function travels to the engine's
+worker as it travels to an endpoint: as its source text, so a function that is not
+self-contained fails here as it would at the facility.
 
-The pool has one worker process per slot (``settings.compute.workers``), started with the
-``spawn`` method (no state inherited from the parent: a fresh interpreter, like an
-endpoint's worker). When the machine has several GPUs each slot is pinned to one through
-``CUDA_VISIBLE_DEVICES`` (slot i gets GPU i modulo their number), as a Globus Compute
-endpoint's ``available_accelerators`` does, so two reconstructions never share a GPU unless
-there are more slots than GPUs. A worker is started on first use and kept warm; one that
-dies (killed, out of memory) fails its task and is started again for the next one; a task
-that is cancelled has its worker terminated.
+The engine is configured like an endpoint (``compute.engine_config``, a ``config.yaml``;
+by default ``compute.workers`` workers on a ``LocalProvider``, one GPU each when there are
+several, as ``available_accelerators`` pins them). It is started once per process, at
+:meth:`LocalComputeProvider.warm` (the agent and the demo call it when they start) or at the
+first task, and shut down by :meth:`LocalComputeProvider.close`.
+
+Tasks wait here until a worker is free, so the engine holds only tasks that are running:
+a task cancelled while waiting never starts, and a running one has its worker process (that
+one only) stopped with SIGTERM (a reconstruction saves a checkpoint), then SIGKILL. A worker
+that dies (killed, out of memory) fails its task with ``WorkerLost``; the pool starts a new
+worker.
 
 Results come back as the service reports them: ``details.result`` (the return values) and
 ``details.results: [{task_id, output}]``. A function that raises makes the action FAILED
@@ -21,35 +27,32 @@ with the error's type and message (and the worker's traceback) in ``details``.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import json
 import logging
-import multiprocessing as mp
 import os
 import queue
 import shutil
 import subprocess
 import threading
 import time
-import traceback
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from beamflow.local.actions import ActionStatus, ActionUnableToRunError, RunContext
+from beamflow.local.engine import ComputeEngine, EngineError, EngineTask, default_engine_yaml
 
 log = logging.getLogger(__name__)
 
 COMPUTE_URL = "https://compute.actions.globus.org/v3"
 
-# function id -> function name (``functions/NAME.py`` defining ``NAME``), or None if unknown.
-FunctionResolver = Callable[[str], str | None]
+# function id -> the function (``NAME`` from ``functions/NAME.py``), or None if unknown.
+FunctionResolver = Callable[[str], Callable[..., Any] | None]
 
 
 def _iso(ts: float | None) -> str | None:
@@ -99,245 +102,201 @@ def detect_gpus() -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
-def slot_environments(workers: int, gpus: Sequence[str]) -> list[dict[str, str]]:
-    """Extra environment per worker slot: a GPU each when there are several."""
-    if len(gpus) <= 1:
-        return [{} for _ in range(workers)]
-    return [{"CUDA_VISIBLE_DEVICES": str(gpus[i % len(gpus)])} for i in range(workers)]
+def warm_worker() -> int:
+    """Run once in each worker when the engine starts: the imports of the reconstruct
+    function, so the first scan does not wait for them. Shipped as source, like any task."""
+    import os
+
+    import beamflow.reconstruct  # noqa: F401
+
+    return os.getpid()
 
 
-# -- the worker process ----------------------------------------------------------------------
-def _exit_with_parent(parent: int, every: float = 0.5) -> None:
-    while os.getppid() == parent:
-        time.sleep(every)
-    os._exit(1)
+def engine_from_settings(settings: Any) -> ComputeEngine:
+    """The engine of ``compute.engine_config`` (an endpoint ``config.yaml``), else of
+    ``compute.workers`` and the GPUs found; its run directory under the state directory."""
+    from beamflow.config import ConfigError
+    from beamflow.local.engine import new_run_dir
 
-
-def _worker_main(conn: Connection, env: dict[str, str]) -> None:
-    """A worker: run (module, name, args, kwargs) messages until told to stop."""
-    os.environ.update(env)
-    # A worker never outlives the process that started it: killed with -9, that process
-    # (the agent) is restarted and runs the task again; an orphan would compute the same
-    # scan twice, into the same checkpoints.
-    threading.Thread(
-        target=_exit_with_parent, args=(os.getppid(),), name="parent-watch", daemon=True
-    ).start()
-    while True:
+    path = settings.compute.engine_config
+    if path is None:
+        text = default_engine_yaml(settings.compute.workers, detect_gpus())
+        source = "beamflow's default compute engine configuration"
+    else:
         try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            return
-        if message is None:
-            return
-        task_id, module_name, func_name, args, kwargs = message
-        try:
-            func = getattr(importlib.import_module(module_name), func_name)
-            result = func(*args, **kwargs)
-            try:
-                result = json.loads(json.dumps(result))
-            except (TypeError, ValueError) as exc:
-                raise TypeError(
-                    f"{func_name} returned a value that is not JSON ({exc}); a flow can only "
-                    "carry JSON"
-                ) from None
-            reply: tuple[Any, ...] = (task_id, True, result)
-        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the action
-            reply = (
-                task_id,
-                False,
-                {
-                    "type": type(exc).__name__,
-                    "message": str(exc),
-                    "traceback": traceback.format_exc(limit=20),
-                },
-            )
-        try:
-            conn.send(reply)
-        except (BrokenPipeError, OSError):
-            return
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(
+                f"{path}: cannot read the compute engine configuration (compute.engine_config):"
+                f" {exc.strerror or exc}"
+            ) from None
+        source = str(path)
+    return ComputeEngine.from_yaml(
+        text,
+        source,
+        new_run_dir(Path(settings.state_dir) / "compute-engine"),
+        endpoint_id=settings.compute.endpoint_id,
+        warm_up=warm_worker,
+    )
 
 
-# -- the pool --------------------------------------------------------------------------------
+# -- the provider ----------------------------------------------------------------------------
 @dataclass
 class _Job:
     task_id: str
     function_id: str
     function_name: str
+    function: str  # packed, as the SDK registers it
     args: list[Any]
     kwargs: dict[str, Any]
+    resource_specification: dict[str, Any] | None = None
     status: str = "PENDING"  # PENDING, RUNNING, SUCCEEDED, FAILED, CANCELED
     output: Any = None
     error: dict[str, Any] | None = None
     started: float | None = None
     finished: float | None = None
-    slot: int | None = None
+    task: EngineTask | None = None
     cancel_requested: bool = False
+    stop_sent: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
     done: threading.Event = field(default_factory=threading.Event)
 
-    def finish(self, status: str, *, output: Any = None, error: dict[str, Any] | None = None):
-        self.status = status
-        self.output = output
-        self.error = error
-        self.finished = time.time()
-        self.done.set()
+    def finish(self, status: str, *, output: Any = None, error: dict[str, Any] | None = None
+               ) -> bool:  # fmt: skip
+        """End the job (once: False if it had ended already)."""
+        with self.lock:
+            if self.done.is_set():
+                return False
+            self.status, self.output, self.error = status, output, error
+            self.finished = time.time()
+            self.done.set()
+            return True
 
 
-class WorkerPool:
-    """Worker processes, one per slot, each with its own environment."""
+_CANCELED = {"type": "Canceled", "message": "canceled"}
 
-    def __init__(
-        self,
-        workers: int = 1,
-        *,
-        gpus: Sequence[str] | None = None,
-        module_for: Callable[[str], str] = lambda name: f"functions.{name}",
-        poll_seconds: float = 0.1,
-    ) -> None:
-        if workers < 1:
-            raise ValueError("a pool needs at least one worker")
-        self.workers = workers
-        self.gpus = list(detect_gpus() if gpus is None else gpus)
-        self.envs = slot_environments(workers, self.gpus)
-        self.module_for = module_for  # function name -> module defining it
-        self.poll_seconds = poll_seconds
-        self._ctx = mp.get_context("spawn")
-        self._queue: queue.Queue[_Job | None] = queue.Queue()
-        self._closed = False
-        self._threads: list[threading.Thread] = []
-        self._procs: dict[int, Any] = {}
-        self._lock = threading.Lock()
 
-    def _ensure_threads(self) -> None:
-        with self._lock:
-            if self._threads or self._closed:
-                return
-            for slot in range(self.workers):
-                t = threading.Thread(
-                    target=self._slot_loop, args=(slot,), name=f"compute-slot-{slot}", daemon=True
-                )
-                t.start()
-                self._threads.append(t)
+class _Endpoint:
+    """One engine and the tasks waiting for its workers."""
+
+    def __init__(self, engine: ComputeEngine, cancel_grace: float) -> None:
+        self.engine = engine
+        self.cancel_grace = cancel_grace
+        self.queue: queue.Queue[_Job | None] = queue.Queue()
+        self.slots = threading.Semaphore(engine.capacity)
+        self.closed = False
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
 
     def submit(self, job: _Job) -> None:
-        if self._closed:
-            raise RuntimeError("the compute pool is closed")
-        self._ensure_threads()
-        self._queue.put(job)
+        with self.lock:
+            if self.closed:
+                raise ActionUnableToRunError(
+                    "the local compute engine is closed",
+                    {"code": "Closed", "description": "the local compute engine is closed"},
+                )
+            if self.thread is None:
+                self.engine.start()
+                self.thread = threading.Thread(
+                    target=self._dispatch, name="compute-dispatch", daemon=True
+                )
+                self.thread.start()
+        self.queue.put(job)
 
-    def cancel(self, job: _Job) -> None:
-        job.cancel_requested = True
-        if job.status == "PENDING":
-            job.finish("CANCELED", error={"type": "Canceled", "message": "canceled"})
-
-    def close(self) -> None:
-        """Stop the workers (running tasks are terminated)."""
-        self._closed = True
-        for _ in self._threads:
-            self._queue.put(None)
-        with self._lock:
-            procs = list(self._procs.values())
-        for _proc, conn in procs:
-            with contextlib.suppress(Exception):
-                conn.send(None)
-        for t in self._threads:
-            t.join(timeout=5)
-        for proc, _conn in procs:
-            proc.join(timeout=2)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=2)
-
-    # -- one slot ----------------------------------------------------------------------------
-    def _start_worker(self, slot: int) -> tuple[Any, Connection]:
-        parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(
-            target=_worker_main,
-            args=(child, self.envs[slot]),
-            name=f"beamflow-compute-{slot}",
-            daemon=True,
-        )
-        proc.start()
-        child.close()
-        with self._lock:
-            self._procs[slot] = (proc, parent)
-        return proc, parent
-
-    def _stop_worker(self, slot: int, proc: Any, conn: Connection) -> None:
-        proc.terminate()
-        proc.join(timeout=5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=5)
-        conn.close()
-        with self._lock:
-            self._procs.pop(slot, None)
-
-    def _slot_loop(self, slot: int) -> None:
-        worker: tuple[Any, Connection] | None = None
+    def _dispatch(self) -> None:
+        """Hand waiting jobs to the engine, one per free worker."""
         while True:
-            job = self._queue.get()
+            job = self.queue.get()
             if job is None:
                 return
-            if job.done.is_set() or job.cancel_requested:
-                continue
-            if worker is None or not worker[0].is_alive():
-                worker = self._start_worker(slot)
-            proc, conn = worker
-            job.status, job.started, job.slot = "RUNNING", time.time(), slot
+            if job.done.is_set():
+                continue  # cancelled while waiting
             try:
-                conn.send(
-                    (
-                        job.task_id,
-                        self.module_for(job.function_name),
-                        job.function_name,
-                        job.args,
-                        job.kwargs,
-                    )
-                )
-            except (BrokenPipeError, OSError) as exc:
-                job.finish("FAILED", error={"type": "WorkerLost", "message": str(exc)})
-                self._stop_worker(slot, proc, conn)
-                worker = None
+                self.engine.wait_ready()  # the job stays PENDING (cancellable) until then
+            except EngineError as exc:
+                job.finish("FAILED", error={"type": "EngineError", "message": str(exc)})
                 continue
-            worker = self._await(slot, job, proc, conn)
-
-    def _await(self, slot: int, job: _Job, proc: Any, conn: Connection):  # noqa: ANN202
-        """Wait for the job's reply; the worker to use next (None: start a new one)."""
-        while True:
+            self.slots.acquire()
+            with job.lock:
+                runnable = not self.closed and not job.done.is_set()
+                if runnable:
+                    job.status, job.started = "RUNNING", time.time()
+            if not runnable:
+                self.slots.release()
+                if self.closed:
+                    job.finish("CANCELED", error=_CANCELED)
+                continue
+            try:
+                job.task = self.engine.submit(
+                    job.function, job.args, job.kwargs, job.resource_specification,
+                    task_id=uuid.UUID(job.task_id),
+                )  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - the engine refused: the task failed
+                self.slots.release()
+                job.finish("FAILED", error={"type": type(exc).__name__, "message": str(exc)})
+                continue
             if job.cancel_requested:
-                self._stop_worker(slot, proc, conn)
-                job.finish("CANCELED", error={"type": "Canceled", "message": "canceled"})
-                return None
+                self._stop(job)
+            job.task.future.add_done_callback(lambda _f, job=job: self._ended(job))
+
+    def _ended(self, job: _Job) -> None:
+        self.slots.release()
+        assert job.task is not None
+        outcome = self.engine.outcome(job.task)
+        self.engine.forget(job.task)
+        if outcome.ok:
             try:
-                ready = conn.poll(self.poll_seconds)
-            except (EOFError, OSError):
-                ready = False
-            if ready:
-                try:
-                    _task_id, ok, value = conn.recv()
-                except (EOFError, OSError):
-                    pass  # the worker died mid-reply: handled below
-                else:
-                    if ok:
-                        job.finish("SUCCEEDED", output=value)
-                    else:
-                        job.finish("FAILED", error=value)
-                    return proc, conn
-            if not proc.is_alive():
-                code = proc.exitcode
-                self._stop_worker(slot, proc, conn)
-                job.finish(
-                    "FAILED",
-                    error={
-                        "type": "WorkerLost",
-                        "message": f"the worker process running {job.function_name} ended "
-                        f"(exit code {code}{', killed by a signal' if code and code < 0 else ''})",
-                    },
-                )
-                return None
+                value = json.loads(json.dumps(outcome.value))
+            except (TypeError, ValueError) as exc:
+                job.finish("FAILED", error={
+                    "type": "TypeError",
+                    "message": f"{job.function_name} returned a value that is not JSON ({exc}); "
+                    "a flow can only carry JSON",
+                })  # fmt: skip
+            else:
+                job.finish("SUCCEEDED", output=value)
+            return
+        error = dict(outcome.error or {})
+        if job.cancel_requested:
+            job.finish("CANCELED", error=_CANCELED)
+            return
+        if error.get("type") == "WorkerLost":
+            error["message"] = (
+                f"the worker process running {job.function_name} ended ({error['message']}: "
+                "killed, or out of memory)"
+            )
+        job.finish("FAILED", error=error)
+
+    def cancel(self, job: _Job) -> None:
+        with job.lock:
+            job.cancel_requested = True
+            pending = job.status == "PENDING"
+        if pending:
+            job.finish("CANCELED", error=_CANCELED)
+        elif job.task is not None:
+            self._stop(job)
+
+    def _stop(self, job: _Job) -> None:
+        with job.lock:
+            if job.task is None or job.stop_sent:
+                return
+            job.stop_sent = True
+        threading.Thread(
+            target=self.engine.cancel, args=(job.task,), kwargs={"grace": self.cancel_grace},
+            name=f"compute-cancel-{job.task_id[:8]}", daemon=True,
+        ).start()  # fmt: skip
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            thread = self.thread
+        self.queue.put(None)
+        self.slots.release()  # a dispatcher waiting for a worker sees the close
+        self.engine.close()
+        if thread is not None:
+            thread.join(timeout=5)
 
 
-# -- the provider ----------------------------------------------------------------------------
 @dataclass
 class _Action:
     action_id: str
@@ -354,15 +313,14 @@ class LocalComputeProvider:
 
     def __init__(
         self,
-        endpoints: Mapping[str, WorkerPool | int],
+        endpoints: Mapping[str, ComputeEngine],
         resolve_function: FunctionResolver,
         *,
         keep_finished: int = 500,
+        cancel_grace: float = 30.0,
     ) -> None:
-        self.pools: dict[str, WorkerPool] = {
-            eid.lower(): pool if isinstance(pool, WorkerPool) else WorkerPool(pool)
-            for eid, pool in endpoints.items()
-            if eid
+        self.endpoints: dict[str, _Endpoint] = {
+            eid.lower(): _Endpoint(engine, cancel_grace) for eid, engine in endpoints.items() if eid
         }
         self.resolve_function = resolve_function
         self.keep_finished = keep_finished
@@ -371,14 +329,31 @@ class LocalComputeProvider:
 
     @classmethod
     def from_settings(cls, settings: Any, **kwargs: Any) -> LocalComputeProvider:
-        from beamflow.registry import Registry
+        from beamflow.registry import Registry, RegistryError, load_function
 
         registry = Registry(settings.registry_path, "local")
+
+        def resolve(function_id: str) -> Callable[..., Any] | None:
+            name = registry.name_of("function", function_id)
+            if name is None:
+                return None
+            try:
+                return load_function(name)
+            except RegistryError as exc:  # registered, but functions/NAME.py does not load
+                raise ActionUnableToRunError(
+                    str(exc), {"code": "FunctionNotLoadable", "description": str(exc)}
+                ) from None
+
         return cls(
-            {settings.compute.endpoint_id: WorkerPool(settings.compute.workers)},
-            lambda function_id: registry.name_of("function", function_id),
+            {settings.compute.endpoint_id: engine_from_settings(settings)},
+            resolve,
             **kwargs,
         )
+
+    def warm(self) -> None:
+        """Start the engines now (in the background), not at the first task."""
+        for endpoint in self.endpoints.values():
+            endpoint.engine.start()
 
     def start(self, body: dict[str, Any], context: RunContext | None = None) -> ActionStatus:
         try:
@@ -391,9 +366,9 @@ class LocalComputeProvider:
                 f"invalid compute request: {problems}",
                 {"code": "BadRequest", "description": f"invalid compute request: {problems}"},
             ) from None
-        pool = self.pools.get(request.endpoint_id.lower())
-        if pool is None:
-            known = ", ".join(self.pools) or "none configured"
+        endpoint = self.endpoints.get(request.endpoint_id.lower())
+        if endpoint is None:
+            known = ", ".join(self.endpoints) or "none configured"
             message = (
                 f"unknown compute endpoint {request.endpoint_id!r}: this machine runs only "
                 f"{known} (compute.endpoint_id in beamflow.toml)"
@@ -403,8 +378,8 @@ class LocalComputeProvider:
             )
         jobs = []
         for task in request.tasks:
-            name = self.resolve_function(task.function_id)
-            if name is None:
+            function = self.resolve_function(task.function_id)
+            if function is None:
                 message = (
                     f"function {task.function_id!r} is not registered on the local backend: "
                     "run `beamflow register functions`"
@@ -412,13 +387,21 @@ class LocalComputeProvider:
                 raise ActionUnableToRunError(
                     message, {"code": "UnknownFunction", "description": message}
                 )
+            try:
+                packed = endpoint.engine.pack_function(function)
+            except EngineError as exc:
+                raise ActionUnableToRunError(
+                    str(exc), {"code": "FunctionNotShippable", "description": str(exc)}
+                ) from None
             jobs.append(
                 _Job(
                     task_id=str(uuid.uuid4()),
                     function_id=task.function_id,
-                    function_name=name,
+                    function_name=getattr(function, "__name__", task.function_id),
+                    function=packed,
                     args=task.args,
                     kwargs=task.kwargs,
+                    resource_specification=request.resource_specification,
                 )
             )
         action = _Action(
@@ -432,7 +415,7 @@ class LocalComputeProvider:
             self._prune()
             self._actions[action.action_id] = action
         for job in jobs:
-            pool.submit(job)
+            endpoint.submit(job)
         return self._status(action)
 
     def status(self, action_id: str) -> ActionStatus:
@@ -440,9 +423,9 @@ class LocalComputeProvider:
 
     def cancel(self, action_id: str) -> ActionStatus:
         action = self._action(action_id)
-        pool = self.pools[action.endpoint_id.lower()]
+        endpoint = self.endpoints[action.endpoint_id.lower()]
         for job in action.jobs:
-            pool.cancel(job)
+            endpoint.cancel(job)
         for job in action.jobs:
             job.done.wait(timeout=15)
         return self._status(action)
@@ -456,8 +439,13 @@ class LocalComputeProvider:
         return self.status(action_id)
 
     def close(self) -> None:
-        for pool in self.pools.values():
-            pool.close()
+        """Shut the engines down; tasks still running are stopped, waiting ones cancelled."""
+        for endpoint in self.endpoints.values():
+            endpoint.close()
+        with self._lock:
+            jobs = [j for a in self._actions.values() for j in a.jobs]
+        for job in jobs:
+            job.finish("CANCELED", error=_CANCELED)
 
     # -- helpers -----------------------------------------------------------------------------
     def _action(self, action_id: str) -> _Action:
