@@ -169,3 +169,65 @@ def test_science_imports_nothing_else_of_beamflow_but_leaf_utilities():
         if not _under(t, SCIENCE + LEAVES) or (m in LEAVES and t != m)
     )
     assert wrong == []
+
+
+# The backend packages, each reached from outside through its root's public API (its
+# ``__all__``) only: the starters never import one backend's internals. The agent, the demo
+# and the status page do not even name a backend: they get one from beamflow.runs.get_backend.
+BACKEND_PACKAGES = ("beamflow.local", "beamflow.globus")
+BACKEND_BLIND = ("edge_agent", "beamflow.demo", "beamflow.status")
+
+
+def test_starters_import_a_backend_package_only_through_its_root():
+    wrong = sorted(
+        f"{m} -> {t}"
+        for m, targets in GRAPH.items()
+        if _under(m, STARTERS)
+        for t in targets
+        if _under(t, BACKEND_PACKAGES) and t not in BACKEND_PACKAGES
+    )
+    assert wrong == []
+
+
+def test_agent_demo_and_status_page_import_no_backend_package():
+    wrong = sorted(
+        f"{m} -> {t}"
+        for m, targets in GRAPH.items()
+        if _under(m, BACKEND_BLIND)
+        for t in targets
+        if _under(t, BACKEND_PACKAGES)
+    )
+    assert wrong == []
+
+
+def _public_names(package: str) -> set[str]:
+    tree = ast.parse(MODULES[package].read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def test_starters_use_only_the_public_api_of_a_backend_package():
+    wrong = []
+    for m, path in MODULES.items():
+        if not _under(m, STARTERS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in BACKEND_PACKAGES:
+                public = _public_names(node.module)
+                wrong += [f"{m} -> {node.module}.{a.name}" for a in node.names
+                          if a.name not in public]  # fmt: skip
+    assert wrong == []
+
+
+def test_the_rules_see_the_cli_package_and_the_backend_roots():
+    """The checks above are not vacuous: the CLI is a package of several modules, and it
+    reaches the backend packages' roots (flows, Globus account), which the rules allow."""
+    cli = [m for m in MODULES if _under(m, ("beamflow.cli",))]
+    assert len(cli) > 5
+    reached = {t for m in cli for t in GRAPH[m]}
+    assert set(BACKEND_PACKAGES) <= reached
+    assert _public_names("beamflow.local") and _public_names("beamflow.globus")

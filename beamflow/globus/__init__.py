@@ -1,6 +1,12 @@
 """The Globus backend: Auth, Flows, Transfer and Compute (same rooms as beamflow.local).
 
-``GlobusBackend`` is imported lazily: ``import beamflow.globus`` stays cheap for the CLI.
+The public API, all that code outside this package uses (tests/test_architecture.py checks
+it): ``GlobusBackend`` (through ``beamflow.runs.get_backend``), and the account tools of
+`beamflow login|logout|whoami|doctor`: ``interactive_auth`` (a :class:`GlobusAuth` for a
+person at a terminal), ``expiry_warnings`` (of its tokens) and ``run_checks`` (the doctor).
+
+Each is imported on first use: the Globus SDKs take about 0.1 s to import, and
+``import beamflow.globus`` stays cheap for the CLI and the local backend, which never need them.
 """
 
 from __future__ import annotations
@@ -8,9 +14,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from beamflow.globus.auth import GlobusAuth, expiry_warnings, interactive_auth
     from beamflow.globus.backend import GlobusBackend
+    from beamflow.globus.doctor import Check, run_checks
 
-__all__ = ["GlobusBackend"]
+__all__ = [
+    "Check",
+    "GlobusAuth",
+    "GlobusBackend",
+    "expiry_warnings",
+    "interactive_auth",
+    "run_checks",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -18,4 +33,12 @@ def __getattr__(name: str) -> Any:
         from beamflow.globus.backend import GlobusBackend
 
         return GlobusBackend
+    if name in ("GlobusAuth", "expiry_warnings", "interactive_auth"):
+        from beamflow.globus import auth
+
+        return getattr(auth, name)
+    if name in ("Check", "run_checks"):
+        from beamflow.globus import doctor
+
+        return getattr(doctor, name)
     raise AttributeError(f"module 'beamflow.globus' has no attribute {name!r}")

@@ -488,3 +488,10 @@ class GlobusAuth:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def interactive_auth(settings: Settings) -> GlobusAuth:
+    """The Globus login of ``settings`` for a person at a terminal (`beamflow login`,
+    `logout`, `whoami`): every registered flow's run scope required, a quick answer on a bad
+    network (:data:`INTERACTIVE`). Raises :class:`BackendError` with what to fix."""
+    return GlobusAuth(settings, flow_ids=registered_flow_ids(settings), network=INTERACTIVE)

@@ -1,23 +1,28 @@
 """The embedded local backend: beamflow's Globus Flows interpreter with local Transfer and
-Compute action providers (one machine, no network). See :mod:`beamflow.local.backend`."""
+Compute action providers (one machine, no network). See :mod:`beamflow.local.backend`.
+
+The public API, all that code outside this package uses (tests/test_architecture.py checks
+it): ``LocalBackend`` (through ``beamflow.runs.get_backend``), and the offline flow tool of
+`beamflow flows validate|run` (:mod:`beamflow.local.flowtool`): ``check_flow``, ``run_flow``,
+``providers_for`` and ``FlowToolError``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from beamflow.local.backend import LocalBackend
+from beamflow.local.flowtool import (
+    FlowCheck,
+    FlowToolError,
+    check_flow,
+    providers_for,
+    run_flow,
+)
 
-__all__ = ["LocalBackend", "providers_for"]
-
-
-def providers_for(settings: Any) -> Mapping[str, Any]:
-    """The local action providers by ActionUrl, configured from ``settings`` (collections
-    mapped to their roots, the compute endpoint to a GlobusComputeEngine): what ``beamflow flows
-    run`` gives a definition to run against. Close them (``.close()``) when done."""
-    from beamflow.local.compute import LocalComputeProvider
-    from beamflow.local.transfer import LocalTransferProvider
-
-    transfer = LocalTransferProvider.from_settings(settings)
-    compute = LocalComputeProvider.from_settings(settings)
-    return {transfer.url: transfer, compute.url: compute}
+__all__ = [
+    "FlowCheck",
+    "FlowToolError",
+    "LocalBackend",
+    "check_flow",
+    "providers_for",
+    "run_flow",
+]

@@ -1,19 +1,32 @@
-"""What `beamflow flows validate` and `beamflow flows run` do, kept out of the CLI module.
+"""What `beamflow flows validate` and `beamflow flows run` do, kept out of the CLI module:
+read a definition (and its input schema and input), check it as Globus Flows would, and run
+it on the local interpreter against the local Transfer and Compute action providers.
 
-``flows run`` uses the local action providers through ``beamflow.local.providers_for(settings)``
-(a mapping of ActionUrl → provider, written alongside the local transfer and compute
-providers); where that is not available, definitions without Action states still run and an
-Action state whose URL has no provider is reported before anything starts.
+Every failure the user can fix is a :class:`FlowToolError` naming the file and the reason,
+raised before anything runs, in the order the user meets them: the files, the definition,
+the action providers it needs, the input.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from beamflow.local.actions import ActionProvider
+from beamflow.config import ConfigError, Settings, load_config
+from beamflow.local.clock import SystemClock
+from beamflow.local.compute import LocalComputeProvider
+from beamflow.local.interpreter import FlowRunner, RunHandle
+from beamflow.local.transfer import LocalTransferProvider
+from beamflow.local.validation import (
+    FlowDefinitionError,
+    FlowInputError,
+    definition_warnings,
+    validate_definition,
+)
 
 
 class FlowToolError(Exception):
@@ -88,13 +101,83 @@ def action_urls(definition: dict[str, Any]) -> list[str]:
     )
 
 
-def local_providers(settings: Any) -> Mapping[str, ActionProvider]:
-    """The local action providers for ``settings`` (empty if none are available)."""
-    import beamflow.local as local
+def providers_for(settings: Settings) -> dict[str, LocalTransferProvider | LocalComputeProvider]:
+    """The local action providers by ActionUrl, configured from ``settings`` (collections
+    mapped to their roots, the compute endpoint to a GlobusComputeEngine). Close them
+    (``.close()``) when done. Raises :class:`ConfigError` for a compute configuration that
+    does not load."""
+    transfer = LocalTransferProvider.from_settings(settings)
+    compute = LocalComputeProvider.from_settings(settings)
+    return {transfer.url: transfer, compute.url: compute}
 
-    factory: Callable[[Any], Mapping[str, ActionProvider]] | None = getattr(
-        local, "providers_for", None
-    )
-    if factory is None:
-        return {}
-    return dict(factory(settings))
+
+@dataclass(frozen=True)
+class FlowCheck:
+    """What Globus Flows would say of a definition: ``problems`` (it would refuse it) and,
+    for one it would accept, ``warnings`` (things that are probably mistakes)."""
+
+    problems: list[str]
+    warnings: list[str]
+
+
+def check_flow(path: Path) -> FlowCheck:
+    """Check the definition in ``path``; :class:`FlowToolError` if it cannot be read."""
+    definition, _ = load_flow(path)
+    problems = validate_definition(definition)
+    return FlowCheck(problems, [] if problems else definition_warnings(definition))
+
+
+@contextmanager
+def run_flow(
+    path: Path,
+    input_text: str | None = None,
+    *,
+    schema_path: Path | None = None,
+    time_scale: float = 1.0,
+    config: Path | None = None,
+) -> Iterator[RunHandle]:
+    """Start the definition in ``path`` on the local interpreter with the input
+    ``input_text`` (JSON, or ``@file.json``); yields the running flow's handle and closes the
+    action providers on the way out.
+
+    The providers come from the configuration (``config``, or the usual search), loaded only
+    when the definition has Action states; when it does not load, the error says so next to
+    the Action URLs left without a provider. ``time_scale`` < 1 runs Wait states and polls
+    faster.
+    """
+    definition, input_schema = load_flow(path, schema_path)
+    body = parse_input(input_text)
+    providers: Mapping[str, LocalTransferProvider | LocalComputeProvider] = {}
+    why_none = ""
+    if isinstance(definition, dict) and action_urls(definition):
+        try:
+            providers = providers_for(load_config(config))
+        except ConfigError as exc:
+            why_none = f"; the configuration did not load: {exc}"
+    try:
+        try:
+            runner = FlowRunner(
+                definition,
+                providers,
+                flow_id=f"local:{path.stem}",
+                input_schema=input_schema,
+                clock=SystemClock(time_scale=time_scale),
+                poll_interval=min(1.0, 10.0 * time_scale),
+            )
+        except FlowDefinitionError as exc:
+            raise FlowToolError(f"{path}: " + "; ".join(exc.problems)) from None
+        if runner.missing_providers:
+            raise FlowToolError(
+                "no local action provider for "
+                + ", ".join(runner.missing_providers)
+                + " (the local backend provides the Transfer and Compute action providers)"
+                + why_none
+            )
+        try:
+            handle = runner.start(body, label=f"flows run {path.name}")
+        except FlowInputError as exc:
+            raise FlowToolError(f"{path}: " + "; ".join(exc.problems)) from None
+        yield handle
+    finally:
+        for provider in providers.values():
+            provider.close()

@@ -1,0 +1,121 @@
+"""The Globus account tools: `beamflow login`, `logout`, `whoami` and `doctor`.
+
+They use the Globus package's public API (``beamflow.globus``), imported inside each command:
+the SDKs are not loaded for the commands that never talk to Globus.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from beamflow.backend import BackendError
+from beamflow.cli.common import ConfigOption, JsonOption, console, fail, settings_from, warn
+from beamflow.config import Settings
+
+if TYPE_CHECKING:
+    from beamflow.globus import GlobusAuth
+
+
+def _auth(settings: Settings) -> GlobusAuth:
+    from beamflow.globus import interactive_auth
+
+    try:
+        return interactive_auth(settings)
+    except BackendError as exc:
+        fail(str(exc))
+
+
+def login(
+    force: Annotated[
+        bool, typer.Option("--force", help="Log in again even if the stored tokens suffice.")
+    ] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Log in to Globus: prints a URL, reads the code back. Grants Transfer, Flows, Compute
+    and every registered flow (run it again after `register flows`)."""
+    settings = settings_from(config)
+    with _auth(settings) as auth:
+        try:
+            ran = auth.login(force=force)
+        except BackendError as exc:
+            fail(str(exc))
+        if auth.is_service:
+            console.print(f"[green]tokens obtained[/] for client {settings.globus.client_id}")
+        elif not ran:
+            console.print("already logged in with every consent needed (--force to redo)")
+        else:
+            console.print(f"[green]logged in[/]; tokens stored in {auth.token_path}")
+
+
+def logout(config: ConfigOption = None) -> None:
+    """Revoke the stored Globus tokens and delete them from the token file."""
+    settings = settings_from(config)
+    with _auth(settings) as auth:
+        removed, problems = auth.logout()
+    if not removed:
+        console.print("not logged in: no tokens to remove")
+        return
+    console.print(f"logged out: tokens for {removed} services removed from {auth.token_path}")
+    if problems:
+        warn(f"could not revoke them with Globus Auth ({problems[0]}); they are deleted "
+             "here, and can be revoked at https://app.globus.org/account/consents")
+
+
+def whoami(as_json: JsonOption = False, config: ConfigOption = None) -> None:
+    """Who is logged in to Globus, and until when the tokens are good."""
+    from beamflow.globus import expiry_warnings
+
+    settings = settings_from(config)
+    with _auth(settings) as auth:
+        try:
+            info = auth.userinfo()
+        except BackendError as exc:
+            fail(str(exc))
+        tokens = auth.tokens()
+    if as_json:
+        print(json.dumps({**info, "tokens": [t.__dict__ for t in tokens]}))
+        return
+    console.print(f"[bold]{info.get('name') or info.get('preferred_username')}[/]")
+    console.print(f"  username  {info.get('preferred_username', '-')}")
+    console.print(f"  email     {info.get('email') or '-'}")
+    console.print(f"  identity  {info.get('sub')}")
+    linked = [i.get("username") for i in info.get("identity_set", []) if i.get("username")]
+    if len(linked) > 1:
+        console.print(f"  linked    {', '.join(linked)}")
+    for t in tokens:
+        until = time.strftime("%Y-%m-%d %H:%M", time.localtime(t.expires_at))
+        renew = "renews itself" if t.refreshable else f"expires {until}"
+        console.print(f"  token     {t.resource_server}: {renew}")
+    for warning in expiry_warnings(tokens):
+        warn(warning)
+
+
+def doctor(as_json: JsonOption = False, config: ConfigOption = None) -> None:
+    """Check the Globus setup (ids, login, collections, endpoint, flows) and say what to fix."""
+    from beamflow.globus import run_checks
+
+    settings = settings_from(config)
+    checks = run_checks(settings)
+    failed = [c for c in checks if c.outcome == "fail"]
+    if as_json:
+        print(json.dumps([c.model_dump() for c in checks]))
+    else:
+        mark = {
+            "ok": "[green]  ok[/]",
+            "warn": "[yellow]warn[/]",
+            "fail": "[red]FAIL[/]",
+            "skip": "[dim]skip[/]",
+        }
+        for c in checks:
+            console.print(f"{mark[c.outcome]}  {c.name}: {c.detail}", highlight=False)
+            if c.fix and c.outcome in ("fail", "warn"):
+                console.print(f"      fix: {c.fix}", highlight=False)
+        summary = f"{len(failed)} problem(s)" if failed else "everything needed is in place"
+        console.print(("[red]" if failed else "[green]") + summary + "[/]")
+    if failed:
+        raise typer.Exit(1)
+

@@ -1,0 +1,196 @@
+"""`beamflow reconstruct` (a scan, on this machine) and `beamflow previews` (of the newest
+verified checkpoint)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from beamflow.cli.common import ConfigOption, console, err_console, fail, settings_from
+from beamflow.validation_text import validation_text
+
+
+def reconstruct(
+    scan: Annotated[
+        Path, typer.Argument(help="Detector master file, scan directory or .cxi file.")
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Output directory (product, previews, checkpoints).")
+    ] = ...,  # type: ignore[assignment]
+    algorithm: Annotated[
+        str | None, typer.Option(help="rpie, epie, dm or lsqml (default: config).")
+    ] = None,
+    iterations: Annotated[
+        int | None,
+        typer.Option(min=0, help="Iterations over the current frames (default: config)."),
+    ] = None,
+    batch: Annotated[int | None, typer.Option(min=1, help="Positions per mini-batch.")] = None,
+    probe_modes: Annotated[int | None, typer.Option(min=1, help="Incoherent probe modes.")] = None,
+    probe: Annotated[
+        Path | None, typer.Option(help="Initial probe: .npy (complex) or a product .h5.")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: config).")] = None,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the batch order.")] = 0,
+    propagation: Annotated[
+        str | None,
+        typer.Option(help="far-field or near-field (default: the scan file's, else config, "
+                          "else far-field)."),
+    ] = None,
+    focus_distance: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="Near field, cone beam: focus-to-sample distance z1 in "
+                                   "metres (Fresnel scaling; default: scan file, config)."),
+    ] = None,
+    checkpoint_every: Annotated[
+        int | None, typer.Option(min=0, help="Checkpoint to DIR/checkpoints every N iterations.")
+    ] = None,
+    checkpoint_seconds: Annotated[
+        float | None, typer.Option(min=0.001, help="... and/or every S seconds.")
+    ] = None,
+    l1_dir: Annotated[
+        Path | None,
+        typer.Option(help="Node-local dir for frequent L1 checkpoints (or hpc.node_local_dir, "
+                          "$BEAMFLOW_CHECKPOINT_L1_DIR)."),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option(help="Continue from a compatible checkpoint in DIR if there is one.")
+    ] = True,
+    max_frames: Annotated[int | None, typer.Option(min=1, help="Use at most N frames.")] = None,
+    allow_partial: Annotated[
+        bool, typer.Option(help="Use the frames written so far of a scan still being acquired.")
+    ] = False,
+    preview_every: Annotated[
+        int | None, typer.Option(min=0, help="Refresh previews every N iterations (0: at end).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line (summary).")] = False,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "WARNING",
+    config: ConfigOption = None,
+) -> None:
+    """Reconstruct a scan: DIR/product.h5, DIR/previews/*.png, DIR/checkpoints/.
+
+    A compatible checkpoint in DIR is resumed (also with more frames of the same scan); an
+    incompatible one is refused unless --no-resume. SIGTERM saves a checkpoint and exits.
+    """
+    from beamflow.checkpoint import IncompatibleCheckpoint
+    from beamflow.formats import ScanFormatError
+    from beamflow.ptycho.backend import BackendError
+    from beamflow.reconstruct import (
+        ReconstructError,
+        ReconstructJob,
+        plain_words,
+        run_reconstruction,
+    )
+
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    settings = settings_from(config)
+    rc = settings.reconstruction
+    node_local = settings.hpc.node_local_dir
+    try:
+        job = ReconstructJob(
+            scan=scan, out=out, algorithm=algorithm or rc.algorithm,
+            iterations=rc.iterations if iterations is None else iterations,
+            batch=batch if batch is not None else rc.batch,
+            probe_modes=probe_modes or rc.probe_modes, seed=seed, probe=probe,
+            device=device or rc.device,
+            checkpoint_every=rc.checkpoint_every if checkpoint_every is None else checkpoint_every,
+            checkpoint_seconds=checkpoint_seconds, l1_dir=l1_dir or node_local, resume=resume,
+            max_frames=max_frames, allow_partial=allow_partial,
+            preview_every=rc.preview_every if preview_every is None else preview_every,
+            propagation=propagation or rc.propagation,
+            focus_distance_m=focus_distance if focus_distance is not None
+            else rc.focus_distance_m,
+        )  # fmt: skip
+    except ValidationError as exc:
+        fail(f"invalid reconstruction settings: {validation_text(exc, skip=['params'])}", code=2)
+
+    bar = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=err_console, disable=as_json, transient=False,
+    )  # fmt: skip
+    task = bar.add_task(f"{job.params.algorithm} {scan.name}", total=None, loss="-")
+
+    def progress(done: int, total: int, loss: float | None) -> None:
+        if not bar.live.is_started:  # only once the scan has loaded: errors print cleanly
+            bar.start()
+        bar.update(task, completed=done, total=total,
+                   loss="-" if loss is None else f"{loss:.4g}")
+
+    try:
+        summary = run_reconstruction(job, progress=progress)
+    except (ScanFormatError, IncompatibleCheckpoint, ReconstructError, BackendError) as exc:
+        fail(str(exc))
+    except OSError as exc:  # name the file the system refused, not the scan
+        where = exc.filename if exc.filename is not None else out
+        fail(f"{where}: {exc.strerror or exc}")
+    except (ValueError, FloatingPointError) as exc:
+        fail(f"{scan}: {plain_words(str(exc))}")
+    finally:
+        if bar.live.is_started:  # a bar never shown would still print an empty line
+            bar.stop()
+    if as_json:
+        print(json.dumps(summary.model_dump(mode="json")))
+        return
+    spi = summary.seconds_per_iteration
+    resumed = summary.resumed_from_iteration
+    console.print(f"[green]reconstructed[/] {scan} ({summary.n_frames} frames) on {summary.device}")
+    console.print(f"  iterations  {summary.iterations}"
+                  + (f" (resumed from {resumed})" if resumed is not None else "")
+                  + (f", {spi * 1e3:.1f} ms each" if spi else ""))
+    if summary.final_loss is not None:
+        console.print(f"  final loss  {summary.final_loss:.4g}")
+    console.print(f"  model       {summary.propagation}, object pixel "
+                  f"{summary.object_pixel_size_m * 1e9:.4g} nm")
+    if summary.verdict == "trusted":
+        console.print("  verdict     [green]trusted[/]")
+    else:
+        console.print("  verdict     [bold red]SUSPECT[/]")
+        for reason in summary.verdict_reasons:
+            console.print(f"    - {reason}", highlight=False)
+    console.print(f"  product     {summary.product}")
+    for p in summary.previews:
+        console.print(f"  preview     {p}")
+    for e in summary.checkpoint_errors[:3]:
+        err_console.print(f"[yellow]warning:[/] {e}", highlight=False)
+
+
+def previews(
+    checkpoints: Annotated[
+        list[Path],
+        typer.Argument(help="Checkpoint directories (e.g. RUN/checkpoints and the L1 dir)."),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the PNGs.")] = ...,  # type: ignore[assignment]
+) -> None:
+    """Previews of the newest verified checkpoint, while a reconstruction runs or after it.
+
+    Safe at any moment: a checkpoint is read only once its sha256 verifies, never a file
+    being written. Exit 1 with a message when no checkpoint verifies yet.
+    """
+    from beamflow.checkpoint import CorruptCheckpoint
+    from beamflow.reconstruct import ReconstructError, previews_from_checkpoint
+
+    missing = [str(d) for d in checkpoints if not d.is_dir()]
+    if missing:
+        fail(f"not a directory: {', '.join(missing)}")
+    try:
+        files = previews_from_checkpoint(list(checkpoints), out)
+    except (ReconstructError, CorruptCheckpoint, OSError, ValueError) as exc:
+        fail(str(exc))
+    if files is None:
+        fail(f"no verified checkpoint yet in {', '.join(str(d) for d in checkpoints)}")
+    for p in files.values():
+        console.print(f"  preview     {p}")
+

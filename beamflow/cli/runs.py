@@ -1,0 +1,344 @@
+"""`beamflow runs list|show|start|retry|cancel`: the run store, and runs started, followed,
+retried and cancelled through the shared run path (beamflow.runs) on the configured backend."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from beamflow.backend import Backend, BackendError
+from beamflow.cli.common import (
+    HELP,
+    ConfigOption,
+    JsonOption,
+    console,
+    data_table,
+    duration,
+    err_console,
+    fail,
+    open_backend,
+    open_store,
+    settings_from,
+)
+from beamflow.config import Settings
+from beamflow.console import styled_status
+from beamflow.store import Run, RunStatus, Store
+
+app = typer.Typer(help="List, inspect, start, retry and cancel runs.", **HELP)
+
+
+@app.command("list")
+def runs_list(
+    status: Annotated[
+        str | None, typer.Option(help="Only runs with this status (e.g. FAILED).")
+    ] = None,
+    scan: Annotated[
+        str | None, typer.Option(help="Only scans whose name or path contains this.")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many runs.")] = 50,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Runs, newest first."""
+    if status is not None and status.upper() not in RunStatus.__members__:
+        fail(f"--status must be one of {', '.join(RunStatus)}, not {status!r}", code=2)
+    store = open_store(settings_from(config))
+    runs = store.list_runs(status=status, scan=scan, limit=limit)
+    names = store.display_names(runs)
+    if as_json:
+        print(json.dumps([{**r.model_dump(mode="json"), "display_name": names[r.id]}
+                          for r in runs]))  # fmt: skip
+        return
+    table = data_table(f"runs ({store.count_runs(status=status, scan=scan)} in all)")
+    for column in ("id", "scan", "status", "step", "created", "duration", "scan path", "error"):
+        table.add_column(column, overflow="fold")
+    for r in runs:
+        table.add_row(
+            r.id[:8],
+            names[r.id],
+            styled_status(r.status),
+            r.current_step or "-",
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at)),
+            duration(r.duration),
+            r.scan_path or "-",
+            r.error or "",
+        )
+    console.print(table)
+
+
+def _find_run(store: Store, run_id: str) -> Run:
+    run = store.get_run(run_id)
+    if run is None:  # accept the short id the table shows
+        matches = [r for r in store.list_runs(limit=None) if r.id.startswith(run_id)]
+        if len(matches) == 1:
+            run = matches[0]
+        elif len(matches) > 1:
+            fail(f"run id {run_id!r} is ambiguous ({len(matches)} runs start with it)")
+    if run is None:
+        fail(f"no run {run_id!r} in {store.path}")
+    return run
+
+
+def _refreshed(settings: Settings, store: Store, run: Run) -> Run:
+    """``run`` brought up to date from its backend; as it was, with a warning, where the
+    backend cannot say."""
+    from beamflow.runs import get_backend, sync_run
+
+    try:
+        backend = get_backend(settings)
+        try:
+            return sync_run(store, backend, run)
+        finally:
+            backend.close()
+    except BackendError as exc:
+        err_console.print(f"[yellow]warning:[/] could not refresh from {run.backend}: {exc}")
+        return run
+
+
+@app.command("show")
+def runs_show(
+    run_id: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """One run: status, steps with timings, error, previews, product.
+
+    An unfinished run is brought up to date from its backend first (nobody else may be
+    following it, e.g. a Globus run started with `runs start` without --wait)."""
+    settings = settings_from(config)
+    store = open_store(settings)
+    run = _find_run(store, run_id)
+    if not run.status.finished and run.backend_run_id and run.backend == settings.backend:
+        run = _refreshed(settings, store, run)
+    steps = store.steps(run.id)
+    name = store.display_names([run])[run.id]
+    if as_json:
+        data = {**run.model_dump(mode="json"), "display_name": name}
+        data["steps"] = [s.model_dump(mode="json") for s in steps]
+        print(json.dumps(data))
+        return
+    out = {"highlight": False, "soft_wrap": True}  # names and paths stay whole
+    console.print(f"[bold]{escape(name)}[/]  run {run.id}", **out)
+    console.print(f"  scan      {escape(run.scan_path or run.scan)}", **out)
+    console.print(f"  status    {styled_status(run.status)}", **out)
+    console.print(f"  flow      {run.flow} on {run.backend}", **out)
+    console.print(f"  duration  {duration(run.duration)}", **out)
+    if run.iteration is not None:
+        console.print(f"  progress  iteration {run.iteration} of {run.iterations_total or '?'}",
+                      **out)
+    truth = run.result.get("truth") if isinstance(run.result, dict) else None
+    if isinstance(truth, dict) and truth.get("nrmse") is not None:
+        console.print(f"  vs truth  NRMSE {truth['nrmse']:.3f} (complex, against "
+                      f"{escape(str(truth.get('ground_truth', 'the ground truth')))})", **out)
+    if run.error:
+        console.print(f"  error     [red]{escape(run.error_step or '')}: {escape(run.error)}[/]",
+                      **out)
+    if run.product:
+        console.print(f"  product   {escape(run.product)}", **out)
+    for p in run.previews:
+        console.print(f"  preview   {escape(p)}", **out)
+    if steps:
+        table = data_table("steps")
+        for column in ("step", "status", "duration"):
+            table.add_column(column, overflow="fold")
+        for s in steps:
+            table.add_row(s.name, s.status, duration(s.duration))
+        console.print(table)
+
+
+ParamOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--param", "-p", help="Reconstruction parameter KEY=VALUE (repeatable), e.g. iterations=50."
+    ),
+]
+WaitOption = Annotated[
+    bool, typer.Option("--wait/--no-wait", help="Follow the run until it ends; exit 1 if it fails.")
+]
+
+
+def _follow(settings: Settings, store: Store, backend: Backend, run: Run) -> Run:
+    """Follow ``run`` with a progress bar (stderr) until it ends; Ctrl-C cancels it."""
+    from beamflow.runs import cancel_run, follow_run
+
+    def describe(r: Run) -> str:
+        return f"{r.scan}: {r.current_step or r.status.value}"
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("iteration {task.completed:.0f}/{task.total:.0f}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(describe(run), total=run.iterations_total or 1)
+
+        def show(r: Run) -> None:
+            progress.update(
+                task,
+                description=describe(r),
+                completed=r.iteration or 0,
+                total=r.iterations_total or progress.tasks[0].total,
+            )
+
+        try:
+            return follow_run(store, backend, run, poll_seconds=0.5, max_poll_seconds=5.0,
+                              on_update=show)  # fmt: skip
+        except KeyboardInterrupt:
+            progress.stop()
+            err_console.print(f"interrupted: cancelling run {run.id}")
+            run = cancel_run(settings, run.id, store=store, backend=backend)
+            follow_run(store, backend, run, poll_seconds=0.5, timeout=30)
+            raise typer.Exit(130) from None
+
+
+def _report(store: Store, run: Run, as_json: bool) -> None:
+    """Print how the run ended (or stands); exit 1 if it failed."""
+    if as_json:
+        data = run.model_dump(mode="json")
+        data["steps"] = [s.model_dump(mode="json") for s in store.steps(run.id)]
+        print(json.dumps(data))
+    else:
+        out = {"highlight": False, "soft_wrap": True}  # paths stay whole, one per line
+        console.print(f"run {run.id}  {styled_status(run.status)}  {run.scan}", **out)
+        if run.backend_run_id:
+            console.print(f"  {run.backend} run  {run.backend_run_id}", **out)
+        for s in store.steps(run.id):
+            console.print(f"  step      {s.name}: {s.status} ({duration(s.duration)})", **out)
+        if run.product:
+            console.print(f"  product   {run.product}", **out)
+        for p in run.previews:
+            console.print(f"  preview   {p}", **out)
+    if run.status == RunStatus.FAILED:
+        fail(f"run {run.id} failed in {run.error_step or 'an unknown step'}: {run.error}")
+
+
+@app.command("start")
+def runs_start(
+    scan: Annotated[Path, typer.Argument(help="Scan directory, *_master.h5 or .cxi file.")],
+    wait: WaitOption = False,
+    param: ParamOption = None,
+    flow: Annotated[
+        str, typer.Option(help="ptycho_reconstruct, or ptycho_shared_fs (no transfers).")
+    ] = "ptycho_reconstruct",
+    label: Annotated[str | None, typer.Option(help="Run label (default: scan and run).")] = None,
+    direct: Annotated[
+        bool,
+        typer.Option(
+            "--direct",
+            help="Globus: submit the reconstruct function to the compute endpoint without a "
+            "flow or transfers (shared file system) and wait for it.",
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Start one flow run of SCAN through the configured backend and record it."""
+    from beamflow.runs import RunInputError, parse_param, run_direct, start_scan_run
+
+    settings = settings_from(config)
+    try:
+        params = dict(parse_param(p) for p in param or [])
+    except RunInputError as exc:
+        fail(str(exc), code=2)
+    if direct and settings.backend != "globus":
+        fail("--direct submits to a Globus Compute endpoint: it needs backend = \"globus\" "
+             "(the local backend runs the function in-process anyway)", code=2)  # fmt: skip
+    store = open_store(settings)
+    backend = open_backend(settings)
+    try:
+        if direct:
+            try:
+                run = run_direct(settings, store, backend, scan, params=params, label=label)
+            except RunInputError as exc:
+                fail(str(exc))
+            _report(store, run, as_json)
+            return
+        try:
+            run = start_scan_run(settings, store, backend, scan, params=params, label=label,
+                                 flow=flow)  # fmt: skip
+        except RunInputError as exc:
+            fail(str(exc))
+        if run.status == RunStatus.FAILED:
+            _report(store, run, as_json)
+        if backend.name == "local" and not wait:
+            # A local run lives in the process that started it: leaving would lose it.
+            err_console.print(
+                "the local backend runs flows inside this process: following the run "
+                "(Ctrl-C cancels it)"
+            )
+            wait = True
+        if wait:
+            run = _follow(settings, store, backend, run)
+        _report(store, run, as_json)
+    finally:
+        backend.close()
+
+
+@app.command("retry")
+def runs_retry(
+    run_id: Annotated[str, typer.Argument(help="A failed or cancelled run (id or prefix).")],
+    wait: WaitOption = False,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Start a new attempt of a failed run (same scan, flow and parameters; it continues from
+    the scan's checkpoints)."""
+    from beamflow.runs import RunInputError, retry_run
+
+    settings = settings_from(config)
+    store = open_store(settings)
+    old = _find_run(store, run_id)
+    backend = open_backend(settings)
+    try:
+        try:
+            run = retry_run(settings, old.id, store=store, backend=backend)
+        except RunInputError as exc:
+            fail(str(exc))
+        err_console.print(f"run {run.id} retries {old.id} (attempt {run.attempt})")
+        if run.status != RunStatus.FAILED and (wait or backend.name == "local"):
+            run = _follow(settings, store, backend, run)
+        _report(store, run, as_json)
+    finally:
+        backend.close()
+
+
+@app.command("cancel")
+def runs_cancel(
+    run_id: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
+    timeout: Annotated[
+        float, typer.Option(min=0, help="Seconds to wait for the backend to stop it.")
+    ] = 30.0,
+    config: ConfigOption = None,
+) -> None:
+    """Cancel a queued or running run."""
+    from beamflow.runs import cancel_run, follow_run
+
+    settings = settings_from(config)
+    store = open_store(settings)
+    run = _find_run(store, run_id)
+    if run.status.finished:
+        console.print(f"run {run.id} already ended: {run.status}")
+        return
+    backend = open_backend(settings)
+    try:
+        run = cancel_run(settings, run.id, store=store, backend=backend)
+        if not run.status.finished:
+            run = follow_run(store, backend, run, poll_seconds=0.5, timeout=timeout)
+    except BackendError as exc:
+        fail(f"cannot cancel run {run.id}: {exc}")
+    finally:
+        backend.close()
+    if run.status.finished:
+        console.print(f"run {run.id}: {run.status}")
+    else:
+        console.print(f"run {run.id}: cancel requested; the backend has not stopped it yet")
+

@@ -1,0 +1,109 @@
+"""`beamflow init` (a workspace) and `beamflow simulate` (a scan written as a detector would)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+from beamflow.cli.common import ConfigOption, console, err_console, fail, settings_from
+from beamflow.config import CONFIG_NAME, globus_workspace_toml, local_workspace_toml
+
+
+def init(
+    directory: Annotated[Path, typer.Argument(help="Workspace directory to create.")],
+    backend: Annotated[
+        str, typer.Option(help="local (works now, offline) or globus (a template to fill in).")
+    ] = "local",
+    force: Annotated[bool, typer.Option(help="Overwrite an existing beamflow.toml.")] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Create a workspace: beamflow.toml, beamline/{detector,previews}, hpc/, state/."""
+    if backend not in ("local", "globus"):
+        fail(f"--backend must be 'local' or 'globus', not {backend!r}", code=2)
+    target = directory / CONFIG_NAME
+    if target.exists() and not force:
+        fail(f"{target} exists already (use --force to overwrite)")
+    for sub in ("beamline/detector", "beamline/previews", "hpc", "state"):
+        (directory / sub).mkdir(parents=True, exist_ok=True)
+    text = local_workspace_toml() if backend == "local" else globus_workspace_toml()
+    target.write_text(text)
+    if backend == "local":
+        settings_from(target)  # what init writes must load
+    console.print(f"[green]workspace ready:[/] {directory.resolve()}")
+    console.print(f"  config      {target}")
+    console.print(f"  detector    {directory / 'beamline/detector'}  (the agent watches this)")
+    console.print(f"  previews    {directory / 'beamline/previews'}")
+    if backend == "globus":
+        console.print("  next: fill in the ids marked FILL, then `beamflow login`.")
+    else:
+        console.print(
+            f"  next: cd {directory} && beamflow register functions && beamflow register flows"
+        )
+
+
+def simulate(
+    out_dir: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Directory the detector writes into (default: config beamline.detector_dir).",
+            file_okay=False,
+        ),
+    ] = None,
+    name: Annotated[
+        str, typer.Option(help="Scan name: writes OUT_DIR/NAME/NAME_master.h5, data files.")
+    ] = ...,  # type: ignore[assignment]
+    positions: Annotated[int, typer.Option(min=1, help="Scan positions (frames).")] = 200,
+    probe_size: Annotated[int, typer.Option(min=8, help="Frame / probe size in pixels.")] = 64,
+    photons: Annotated[float, typer.Option(min=1, help="Mean photons per frame.")] = 1e6,
+    seed: Annotated[int, typer.Option(help="Random seed (same seed, same files).")] = 0,
+    frames_per_file: Annotated[int, typer.Option(min=1, help="Frames per data file.")] = 50,
+    rate: Annotated[
+        float | None, typer.Option(min=0.001, help="Frames per second (default: at once).")
+    ] = None,
+    overlap: Annotated[
+        float, typer.Option(min=0.0, max=0.95, help="Linear probe overlap of neighbours.")
+    ] = 0.75,
+    pattern: Annotated[str, typer.Option(help="spiral (Fermat) or raster.")] = "spiral",
+    stop_after: Annotated[
+        int | None, typer.Option(min=0, help="Abort the scan after this many frames.")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing scan of that name.")] = False,
+    propagation: Annotated[
+        str, typer.Option(help="far-field, or near-field (a PETRA-like cone beam: holograms).")
+    ] = "far-field",
+    config: ConfigOption = None,
+) -> None:
+    """Simulate a ptychography scan and write it as the detector would, file by file.
+
+    Writes OUT_DIR/NAME/ground_truth.h5 and NAME_master.h5 first,
+    then NAME_data_NNNNNN.h5 files as the frames are acquired at --rate.
+    """
+    from beamflow.simulate import simulate_scan
+
+    if pattern not in ("spiral", "raster"):
+        fail(f"--pattern must be 'spiral' or 'raster', not {pattern!r}", code=2)
+    if propagation not in ("far-field", "near-field"):
+        fail(f"--propagation must be 'far-field' or 'near-field', not {propagation!r}", code=2)
+    if out_dir is None:
+        out_dir = settings_from(config).beamline.detector_dir
+    with Progress(
+        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=err_console, transient=False,
+    ) as bar:  # fmt: skip
+        task = bar.add_task(f"simulating {name}", total=positions)
+        try:
+            master = simulate_scan(
+                out_dir, name, positions=positions, probe_size=probe_size, photons=photons,
+                seed=seed, frames_per_file=frames_per_file, rate_hz=rate, overlap=overlap,
+                pattern=pattern, stop_after=stop_after, overwrite=overwrite,
+                propagation=propagation,
+                progress=lambda done, total: bar.update(task, completed=done),
+            )  # fmt: skip
+        except (FileExistsError, ValueError, OSError) as exc:
+            fail(str(exc))
+    console.print(f"[green]scan written:[/] {master}")
+    console.print(f"  ground truth  {master.parent / 'ground_truth.h5'}")
+
