@@ -142,3 +142,65 @@ def test_run_refuses_an_invalid_definition_with_the_reasons(workdir):
     result = runner.invoke(app, ["flows", "run", str(write(workdir / "m.json", bad))])
     assert result.exit_code == 1
     assert "'Map'" in result.output
+
+
+TRANSFER_URL = "https://transfer.actions.globus.org/transfer"
+
+
+def transfer_definition(workdir: Path) -> Path:
+    """A flow that copies beamline/scan.txt to the HPC collection of `beamflow init`'s
+    workspace (its collection ids)."""
+    from beamflow.config import load_config
+
+    settings = load_config(workdir / "ws" / "beamflow.toml")
+    definition = {
+        "StartAt": "Copy",
+        "States": {
+            "Copy": {
+                "Type": "Action",
+                "ActionUrl": TRANSFER_URL,
+                "Parameters": {
+                    "source_endpoint": settings.beamline.collection_id,
+                    "destination_endpoint": settings.hpc.collection_id,
+                    "DATA": [{"source_path": "/scan.txt", "destination_path": "/scan.txt"}],
+                },
+                "ResultPath": "$.copy",
+                "End": True,
+            }
+        },
+    }
+    return write(workdir / "copy.json", definition)
+
+
+def test_run_moves_data_with_the_workspace_providers_and_closes_them(workdir, monkeypatch):
+    from beamflow.local import flowtool
+
+    assert runner.invoke(app, ["init", "ws"]).exit_code == 0
+    (workdir / "ws/beamline/scan.txt").write_text("frames")
+    closed = []
+    real = flowtool.providers_for
+
+    def spied(settings):  # noqa: ANN001, ANN202
+        providers = real(settings)
+        for p in providers.values():
+            monkeypatch.setattr(p, "close", lambda p=p, c=p.close: (closed.append(p.url), c()))
+        return providers
+
+    monkeypatch.setattr(flowtool, "providers_for", spied)
+    result = runner.invoke(app, ["flows", "run", str(transfer_definition(workdir)), "--json",
+                                 "--time-scale", "0.01", "--config", "ws/beamflow.toml"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["status"] == "SUCCEEDED"
+    assert (workdir / "ws/hpc/scan.txt").read_text() == "frames"
+    assert len(closed) == 2 and TRANSFER_URL in closed
+
+
+def test_run_says_why_there_is_no_provider_when_the_config_does_not_load(workdir):
+    assert runner.invoke(app, ["init", "ws"]).exit_code == 0
+    path = transfer_definition(workdir)
+    broken = workdir / "broken.toml"
+    broken.write_text('backend = "local"\n[reconstruction]\niterations = "many"\n')
+    result = runner.invoke(app, ["flows", "run", str(path), "--config", str(broken)])
+    assert result.exit_code == 1
+    assert f"no local action provider for {TRANSFER_URL}" in result.output
+    assert "the configuration did not load" in result.output and "broken.toml" in result.output
