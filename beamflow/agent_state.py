@@ -8,13 +8,13 @@ store stays the source of truth, and a missing or stale file only means the pane
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
+
+from beamflow.atomic import atomic_write_json
 
 FILE_NAME = "agent.json"
 FORMAT = "beamflow.agent-state/1"
@@ -76,9 +76,7 @@ def state_path(state_dir: Path) -> Path:
 def write_state(path: Path, state: AgentState) -> None:
     """Replace ``path`` atomically: a reader sees the old file or the new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(state.model_dump(mode="json"), indent=1))
-    os.replace(tmp, path)
+    atomic_write_json(path, state.model_dump(mode="json"), durable=False)
 
 
 def read_state(path: Path) -> AgentState | None:

@@ -135,6 +135,23 @@ def _collection_path(path: PurePosixPath, root: PurePosixPath, what: str) -> str
     return "/" + rel.as_posix() if rel.parts else "/"
 
 
+def scan_location(settings: Settings, scan_path: str | Path) -> Path:
+    """The scan's one path, as every part names it (``scan_path``): absolute, symlinks
+    resolved, checked to exist inside the beamline collection (or it could not be
+    transferred). Checked when a run is created and again when it starts (the files may have
+    gone in between)."""
+    scan = Path(scan_path).expanduser().resolve()
+    if not scan.exists():
+        raise RunInputError(f"scan {scan} does not exist")
+    beamline_root = Path(settings.beamline.collection_root).resolve()
+    if not scan.is_relative_to(beamline_root):
+        raise RunInputError(
+            f"scan {scan} is outside the beamline collection root {beamline_root} "
+            "(beamline.collection_root in beamflow.toml): it cannot be transferred"
+        )
+    return scan
+
+
 def flow_input_for(
     settings: Settings,
     scan_path: str | Path,
@@ -153,15 +170,8 @@ def flow_input_for(
         raise RunInputError(f"no input recipe for flow {flow!r} (known: {', '.join(FLOWS)})")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}", run_name):
         raise RunInputError(f"run name {run_name!r}: letters, digits, '_' and '-' only")
-    scan = Path(scan_path).expanduser().resolve()
-    if not scan.exists():
-        raise RunInputError(f"scan {scan} does not exist")
+    scan = scan_location(settings, scan_path)
     beamline_root = Path(settings.beamline.collection_root).resolve()
-    if not scan.is_relative_to(beamline_root):
-        raise RunInputError(
-            f"scan {scan} is outside the beamline collection root {beamline_root} "
-            "(beamline.collection_root in beamflow.toml): it cannot be transferred"
-        )
     # A master file links its data files in the same directory: the directory goes.
     master = scan.is_file() and scan.name.endswith(MASTER_SUFFIX)
     moved = scan.parent if master else scan
@@ -259,9 +269,7 @@ def create_scan_run(
     :class:`RunInputError` for a bad scan path or parameters)."""
     if flow not in FLOWS:
         raise RunInputError(f"unknown flow {flow!r} (known: {', '.join(FLOWS)})")
-    scan = Path(scan_path).expanduser().resolve()
-    if not scan.exists():
-        raise RunInputError(f"scan {scan} does not exist")
+    scan = scan_location(settings, scan_path)
     merged = reconstruction_params(settings, params)
     return store.create_run(
         scan=scan_name(scan),

@@ -35,6 +35,7 @@ def reconstruct(
     run_name: str | None = None,
 ) -> dict[str, Any]:
     """Reconstruct ``scan`` into ``output_dir`` (product.h5, previews/); return a summary."""
+    import contextlib
     import dataclasses
     import json
     import os
@@ -45,7 +46,9 @@ def reconstruct(
     from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
     try:
+        from beamflow.atomic import atomic_write_json
         from beamflow.reconstruct import ReconstructJob, RunParameters, run_reconstruction
+        from beamflow.validation_text import validation_text
     except ImportError as exc:
         raise RuntimeError(
             f"scan {scan!r}: beamflow.reconstruct is not importable on this endpoint ({exc}); "
@@ -75,9 +78,7 @@ def reconstruct(
             run_name=run_name,
         )
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
+        problems = validation_text(exc)
         raise ValueError(f"scan {label}: invalid arguments: {problems}") from None
 
     # -- confinement: every path inside an allowed root, after resolving symlinks ----------
@@ -162,12 +163,8 @@ def reconstruct(
             return
         last_write[0] = now
         record = {"iteration": done, "iterations_total": target, "loss": loss, "time": now}
-        tmp = progress_file.with_name(f".progress.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(record, default=float))
-            os.replace(tmp, progress_file)
-        except OSError:
-            pass  # progress is a courtesy; the reconstruction goes on
+        with contextlib.suppress(OSError):  # progress is a courtesy; the reconstruction goes on
+            atomic_write_json(progress_file, record, durable=False)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()

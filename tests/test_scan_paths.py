@@ -160,3 +160,15 @@ def test_help_at_80_columns_keeps_every_option_name_whole(tmp_path: Path) -> Non
                     assert opt in words, (path, opt)
                     checked += 1
     assert checked > 70  # every command, every option
+
+
+def test_a_scan_outside_the_beamline_collection_is_refused_before_a_run_is_queued(workspace):
+    ws, store, _runs = workspace
+    settings = load_config(ws / "beamflow.toml")
+    outside = write_scan(ws.parent / "elsewhere")
+    before = len(store.list_runs())
+    from beamflow.runs import RunInputError
+
+    with pytest.raises(RunInputError, match="outside the beamline collection root"):
+        create_scan_run(settings, store, outside)
+    assert len(store.list_runs()) == before

@@ -44,6 +44,8 @@ import hdf5plugin
 import numpy as np
 from pydantic import ValidationError
 
+from beamflow.validation_text import validation_text
+
 from ._h5 import atomic_h5, dataset, length_scale, open_h5, read_array, read_length_m, read_scalar
 from .errors import ScanFormatError
 from .scan import Geometry, Scan, ZonePlateOptics, check_positions
@@ -344,12 +346,8 @@ def _geometry(f: h5py.File, master: Path) -> Geometry:
     try:
         return Geometry(energy_eV=energy, distance_m=distance, detector_pixel_size_m=px)
     except ValidationError as exc:
-        raise ScanFormatError(master, DETECTOR, f"invalid geometry: {_first_error(exc)}") from exc
-
-
-def _first_error(exc: ValidationError) -> str:
-    e = exc.errors()[0]
-    return f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']} (got {e.get('input')!r})"
+        problem = validation_text(exc, show_input=True, first_only=True)
+        raise ScanFormatError(master, DETECTOR, f"invalid geometry: {problem}") from exc
 
 
 def _positions(f: h5py.File, master: Path) -> np.ndarray:

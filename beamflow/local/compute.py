@@ -38,14 +38,14 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from beamflow.local.actions import ActionStatus, ActionUnableToRunError, RunContext
+from beamflow.local.actions import ActionStatus, ActionUnableToRunError, RunContext, iso_time
 from beamflow.local.engine import ComputeEngine, EngineError, EngineTask, default_engine_yaml
+from beamflow.validation_text import validation_text
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +53,6 @@ COMPUTE_URL = "https://compute.actions.globus.org/v3"
 
 # function id -> the function (``NAME`` from ``functions/NAME.py``), or None if unknown.
 FunctionResolver = Callable[[str], Callable[..., Any] | None]
-
-
-def _iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
 
 
 # -- the request -----------------------------------------------------------------------------
@@ -359,9 +355,7 @@ class LocalComputeProvider:
         try:
             request = ComputeRequest.model_validate(body)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
-            )
+            problems = validation_text(exc, root="body")
             raise ActionUnableToRunError(
                 f"invalid compute request: {problems}",
                 {"code": "BadRequest", "description": f"invalid compute request: {problems}"},
@@ -479,8 +473,8 @@ class LocalComputeProvider:
                     "status": j.status,
                     **({"output": j.output} if j.status == "SUCCEEDED" else {}),
                     **({"exception": j.error} if j.error else {}),
-                    "started": _iso(j.started),
-                    "completed": _iso(j.finished),
+                    "started": iso_time(j.started),
+                    "completed": iso_time(j.finished),
                 }
                 for j in jobs
             ],
@@ -503,8 +497,8 @@ class LocalComputeProvider:
         return ActionStatus(
             action_id=action.action_id,
             status=status,
-            start_time=_iso(action.created),
-            completion_time=_iso(completion),
+            start_time=iso_time(action.created),
+            completion_time=iso_time(completion),
             details=details,
             display_status=display,
             label=action.label,
