@@ -6,8 +6,9 @@ pool, started by a Parsl provider). The local backend runs the same engine on th
 with a ``LocalProvider``, configured from the same YAML as an endpoint's engine (a rendered
 ``user_config_template.yaml.j2``) and loaded with the endpoint's own loader
 (:func:`load_engine`), and ships each task as the SDK does: the function as its source text
-(``PureSourceTextInspect``, as beamflow registers it with the service), the arguments with the SDK's data serialiser, packed in a messagepack
-``Task``. The result comes back as the endpoint's messagepack ``Result``.
+(``PureSourceTextInspect``, as beamflow registers it with the service), the arguments with
+the SDK's data serialiser, packed in a messagepack ``Task``. The result comes back as the
+endpoint's messagepack ``Result``.
 
 What this module adds around the engine, and why:
 
