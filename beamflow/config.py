@@ -87,8 +87,9 @@ class Compute(_Section):
     workers: int = Field(default=1, ge=1, description="local backend: worker processes")
     engine_config: Path | None = Field(
         default=None,
-        description="local backend: a Globus Compute endpoint config.yaml (GlobusComputeEngine "
-        "with a LocalProvider) to run compute on; default: `workers` workers, a GPU each",
+        description="local backend: a YAML file with an engine section (GlobusComputeEngine "
+        "with a LocalProvider), e.g. a rendered user_config_template.yaml.j2, to run compute "
+        "on; default: `workers` workers, a GPU each",
     )
 
 
@@ -347,7 +348,7 @@ scratch_dir = "hpc"                    # the compute function reads and writes o
 [compute]
 endpoint_id = "{endpoint_id}"
 workers = 1                            # reconstructions at once (one per GPU on a GPU node)
-# engine_config = "engine.yaml"        # a Globus Compute endpoint config.yaml to run on instead
+# engine_config = "engine.yaml"        # an endpoint engine config (YAML with engine:) instead
 
 {_reconstruction_toml(**recon)}
 [agent]

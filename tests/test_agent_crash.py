@@ -22,6 +22,8 @@ from beamflow.store import Run, RunStatus, Store
 BEAMFLOW = Path(sys.executable).with_name("beamflow")
 SCANS = ("k1", "k2", "k3")
 ENV = {
+    # The beamflow of this checkout, whichever copy the venv's `beamflow` script would import.
+    "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
     "BEAMFLOW_RECONSTRUCTION__ITERATIONS": "3",
     "BEAMFLOW_RECONSTRUCTION__CHECKPOINT_EVERY": "1",
     "BEAMFLOW_RECONSTRUCTION__DEVICE": "cpu",

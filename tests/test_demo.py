@@ -21,8 +21,13 @@ from beamflow.store import RunStatus, Store
 DEMO = [sys.executable, "-m", "beamflow.cli", "demo", "--probe-size", "32", "--rate", "200"]
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def demo_env(tmp_path: Path, columns: int = 200) -> dict[str, str]:
-    return {"COLUMNS": str(columns), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    # PYTHONPATH: the beamflow of this checkout, whichever copy the venv has installed.
+    return {"COLUMNS": str(columns), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+            "PYTHONPATH": str(ROOT)}
 
 
 def engine_leftovers(ws: Path) -> list[int]:

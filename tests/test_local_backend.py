@@ -248,21 +248,32 @@ def test_a_run_whose_process_died_is_reported_lost(
     store: Store,  # noqa: ANN001
 ) -> None:
     script = f"""
-import os, sys
+import os, sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from pathlib import Path
 from beamflow.config import load_config
 from beamflow.local import LocalBackend
+from beamflow.local.engine import worker_pids
 from beamflow.runs import flow_input_for
 s = load_config(Path({str(workspace / "beamflow.toml")!r}))
 body = flow_input_for(s, {str(workspace / "beamline/detector/s1")!r}, {FOREVER!r}, "lost-1")
-run_id = LocalBackend(s).start_run("ptycho_reconstruct", body, label="lost", tags=[])
+b = LocalBackend(s)
+run_id = b.start_run("ptycho_reconstruct", body, label="lost", tags=[])
 print(run_id, flush=True)
+(endpoint,) = b._action_providers()[{COMPUTE_URL!r}].endpoints.values()
+tasks = endpoint.engine.working_dir
+deadline = time.monotonic() + 60  # until its reconstruction runs in the engine's worker
+while time.monotonic() < deadline and not (
+        tasks.is_dir() and any(worker_pids(d.resolve()) for d in tasks.iterdir())):
+    time.sleep(0.1)
+print("computing" if time.monotonic() < deadline else "never computed", flush=True)
 os._exit(0)  # the process ends with its run still going
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60)  # fmt: skip
+                         timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
-    run_id = out.stdout.strip().splitlines()[-1]
+    run_id, computing = out.stdout.strip().splitlines()[-2:]
+    assert computing == "computing"
     record = json.loads((settings.state_dir / "local_runs" / f"{run_id}.json").read_text())
     assert record["status"] == "ACTIVE"  # what the dead process left behind
 

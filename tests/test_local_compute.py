@@ -331,10 +331,14 @@ def test_the_default_configuration_loads_with_the_endpoints_loader() -> None:
     many = load_engine(default_engine_yaml(4, ["0", "1"]), "default")
     assert many.executor.available_accelerators == ["0", "1"]
     assert many.executor.workers_per_node == 2  # one worker per GPU, as on an endpoint
-    # The workstation endpoint's own config loads as the local engine too.
-    root = Path(__file__).resolve().parents[1]
-    path = root / "deploy/compute-endpoint/workstation/config.yaml"
-    assert load_engine(path.read_text(), str(path)).executor.workers_per_node == 2
+    # The workstation endpoint's configuration (its user template, rendered with its example
+    # as the endpoint renders it) runs as the local engine too: one config shape.
+    from endpoint_kit import DEPLOY, example, render_user_config
+
+    kind = DEPLOY / "workstation"
+    workstation = load_engine(render_user_config(kind, example(kind)), str(kind))
+    assert workstation.executor.workers_per_node == 2
+    assert workstation.executor.available_accelerators == ["0", "1"]
 
 
 @pytest.mark.parametrize(
@@ -389,7 +393,7 @@ def test_kill_9_of_the_owner_leaves_no_engine_process(tmp_path: Path) -> None:
     with it and the worker pool kills itself (its job script watches the owner)."""
     script = textwrap.dedent(f"""
         import json, sys, time
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]
         from pathlib import Path
         from beamflow.local.compute import LocalComputeProvider
         from beamflow.local.engine import ComputeEngine, default_engine_yaml

@@ -8,7 +8,7 @@ register functions`` registered for the local backend). The function travels to 
 worker as it travels to an endpoint: as its source text, so a function that is not
 self-contained fails here as it would at the facility.
 
-The engine is configured like an endpoint (``compute.engine_config``, a ``config.yaml``;
+The engine is configured like an endpoint (``compute.engine_config``: YAML with an ``engine``;
 by default ``compute.workers`` workers on a ``LocalProvider``, one GPU each when there are
 several, as ``available_accelerators`` pins them). It is started once per process, at
 :meth:`LocalComputeProvider.warm` (the agent and the demo call it when they start) or at the
@@ -109,7 +109,7 @@ def warm_worker() -> int:
 
 
 def engine_from_settings(settings: Any) -> ComputeEngine:
-    """The engine of ``compute.engine_config`` (an endpoint ``config.yaml``), else of
+    """The engine of ``compute.engine_config`` (YAML with an endpoint ``engine`` section), else of
     ``compute.workers`` and the GPUs found; its run directory under the state directory."""
     from beamflow.config import ConfigError
     from beamflow.local.engine import new_run_dir

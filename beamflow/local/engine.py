@@ -3,11 +3,12 @@
 At a facility, beamflow's functions run inside a Globus Compute endpoint: its
 ``GlobusComputeEngine`` (Parsl's HighThroughputExecutor: an interchange process and a worker
 pool, started by a Parsl provider). The local backend runs the same engine on this machine
-with a ``LocalProvider``, configured from the same YAML as an endpoint's ``config.yaml`` and
-loaded with the endpoint's own loader (:func:`load_engine`), and ships each task as the SDK
-does: the function as its source text (``PureSourceTextInspect``, as beamflow registers it
-with the service), the arguments with the SDK's data serialiser, packed in a messagepack
-``Task``. The result comes back as the endpoint's messagepack ``Result``.
+with a ``LocalProvider``, configured from the same YAML as an endpoint's engine (a rendered
+``user_config_template.yaml.j2``) and loaded with the endpoint's own loader
+(:func:`load_engine`), and ships each task as the SDK does: the function as its source text
+(``PureSourceTextInspect``, as beamflow registers it with the service), the arguments with
+the SDK's data serialiser, packed in a messagepack ``Task``. The result comes back as the
+endpoint's messagepack ``Result``.
 
 What this module adds around the engine, and why:
 
@@ -92,8 +93,8 @@ def default_engine_yaml(workers: int, gpus: Sequence[str] = ()) -> str:
         # there are accelerators). With one GPU the workers share it.
         accelerators = f"  available_accelerators: [{', '.join(repr(str(g)) for g in gpus)}]\n"
     return f"""\
-# beamflow's local compute engine: a Globus Compute endpoint's config.yaml, minus the
-# service connection (see deploy/compute-endpoint/workstation/config.yaml).
+# beamflow's local compute engine: a Globus Compute endpoint's engine config, minus the
+# service connection (see deploy/compute-endpoint/workstation/user_config_template.yaml.j2).
 engine:
   type: GlobusComputeEngine
   max_workers_per_node: {int(workers)}
