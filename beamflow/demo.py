@@ -36,7 +36,8 @@ from beamflow.runs import get_backend, retry_run
 from beamflow.simulate import read_ground_truth, score_product, simulate_scan
 from beamflow.status.server import build_app, free_port, serve_in_thread
 from beamflow.store import Run, RunStatus, Store
-from edge_agent.agent import FINAL, EdgeAgent, dedupe_key
+from edge_agent.agent import EdgeAgent
+from edge_agent.policy import FINAL, dedupe_key
 
 
 @dataclass
