@@ -65,7 +65,8 @@ from beamflow.ptycho.backend import cpu_count, get_backend
 from beamflow.ptycho.engine import Reconstructor, initial_state
 from beamflow.ptycho.metrics import compare
 from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
-from beamflow.reconstruct import ReconstructJob, _Frame, _read_frames, run_reconstruction
+from beamflow.reconstruct import _Frame, _read_frames, run_reconstruction
+from beamflow.reconstruct_job import ReconstructJob
 from beamflow.simulate import simulate_scan
 
 

@@ -22,7 +22,8 @@ from beamflow.ptycho import PtychoData, ReconParams, Reconstructor, initial_stat
 from beamflow.ptycho.metrics import compare, illumination_mask
 from beamflow.ptycho.propagation import Propagation, near_field_geometry, transfer_function
 from beamflow.ptycho.verdict import judge, measure_data
-from beamflow.reconstruct import ReconstructJob, run_reconstruction
+from beamflow.reconstruct import run_reconstruction
+from beamflow.reconstruct_job import ReconstructJob
 from beamflow.simulate import detector_frames, make_ground_truth, make_near_field_ground_truth
 
 PETRA = Path(__file__).resolve().parents[2] / "shared" / "data" / (

@@ -16,7 +16,8 @@ from beamflow.ground_truth import read_ground_truth, score_product
 from beamflow.ptycho import previews as previews_module
 from beamflow.ptycho.backend import cpu_ffts
 from beamflow.ptycho.previews import PREVIEW_NAMES
-from beamflow.reconstruct import ReconstructJob, run_reconstruction
+from beamflow.reconstruct import run_reconstruction
+from beamflow.reconstruct_job import ReconstructJob
 from beamflow.simulate import simulate_scan
 
 N_POS = 40
