@@ -32,11 +32,13 @@ from beamflow.config import (
 )
 from beamflow.console import styled_status
 from beamflow.formats import read_product
+from beamflow.ground_truth import read_ground_truth, score_product
 from beamflow.runs import get_backend, retry_run
-from beamflow.simulate import read_ground_truth, score_product, simulate_scan
+from beamflow.simulate import simulate_scan
 from beamflow.status.server import build_app, free_port, serve_in_thread
 from beamflow.store import Run, RunStatus, Store
-from edge_agent.agent import FINAL, EdgeAgent, dedupe_key
+from edge_agent.agent import EdgeAgent
+from edge_agent.policy import FINAL, dedupe_key
 
 
 @dataclass

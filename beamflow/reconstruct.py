@@ -5,6 +5,9 @@ This is what ``beamflow reconstruct`` and the compute functions call::
     job = ReconstructJob(scan=Path("scan_master.h5"), out=Path("out"))
     summary = run_reconstruction(job)        # ReconstructSummary
 
+The job, the summary and the errors are described in :mod:`beamflow.reconstruct_job`; this
+module runs a job.
+
 Output directory::
 
     DIR/product.h5              Ptychodus product (written at the end)
@@ -30,93 +33,48 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
-import re
 import statistics
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel
 
 from beamflow.checkpoint import (
     Checkpoint,
     Checkpointer,
-    CheckpointPolicy,
     IncompatibleCheckpoint,
-    LevelConfig,
     TerminationGuard,
     check_compatible,
     clear_checkpoints,
     load_latest,
 )
-from beamflow.config import RECONSTRUCTION_DEFAULTS, Reconstruction
 from beamflow.formats import Product, Scan, ScanFormatError, load_scan, write_product
 from beamflow.live_previews import LivePreviews
 from beamflow.ptycho.backend import get_backend
 from beamflow.ptycho.engine import Reconstructor, initial_state, mean_pattern
-from beamflow.ptycho.propagation import Propagation, PropagationModel, near_field_geometry
+from beamflow.ptycho.propagation import Propagation, near_field_geometry
 from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
 from beamflow.ptycho.verdict import judge, measure_data
+from beamflow.reconstruct_job import (
+    PROBE_FROM_DATA,
+    PROBE_FROM_FILE,
+    PROBE_FROM_OPTICS,
+    Progress,
+    ReconstructError,
+    ReconstructJob,
+    ReconstructSummary,
+    RunParameters,  # noqa: F401 - functions/reconstruct.py imports it from here, for now
+    check_out_dir,
+    plain_words,
+)
 
 log = logging.getLogger(__name__)
 
-#: environment variable naming a node-local directory for the L1 checkpoint level
-L1_ENV = "BEAMFLOW_CHECKPOINT_L1_DIR"
 JOB_FORMAT = "beamflow.reconstruct/1"
 _READ_CHUNK = 32  # frames read (and hashed) at a time: small transients, not 2x the frames
-
-
-class ReconstructError(Exception):
-    """The job cannot run (bad scan data, bad probe file, ...); the message says why."""
-
-
-# The engine's checks name its own classes (PtychoData.intensities, ...): right for a
-# programmer, meaningless to the person who gave a scan file. Their words instead.
-_ENGINE_WORDS = [
-    (re.compile(r"PtychoData\.append intensities|PtychoData\.append"), "the new frames"),
-    (re.compile(r"PtychoData\.intensities"), "the diffraction frames"),
-    (re.compile(r"PtychoData\.positions_px"), "the scan positions"),
-    (re.compile(r"PtychoData\.mask"), "the detector pixel mask"),
-    (re.compile(r"PtychoData\.object_shape"), "the object size"),
-    (re.compile(r"ReconState\.from_arrays"), "the checkpoint's state"),
-    (re.compile(r"ReconState\.extend_positions"), "the new positions"),
-    (re.compile(r"ReconState\.(\w+)"), r"the \1"),
-    (re.compile(r"\b(PtychoData|ReconState|ReconParams|Reconstructor)\b(\.\w+)*"),
-     "the reconstruction"),
-]
-
-
-def plain_words(message: str) -> str:
-    """An engine message in the words of someone who gave a scan file, not a class name."""
-    for pattern, words in _ENGINE_WORDS:
-        message = pattern.sub(words, message)
-    return message
-
-
-def check_out_dir(out: Path) -> None:
-    """Refuse an output path that cannot become a directory, naming it, before any work."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ReconstructError(
-            f"{out}: the output directory is an existing file; give a directory "
-            "(it is created if missing)"
-        )
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ReconstructError(
-            f"{out}: the output directory cannot be created: {parent} is a file"
-        )
-    if not out.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        raise ReconstructError(
-            f"{out}: the output directory cannot be created: no permission to write in "
-            f"{parent}"
-        )
 
 
 def _bad_frame(scan: Scan, frames: np.ndarray) -> ScanFormatError | None:
@@ -139,154 +97,6 @@ def _bad_frame(scan: Scan, frames: np.ndarray) -> ScanFormatError | None:
             "invalid in the detector's pixel mask (or fix the file)"
         )
     return None
-
-
-#: flat keys accepted as shorthands for `params` fields (CLI, compute function kwargs)
-_PARAM_SHORTHANDS = {"algorithm": "algorithm", "iterations": "iterations",
-                     "probe_modes": "probe_modes", "batch": "batch_size", "seed": "seed"}
-
-
-class RunParameters(Reconstruction):
-    """What one flow run asks of a reconstruction: the ``[reconstruction]`` defaults of
-    beamflow.toml plus the choices that belong to a single run. The run path validates them
-    when a run is created, and the compute function again on the endpoint."""
-
-    resume: bool = True
-    max_frames: int | None = Field(default=None, ge=1)
-    aborted: bool = False
-
-
-class ReconstructJob(BaseModel):
-    """One reconstruction: which scan, where to, how, and how to checkpoint.
-
-    `algorithm`, `iterations`, `probe_modes`, `batch` and `seed` may be given flat (they go
-    into `params`); `node_local_dir` is `l1_dir`; `aborted` (the scan stopped early) implies
-    `allow_partial`.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    scan: Path
-    out: Path
-    name: str | None = Field(default=None, description="product name (default: the scan's)")
-    params: ReconParams = Field(default_factory=ReconParams)
-    device: str = RECONSTRUCTION_DEFAULTS.device
-    probe: Path | None = Field(default=None, description="initial probe (.npy or product .h5)")
-    max_frames: int | None = Field(default=None, ge=1, description="use at most this many frames")
-    allow_partial: bool = Field(default=False, description="use the frames written so far")
-    resume: bool = True
-    # checkpoint policy: L2 = DIR/checkpoints; L1 = node-local (off unless a dir is given)
-    checkpoint_dir: Path | None = Field(default=None, description="L2 (default DIR/checkpoints)")
-    checkpoint_every: int | None = Field(
-        default=RECONSTRUCTION_DEFAULTS.checkpoint_every, ge=0,
-        description="0/None: only at the end")
-    checkpoint_seconds: float | None = Field(default=None, gt=0)
-    checkpoint_keep: int = Field(default=3, ge=1)
-    l1_dir: Path | None = Field(default=None, description=f"node-local base dir (or ${L1_ENV})")
-    l1_every: int | None = Field(default=1, ge=1)
-    l1_seconds: float | None = Field(default=None, gt=0)
-    checkpoint_max_overhead: float | None = Field(
-        default=0.04, gt=0, le=1, description="CPU budget of the checkpoint writers per level "
-        "(fraction of elapsed time); a due checkpoint waits until it fits. None: no limit")
-    preview_every: int = Field(
-        default=RECONSTRUCTION_DEFAULTS.preview_every, ge=0,
-        description="0: previews only at the end")
-    preview_min_seconds: float = Field(
-        default=2.0, ge=0, description="at most one preview refresh per this many seconds")
-    propagation: PropagationModel | None = Field(
-        default=None, description="far-field or near-field (None: as the scan file says, "
-        "else far-field)")
-    focus_distance_m: float | None = Field(
-        default=None, gt=0, description="near field, cone beam: focus-to-sample distance z1 "
-        "(None: as the scan file says, else a parallel beam)")
-    object_margin_px: int = Field(default=8, ge=0)
-    threads: int | None = Field(default=None, ge=1, description="CPU threads (default: all)")
-    handle_sigterm: bool = Field(
-        default=True, description="on SIGTERM: save at the iteration boundary, then exit 143")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthands(cls, values: Any) -> Any:
-        if not isinstance(values, dict):
-            return values
-        values = dict(values)
-        params = values.get("params", {})
-        params = params.model_dump() if isinstance(params, ReconParams) else dict(params)
-        for field in ("algorithm", "iterations", "probe_modes"):
-            params.setdefault(field, getattr(RECONSTRUCTION_DEFAULTS, field))
-        for key, field in _PARAM_SHORTHANDS.items():
-            if key in values:
-                value = values.pop(key)
-                if value is not None or field == "batch_size":
-                    params[field] = value
-        values["params"] = params
-        if "node_local_dir" in values:
-            values.setdefault("l1_dir", values.pop("node_local_dir"))
-        if values.pop("aborted", False):
-            values["allow_partial"] = True
-        return values
-
-    @property
-    def l2_dir(self) -> Path:
-        return self.checkpoint_dir or self.out / "checkpoints"
-
-    def l1_path(self) -> Path | None:
-        base = self.l1_dir or (Path(os.environ[L1_ENV]) if os.environ.get(L1_ENV) else None)
-        if base is None:
-            return None
-        # one node-local directory per output directory, so runs never share checkpoints
-        key = hashlib.sha256(str(self.out.resolve()).encode()).hexdigest()[:12]
-        return Path(base) / f"beamflow-{self.out.name}-{key}"
-
-    def policy(self) -> CheckpointPolicy:
-        l1 = self.l1_path()
-        return CheckpointPolicy(
-            max_overhead=self.checkpoint_max_overhead,
-            l1=None if l1 is None else LevelConfig(
-                dir=l1, every_iterations=self.l1_every, every_seconds=self.l1_seconds, keep=2),
-            l2=LevelConfig(dir=self.l2_dir, every_iterations=self.checkpoint_every or None,
-                           every_seconds=self.checkpoint_seconds, keep=self.checkpoint_keep),
-        )
-
-
-#: The starting probe, as recorded in the summary, the product comments and the job's log.
-PROBE_FROM_FILE, PROBE_FROM_OPTICS, PROBE_FROM_DATA = "file", "optics", "data"
-
-
-class ReconstructSummary(BaseModel):
-    """What `beamflow reconstruct --json` prints (one line)."""
-
-    iterations: int = Field(description="iterations completed in total")
-    iterations_this_run: int
-    seconds_per_iteration: float | None = Field(description="median, excluding the first")
-    final_loss: float | None
-    device: str
-    fft: str = Field(description="the FFT library: fftw or pocketfft (CPU), cufft (GPU)")
-    product: str
-    previews: list[str]
-    resumed_from_iteration: int | None
-    continuation: bool = Field(description="resumed with more frames than the checkpoint")
-    checkpoint: str | None = Field(description="the last checkpoint written (L2)")
-    checkpoint_errors: list[str]
-    n_frames: int
-    algorithm: str
-    seconds: float
-    initial_probe: str = Field(
-        default=PROBE_FROM_DATA,
-        description="starting probe: file (--probe), optics (the scan's zone plate), "
-        "data (mean diffraction)")
-    propagation: PropagationModel = "far-field"
-    focus_distance_m: float | None = None
-    object_pixel_size_m: float
-    verdict: Literal["trusted", "suspect"]
-    verdict_reasons: list[str] = Field(description="why the result is suspect (empty when "
-                                       "trusted)")
-    verdict_metrics: dict[str, float | None] = Field(
-        description="the numbers the verdict was computed from")
-
-
-#: progress(iterations_done, target, loss)
-Progress = Callable[[int, int, float | None], None]
 
 
 # --------------------------------------------------------------------------- data

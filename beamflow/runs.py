@@ -41,7 +41,7 @@ from pydantic import ValidationError
 
 from beamflow.backend import Backend, BackendError, FlowRunInfo, StepInfo
 from beamflow.config import Settings
-from beamflow.reconstruct import RunParameters
+from beamflow.reconstruct_job import RunParameters
 from beamflow.registry import Registry, RegistryError
 from beamflow.store import Run, RunStatus, Store, StoreError
 from beamflow.validation_text import field_path

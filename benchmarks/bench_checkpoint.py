@@ -60,12 +60,14 @@ import numpy as np
 from beamflow.checkpoint import Checkpointer, CheckpointPolicy, LevelConfig
 from beamflow.checkpoint.store import list_checkpoints, read_checkpoint
 from beamflow.formats import Product, load_scan
+from beamflow.ground_truth import read_ground_truth, score_product
 from beamflow.ptycho.backend import cpu_count, get_backend
 from beamflow.ptycho.engine import Reconstructor, initial_state
 from beamflow.ptycho.metrics import compare
 from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
-from beamflow.reconstruct import ReconstructJob, _Frame, _read_frames, run_reconstruction
-from beamflow.simulate import read_ground_truth, score_product, simulate_scan
+from beamflow.reconstruct import _Frame, _read_frames, run_reconstruction
+from beamflow.reconstruct_job import ReconstructJob
+from beamflow.simulate import simulate_scan
 
 
 def emit(**kw) -> None:

@@ -21,7 +21,8 @@ from beamflow.formats import Geometry
 from beamflow.formats.eiger import data_file_name, master_path, write_data_file, write_master
 from beamflow.registry import Registry, register_functions
 from beamflow.store import RunStatus, Store
-from edge_agent.agent import EdgeAgent, dedupe_key, is_transient
+from edge_agent.agent import EdgeAgent
+from edge_agent.policy import dedupe_key, is_transient, retry_delay
 from edge_agent.scans import find_scans, scan_files
 
 GEOMETRY = Geometry(energy_eV=8800.0, distance_m=2.0, detector_pixel_size_m=75e-6)
@@ -235,9 +236,10 @@ def test_transient_failures_are_retried_with_backoff_then_given_up(settings: Set
         if attempt == 3:
             break
         assert run.status == RunStatus.QUEUED and run.attempt == attempt + 1
-        step(agent, clock, agent.retry_delay(attempt) / 2)
+        delay = retry_delay(settings.agent.retry_backoff_seconds, attempt)
+        step(agent, clock, delay / 2)
         assert agent.store.require_run(run.id).status == RunStatus.QUEUED  # backing off
-        step(agent, clock, agent.retry_delay(attempt) / 2 + 0.5)
+        step(agent, clock, delay / 2 + 0.5)
     assert run.status == RunStatus.FAILED and run.attempt == 3 == settings.agent.max_retries + 1
     assert len(runs_of(agent.store)) == 1  # one record, three attempts
     codes = [e.code for e in agent.store.events(run.id)]
@@ -273,7 +275,7 @@ def test_start_failures(settings: Settings, transient: bool, status: RunStatus,
     agent = make_agent(settings, backend, clock)
     write_scan(settings.beamline.detector_dir, "s1")
     step(agent, clock, 2.0)
-    step(agent, clock, agent.retry_delay(1) + 0.1)
+    step(agent, clock, retry_delay(settings.agent.retry_backoff_seconds, 1) + 0.1)
     (run,) = runs_of(agent.store)
     assert (run.status, run.attempt) == (status, attempt)
     if status == RunStatus.FAILED:

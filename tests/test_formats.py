@@ -20,7 +20,8 @@ from beamflow.formats import (
     write_cxi,
 )
 from beamflow.formats.eiger import data_file_name, write_data_file
-from beamflow.simulate import read_ground_truth, simulate_scan
+from beamflow.ground_truth import read_ground_truth
+from beamflow.simulate import simulate_scan
 
 N, M, K = 30, 32, 8  # positions, frame size, frames per data file
 

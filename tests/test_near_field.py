@@ -17,17 +17,14 @@ import pytest
 from beamflow.formats import load_scan, read_product
 from beamflow.formats.cxi import write_cxi
 from beamflow.formats.scan import Geometry
+from beamflow.ground_truth import write_ground_truth
 from beamflow.ptycho import PtychoData, ReconParams, Reconstructor, initial_state
 from beamflow.ptycho.metrics import compare, illumination_mask
 from beamflow.ptycho.propagation import Propagation, near_field_geometry, transfer_function
 from beamflow.ptycho.verdict import judge, measure_data
-from beamflow.reconstruct import ReconstructJob, run_reconstruction
-from beamflow.simulate import (
-    detector_frames,
-    make_ground_truth,
-    make_near_field_ground_truth,
-    write_ground_truth,
-)
+from beamflow.reconstruct import run_reconstruction
+from beamflow.reconstruct_job import ReconstructJob
+from beamflow.simulate import detector_frames, make_ground_truth, make_near_field_ground_truth
 
 PETRA = Path(__file__).resolve().parents[2] / "shared" / "data" / (
     "PETRAIII_P25_Near_Field_Ptycho.cxi")
@@ -294,7 +291,8 @@ def test_petra_near_field_scan_shows_the_sample_and_is_trusted(tmp_path):
 
 
 def test_simulator_writes_near_field_scans_that_say_so(tmp_path):
-    from beamflow.simulate import read_ground_truth, simulate_scan
+    from beamflow.ground_truth import read_ground_truth
+    from beamflow.simulate import simulate_scan
 
     master = simulate_scan(tmp_path, "nf", positions=16, probe_size=32, photons=1e6,
                            propagation="near-field")

@@ -11,14 +11,14 @@ import pytest
 
 from beamflow.formats import ScanFormatError, ZonePlateOptics, load_scan, read_product
 from beamflow.formats.eiger import ZONE_PLATE, read_detector_scan, write_master
+from beamflow.ground_truth import read_ground_truth, score_product
 from beamflow.ptycho.probe import ZonePlate, zone_plate_probe
-from beamflow.reconstruct import ReconstructJob, run_reconstruction
+from beamflow.reconstruct import run_reconstruction
+from beamflow.reconstruct_job import ReconstructJob
 from beamflow.simulate import (
     DEFAULT_GEOMETRY,
     PUPIL_RADIUS_FRACTION,
     make_ground_truth,
-    read_ground_truth,
-    score_product,
     simulate_scan,
 )
 

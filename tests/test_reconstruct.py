@@ -12,11 +12,13 @@ import pytest
 
 from beamflow.checkpoint import IncompatibleCheckpoint, list_checkpoints, load_latest
 from beamflow.formats import ScanFormatError, read_product
+from beamflow.ground_truth import read_ground_truth, score_product
 from beamflow.ptycho import previews as previews_module
 from beamflow.ptycho.backend import cpu_ffts
 from beamflow.ptycho.previews import PREVIEW_NAMES
-from beamflow.reconstruct import ReconstructJob, run_reconstruction
-from beamflow.simulate import read_ground_truth, score_product, simulate_scan
+from beamflow.reconstruct import run_reconstruction
+from beamflow.reconstruct_job import ReconstructJob
+from beamflow.simulate import simulate_scan
 
 N_POS = 40
 

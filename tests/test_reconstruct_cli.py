@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from beamflow.checkpoint import load_latest, read_latest_record
-from beamflow.simulate import read_ground_truth, simulate_scan
+from beamflow.ground_truth import read_ground_truth
+from beamflow.simulate import simulate_scan
 
 BEAMFLOW = [sys.executable, "-m", "beamflow.cli"]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from beamflow.formats import Product
-from beamflow.simulate import make_ground_truth, score_product
+from beamflow.ground_truth import score_product
+from beamflow.simulate import make_ground_truth
 
 
 def product_from_truth(gt, obj: np.ndarray, pad: int) -> Product:
