@@ -66,7 +66,6 @@ from beamflow.reconstruct_job import (
     ReconstructError,
     ReconstructJob,
     ReconstructSummary,
-    RunParameters,  # noqa: F401 - functions/reconstruct.py imports it from here, for now
     check_out_dir,
     plain_words,
 )

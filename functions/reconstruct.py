@@ -47,7 +47,8 @@ def reconstruct(
 
     try:
         from beamflow.atomic import atomic_write_json
-        from beamflow.reconstruct import ReconstructJob, RunParameters, run_reconstruction
+        from beamflow.reconstruct import run_reconstruction
+        from beamflow.reconstruct_job import ReconstructJob, RunParameters
         from beamflow.validation_text import validation_text
     except ImportError as exc:
         raise RuntimeError(

@@ -398,10 +398,18 @@ def test_closing_the_backend_leaves_running_runs_marked_lost(settings: Settings)
     scan = Path(settings.beamline.detector_dir) / "s1"
     body = runs.flow_input_for(settings, scan, FOREVER, "closing-1")
     run_id = mine.start_run("ptycho_reconstruct", body, label="closing", tags=[])
-    wait_for_step(mine, run_id, "Reconstruct")
-    engine = engine_of(mine)
-    assert engine.processes()
-    mine.close()
+    engine = None
+    try:
+        wait_for_step(mine, run_id, "Reconstruct")
+        engine = engine_of(mine)
+        # The step starts as the task is handed over; the engine's processes may take a few
+        # seconds more to appear on a loaded machine.
+        deadline = time.monotonic() + 60
+        while not engine.processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert engine.processes(), "the compute engine started no process"
+    finally:
+        mine.close()
     assert engine.processes() == []
     info = LocalBackend(settings).get_run(run_id)
     assert info.status == RunStatus.FAILED

@@ -87,12 +87,8 @@ def reconstruct(
     from beamflow.checkpoint import IncompatibleCheckpoint
     from beamflow.formats import ScanFormatError
     from beamflow.ptycho.backend import BackendError
-    from beamflow.reconstruct import (
-        ReconstructError,
-        ReconstructJob,
-        plain_words,
-        run_reconstruction,
-    )
+    from beamflow.reconstruct import run_reconstruction
+    from beamflow.reconstruct_job import ReconstructError, ReconstructJob, plain_words
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     settings = settings_from(config)
@@ -180,7 +176,8 @@ def previews(
     being written. Exit 1 with a message when no checkpoint verifies yet.
     """
     from beamflow.checkpoint import CorruptCheckpoint
-    from beamflow.reconstruct import ReconstructError, previews_from_checkpoint
+    from beamflow.reconstruct import previews_from_checkpoint
+    from beamflow.reconstruct_job import ReconstructError
 
     missing = [str(d) for d in checkpoints if not d.is_dir()]
     if missing:
