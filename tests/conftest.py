@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import responses
+from browser_kit import CHROMIUM, FLAGS
 
 # Developer knobs of the test suite itself, not beamflow configuration.
 _TEST_KNOBS = {"BEAMFLOW_SCREENSHOT_DIR"}
@@ -38,3 +40,16 @@ def mocked():
     finally:
         responses.stop()
         responses.reset()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """One headless Chromium per test module (the real-browser tests)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            yield b
+        finally:
+            b.close()

@@ -15,24 +15,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from browser_kit import BROWSER_MARKS
 
 from beamflow.status import StatusOptions, create_app
 from beamflow.status.server import serve_in_thread
 from beamflow.store import Run, RunStatus, Store
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run", "--disable-sync"]
 XSS_SCAN = '<img src=x onerror="window.__pwned=1">'
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM),
-        reason=f"{CHROMIUM} is missing: install it with `apt-get install -y chromium` "
-        "(`make test` runs `make browser`, which does when it can)",
-    ),
-]
+pytestmark = BROWSER_MARKS
 
 
 KINDS = ("object_phase", "object_amplitude", "probe", "convergence")
@@ -163,18 +154,6 @@ def site(tmp_path: Path, bank: Path) -> Iterator[tuple[str, Store, dict[str, Run
     app = create_app(store, StatusOptions(poll_seconds=0.4), retry=Retry(store))
     with serve_in_thread(app) as base:
         yield base, store, runs
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def until(page, script: str, timeout: float = 10.0) -> None:  # noqa: ANN001 - Page

@@ -6,11 +6,11 @@ beyond loopback keeps runs, previews and products from anyone without the token.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_status_browser import CHROMIUM, FLAGS, draw_previews, shot, until
+from browser_kit import BROWSER_MARKS
+from test_status_browser import draw_previews, shot, until
 
 from beamflow.agent_state import AgentState, WatchedScan, state_path, write_state
 from beamflow.status import StatusOptions, create_app
@@ -18,23 +18,7 @@ from beamflow.status.server import serve_in_thread
 from beamflow.store import Run, RunStatus, Store
 
 TOKEN = "browser-test-token-0123456789abcdef"
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing: "
-                       "`apt-get install -y chromium` (`make browser`)"),
-]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        try:
-            yield b
-        finally:
-            b.close()
+pytestmark = BROWSER_MARKS
 
 
 def finished_run(store: Store, root: Path) -> Run:

@@ -14,20 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from browser_kit import BROWSER_MARKS, CHROMIUM, FLAGS
 
 from beamflow.ptycho.previews import PREVIEW_NAMES, write_previews
 from beamflow.status import StatusOptions, create_app
 from beamflow.status.server import serve_in_thread
 from beamflow.store import RunStatus, Store
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run", "--disable-sync"]
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing"),
-]
+pytestmark = BROWSER_MARKS
 
 
 def _previews(directory: Path, seed: int) -> list[Path]:

@@ -4,28 +4,22 @@ list's live refresh keeps the mark."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from browser_kit import BROWSER_MARKS, CHROMIUM, FLAGS
 
 from beamflow.status import StatusOptions, create_app
 from beamflow.status.server import serve_in_thread
 from beamflow.store import RunStatus, Store
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run", "--disable-sync"]
 REASON = ("The data look like near-field holograms (their content moves with the scan, "
           "R² 0.85; no stationary central diffraction peak), but a far-field model was used: "
           "try --propagation near-field.")
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing"),
-]
+pytestmark = BROWSER_MARKS
 
 
 def _succeeded(store: Store, scan: str, verdict: str, reasons: list[str]) -> str:
