@@ -137,18 +137,10 @@ def reconstruct(
             out=out_dir,
             checkpoint_dir=ckpt_dir,
             node_local_dir=l1_dir,
-            algorithm=params.algorithm,
-            iterations=params.iterations,
-            probe_modes=params.probe_modes,
-            batch=params.batch,
+            # Every run parameter is a job field of the same name (batch and aborted as
+            # the job's shorthands); the device is the one decided above.
+            **params.model_dump(exclude={"device"}),
             device=device,
-            checkpoint_every=params.checkpoint_every,
-            preview_every=params.preview_every,
-            resume=params.resume,
-            max_frames=params.max_frames,
-            aborted=params.aborted,
-            propagation=params.propagation,
-            focus_distance_m=params.focus_distance_m,
         )
     except (ValidationError, TypeError, ValueError) as exc:
         raise ValueError(f"scan {label}: invalid reconstruction job: {exc}") from None

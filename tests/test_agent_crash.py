@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from beamflow.cli import app
+from beamflow.processes import pid_running
 from beamflow.simulate import simulate_scan
 from beamflow.store import Run, RunStatus, Store
 
@@ -99,17 +100,9 @@ def engine_of(workspace: Path, pid: int) -> list[int]:
 def gone(pids: list[int], within: float = 10.0) -> list[int]:
     """The processes of ``pids`` still alive after up to ``within`` seconds."""
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
+    while time.monotonic() < deadline and any(pid_running(p) for p in pids):
         time.sleep(0.1)
-    return [p for p in pids if alive(p)]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    return [p for p in pids if pid_running(p)]
 
 
 def wait_until(store: Store, what: str, check: Callable[[list[Run]], bool],

@@ -35,6 +35,7 @@ from beamflow.local.engine import (
     parse_error,
     worker_pids,
 )
+from beamflow.processes import pid_running
 
 ENDPOINT = "33333333-3333-4333-8333-333333333333"
 GPUS = ["4", "7"]
@@ -167,14 +168,6 @@ def read_pid(path: Path) -> int:
     return int(wait_for(lambda: path.is_file() and path.read_text(), f"{path}"))
 
 
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 # -- tests ---------------------------------------------------------------------------------------
 def test_results_in_the_service_layout_from_the_engines_workers(
     provider: LocalComputeProvider, engine: ComputeEngine
@@ -267,7 +260,7 @@ def test_cancel_stops_that_tasks_worker_only_with_sigterm(
     assert status.details["results"][0]["status"] == "CANCELED"
     # SIGTERM reached the task (it saved its "checkpoint"), and only its worker.
     assert victim.read_text() == str(victim_pid)
-    assert not alive(victim_pid)
+    assert not pid_running(victim_pid)
     assert not bystander.exists()
     finished = provider.wait(other.action_id, timeout=60)
     assert finished.status == "SUCCEEDED"
@@ -384,7 +377,7 @@ def test_close_stops_a_running_task_and_leaves_no_process(tmp_path: Path) -> Non
     p.close()
     assert p.status(started.action_id).details["results"][0]["status"] == "CANCELED"
     assert e.processes() == []
-    assert not any(alive(pid) for pid in processes)
+    assert not any(pid_running(pid) for pid in processes)
     assert worker_pids(e.sandbox(p._action(started.action_id).jobs[0].task.task_id)) == []
 
 
@@ -417,7 +410,7 @@ def test_kill_9_of_the_owner_leaves_no_engine_process(tmp_path: Path) -> None:
     while engine_processes(run_dir) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert engine_processes(run_dir) == []
-    assert not any(alive(pid) for pid in processes)
+    assert not any(pid_running(pid) for pid in processes)
     assert not (tmp_path / "ck").exists()  # killed at once, not asked to save
 
 

@@ -310,6 +310,25 @@ def _fill_masked(a: NDArray[np.float64], valid: NDArray[np.bool_]) -> NDArray[np
     return out
 
 
+def _checked_mean(
+    frames: ArrayLike, mask: ArrayLike | None
+) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+    """The mean frame of ``[N, M, M]`` frames (or an ``[M, M]`` mean) and the valid-pixel mask,
+    refusing what no probe can be built from."""
+    d = np.asarray(frames, dtype=np.float64)
+    mean = d if d.ndim == 2 else d.mean(axis=0) if d.ndim == 3 else None
+    if mean is None or mean.shape[0] != mean.shape[1] or mean.size == 0:
+        raise ValueError(f"frames: expected [N, M, M] or [M, M] square frames, got {d.shape}")
+    if not np.all(np.isfinite(mean)):
+        raise ValueError("frames: contain NaN or infinite values")
+    valid = np.ones(mean.shape, bool) if mask is None else np.asarray(mask, dtype=bool)
+    if valid.shape != mean.shape:
+        raise ValueError(f"mask shape {valid.shape} differs from the frame shape {mean.shape}")
+    if not np.any(mean[valid] > 0):
+        raise ValueError("frames: no counts on valid pixels")
+    return mean, valid
+
+
 def probe_from_diffraction(
     frames: ArrayLike,
     *,
@@ -338,17 +357,7 @@ def probe_from_diffraction(
     Returns:
         ``[1, M, M]`` complex64.
     """
-    d = np.asarray(frames, dtype=np.float64)
-    mean = d if d.ndim == 2 else d.mean(axis=0) if d.ndim == 3 else None
-    if mean is None or mean.shape[0] != mean.shape[1] or mean.size == 0:
-        raise ValueError(f"frames: expected [N, M, M] or [M, M] square frames, got {d.shape}")
-    if not np.all(np.isfinite(mean)):
-        raise ValueError("frames: contain NaN or infinite values")
-    valid = np.ones(mean.shape, bool) if mask is None else np.asarray(mask, dtype=bool)
-    if valid.shape != mean.shape:
-        raise ValueError(f"mask shape {valid.shape} differs from the frame shape {mean.shape}")
-    if not np.any(mean[valid] > 0):
-        raise ValueError("frames: no counts on valid pixels")
+    mean, valid = _checked_mean(frames, mask)
     m = mean.shape[0]
     amp = np.sqrt(np.maximum(_fill_masked(mean, valid), 0.0))
     far = amp.astype(np.complex128)
@@ -383,17 +392,7 @@ def probe_from_hologram(
     Returns:
         ``[1, M, M]`` complex64.
     """
-    d = np.asarray(frames, dtype=np.float64)
-    mean = d if d.ndim == 2 else d.mean(axis=0) if d.ndim == 3 else None
-    if mean is None or mean.shape[0] != mean.shape[1] or mean.size == 0:
-        raise ValueError(f"frames: expected [N, M, M] or [M, M] square frames, got {d.shape}")
-    if not np.all(np.isfinite(mean)):
-        raise ValueError("frames: contain NaN or infinite values")
-    valid = np.ones(mean.shape, bool) if mask is None else np.asarray(mask, dtype=bool)
-    if valid.shape != mean.shape:
-        raise ValueError(f"mask shape {valid.shape} differs from the frame shape {mean.shape}")
-    if not np.any(mean[valid] > 0):
-        raise ValueError("frames: no counts on valid pixels")
+    mean, valid = _checked_mean(frames, mask)
     h = np.asarray(transfer)
     amp = np.sqrt(np.maximum(_fill_masked(mean, valid), 0.0))
     probe = np.fft.ifft2(np.conj(h) * np.fft.fft2(amp))
