@@ -11,18 +11,28 @@ from __future__ import annotations
 
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
+from beamflow.error_kinds import ErrorKind
 from beamflow.store import RunStatus
 
 
 class BackendError(Exception):
-    """The backend could not do what was asked. ``transient`` faults are worth a retry."""
+    """The backend could not do what was asked. ``transient`` faults are worth a retry;
+    ``kind`` says what kind of fault it is where the raiser knows better (a refused input)."""
 
-    def __init__(self, message: str, *, transient: bool = False, step: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        transient: bool = False,
+        step: str | None = None,
+        kind: ErrorKind | None = None,
+    ) -> None:
         super().__init__(message)
         self.transient = transient
         self.step = step
+        self.kind = kind or (ErrorKind.TRANSIENT if transient else ErrorKind.FAILED)
 
 
 class RegistrationResult(BaseModel):
@@ -35,6 +45,15 @@ class RegistrationResult(BaseModel):
     checksum: str
 
 
+class Progress(BaseModel):
+    """How far a running step got, as a backend reports it among the step's details (the
+    reconstruct function's iterations: ``progress.json`` in its output directory)."""
+
+    iteration: int = Field(ge=0)
+    iterations_total: int | None = Field(default=None, ge=1)
+    loss: float | None = None
+
+
 class StepInfo(BaseModel):
     """One step of a flow run, from the backend's run log."""
 
@@ -43,6 +62,14 @@ class StepInfo(BaseModel):
     started_at: float | None = None
     finished_at: float | None = None
     details: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def progress(self) -> Progress | None:
+        """The step's progress, where its details report one."""
+        try:
+            return Progress.model_validate(self.details)
+        except ValidationError:
+            return None
 
 
 class FlowRunInfo(BaseModel):
@@ -54,6 +81,9 @@ class FlowRunInfo(BaseModel):
     output: dict[str, Any] = Field(default_factory=dict)
     error: str | None = None
     error_step: str | None = None
+    # What kind of fault ended it, where the backend knows (a lost run); otherwise the run
+    # path reads it from the flow's failure record.
+    error_kind: ErrorKind | None = None
 
 
 @runtime_checkable

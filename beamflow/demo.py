@@ -123,8 +123,8 @@ def _simulate(settings: Settings, options: DemoOptions, scans: _Scans, names: li
 def _runs_by_scan(store: Store, names: list[str]) -> dict[str, list[Run]]:
     runs: dict[str, list[Run]] = {n: [] for n in names}
     for run in store.list_runs(limit=200, oldest_first=True):
-        if run.scan in runs:
-            runs[run.scan].append(run)
+        if run.scan_name in runs:
+            runs[run.scan_name].append(run)
     return runs
 
 

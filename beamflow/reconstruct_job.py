@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from beamflow.checkpoint import CheckpointPolicy, LevelConfig
 from beamflow.config import RECONSTRUCTION_DEFAULTS, Reconstruction
+from beamflow.error_kinds import ErrorKind
 from beamflow.ptycho.propagation import PropagationModel
 from beamflow.ptycho.state import ReconParams
 
@@ -27,7 +28,10 @@ L1_ENV = "BEAMFLOW_CHECKPOINT_L1_DIR"
 
 
 class ReconstructError(Exception):
-    """The job cannot run (bad scan data, bad probe file, ...); the message says why."""
+    """The job cannot run (bad scan data, bad probe file, ...); the message says why.
+    ``kind``: what kind of fault it is, for whoever decides on a retry (beamflow.error_kinds)."""
+
+    kind = ErrorKind.BAD_INPUT
 
 
 # The engine's checks name its own classes (PtychoData.intensities, ...): right for a
@@ -217,6 +221,31 @@ class ReconstructSummary(BaseModel):
                                        "trusted)")
     verdict_metrics: dict[str, float | None] = Field(
         description="the numbers the verdict was computed from")
+
+
+class FunctionSummary(BaseModel):
+    """What the reconstruct function (functions/reconstruct.py) returns through the flow: the
+    main numbers of the job's :class:`ReconstructSummary` and where its files are, absolute
+    on the cluster and relative to its output directory (the flow brings that directory
+    back). Fields a function of another version adds are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    run_name: str | None = None
+    algorithm: str | None = None
+    iterations: int | None = None
+    iterations_this_run: int | None = None
+    n_frames: int | None = None
+    seconds_per_iteration: float | None = None
+    final_loss: float | None = None
+    resumed_from_iteration: int | None = None
+    device: str | None = None
+    product: str | None = None
+    previews: list[str] = Field(default_factory=list)
+    product_relative: str = "product.h5"
+    previews_relative: list[str] = Field(default_factory=list)
+    verdict: Literal["trusted", "suspect"] | None = None
+    verdict_reasons: list[str] = Field(default_factory=list)
 
 
 #: progress(iterations_done, target, loss)

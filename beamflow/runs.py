@@ -4,12 +4,13 @@ The CLI (``beamflow runs start|retry|cancel``), the edge agent and the status pa
 button all go through these functions, on either backend, so a run is recorded, started,
 followed and reported the same way wherever it came from.
 
-    run = create_scan_run(settings, store, scan_path, params=..., dedupe_key=...)  # QUEUED
+    request = RunRequest(scan_path=..., params={...}, dedupe_key=...)
+    run = create_scan_run(settings, store, request)       # QUEUED
     run = launch_run(settings, store, backend, run)       # ACTIVE, with backend_run_id
     run = sync_run(store, backend, run)                   # status, steps, error, previews
-    run = start_scan_run(settings, store, backend, scan_path, ...)   # create + launch
+    run = start_scan_run(settings, store, backend, request)   # create + launch
     run = follow_run(store, backend, run)                 # sync until it ends
-    run = retry_run(settings, run_id)                     # a new attempt of a failed run
+    run = retry_run(settings, run_id)                     # the one new attempt of a failed run
     run = cancel_run(settings, run_id)
 
 Where things go (the same layout on the local backend and at a facility):
@@ -37,14 +38,16 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from beamflow.backend import Backend, BackendError, FlowRunInfo, StepInfo
 from beamflow.config import Settings
-from beamflow.reconstruct_job import RunParameters
+from beamflow.error_kinds import ErrorKind
+from beamflow.failures import failure_of
+from beamflow.reconstruct_job import FunctionSummary, RunParameters
 from beamflow.registry import Registry, RegistryError
-from beamflow.store import Run, RunStatus, Store, StoreError
-from beamflow.validation_text import field_path
+from beamflow.store import DuplicateRun, Run, RunStatus, Store, StoreError
+from beamflow.validation_text import field_path, validation_text
 
 
 def get_backend(settings: Settings) -> Backend:
@@ -68,6 +71,28 @@ MASTER_SUFFIX = "_master.h5"
 
 class RunInputError(ValueError):
     """A run cannot be built from what was given (scan path, parameters, configuration)."""
+
+
+class RetryRefused(RunInputError):
+    """A run cannot be retried; ``retry_id`` is the run that retries it already, if any."""
+
+    def __init__(self, message: str, retry_id: str | None = None) -> None:
+        super().__init__(message)
+        self.retry_id = retry_id
+
+
+class RunRequest(BaseModel):
+    """What a new run of a scan is asked: where the scan is, how to reconstruct it (the
+    configured defaults overridden by ``params``), and how the run is found again."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scan_path: Path = Field(description="a scan directory, *_master.h5 or .cxi file")
+    params: dict[str, Any] = Field(default_factory=dict)
+    dedupe_key: str | None = Field(default=None, description="at most one run per key")
+    fraction: float | None = Field(default=None, gt=0, le=1, description="of the frames")
+    label: str | None = None
+    flow: str = DEFAULT_FLOW
 
 
 def reconstruction_params(settings: Settings, params: dict[str, Any] | None = None) -> dict:
@@ -123,7 +148,7 @@ def scan_key(scan_path: Path) -> str:
 
 
 def run_name_for(run: Run) -> str:
-    name = f"{_safe(run.scan, 60)}-{run.id[:8]}"
+    name = f"{_safe(run.scan_name, 60)}-{run.id[:8]}"
     return name if run.attempt <= 1 else f"{name}-{run.attempt}"
 
 
@@ -254,32 +279,22 @@ def flow_input_for(
 
 
 # -- creating and starting runs ----------------------------------------------------------------
-def create_scan_run(
-    settings: Settings,
-    store: Store,
-    scan_path: str | Path,
-    *,
-    params: dict[str, Any] | None = None,
-    dedupe_key: str | None = None,
-    fraction: float | None = None,
-    label: str | None = None,
-    flow: str = DEFAULT_FLOW,
-) -> Run:
+def create_scan_run(settings: Settings, store: Store, request: RunRequest) -> Run:
     """Record a QUEUED run of the scan (raises DuplicateRun for a taken ``dedupe_key``,
     :class:`RunInputError` for a bad scan path or parameters)."""
-    if flow not in FLOWS:
-        raise RunInputError(f"unknown flow {flow!r} (known: {', '.join(FLOWS)})")
-    scan = scan_location(settings, scan_path)
-    merged = reconstruction_params(settings, params)
+    if request.flow not in FLOWS:
+        raise RunInputError(f"unknown flow {request.flow!r} (known: {', '.join(FLOWS)})")
+    scan = scan_location(settings, request.scan_path)
+    merged = reconstruction_params(settings, request.params)
     return store.create_run(
-        scan=scan_name(scan),
+        scan_name=scan_name(scan),
         scan_path=str(scan),
-        flow=flow,
+        flow=request.flow,
         backend=settings.backend,
         parameters=merged,
-        dedupe_key=dedupe_key,
-        label=label,
-        fraction=fraction,
+        dedupe_key=request.dedupe_key,
+        label=request.label,
+        fraction=request.fraction,
         iterations_total=merged["iterations"],
     )
 
@@ -293,12 +308,11 @@ def launch_run(settings: Settings, store: Store, backend: Backend, run: Run) -> 
         raise BackendError(f"run {run.id} is {run.status.value}, not QUEUED", step="Start")
     run_name = run_name_for(run)
     try:
-        body = flow_input_for(settings, run.scan_path or run.scan, run.parameters, run_name,
-                              flow=run.flow)  # fmt: skip
+        body = flow_input_for(settings, run.scan_path, run.parameters, run_name, flow=run.flow)
     except RunInputError as exc:
-        raise BackendError(str(exc), step="Start") from None
-    label = (run.label or f"beamflow {run.scan} {run_name}")[:128]
-    tags = ["beamflow", _safe(run.scan, 100)]
+        raise BackendError(str(exc), step="Start", kind=ErrorKind.BAD_INPUT) from None
+    label = (run.label or f"beamflow {run.scan_name} {run_name}")[:128]
+    tags = ["beamflow", _safe(run.scan_name, 100)]
     backend_run_id = backend.start_run(run.flow, body, label=label, tags=tags)
     results_dir = str(Path(settings.beamline.preview_dir).resolve() / run_name)
     run = store.update_run(
@@ -320,10 +334,8 @@ def run_direct(
     settings: Settings,
     store: Store,
     backend: Backend,
-    scan_path: str | Path,
+    request: RunRequest,
     *,
-    params: dict[str, Any] | None = None,
-    label: str | None = None,
     timeout: float | None = None,
 ) -> Run:
     """Run the ``reconstruct`` function on the compute endpoint with no flow and no
@@ -331,15 +343,13 @@ def run_direct(
 
     The function gets exactly the arguments the ``ptycho_shared_fs`` flow would give it, and
     the run is recorded like a flow run (one step, Reconstruct). Only backends that can submit
-    to a compute endpoint directly (Globus) offer this."""
+    to a compute endpoint directly (Globus) offer this; ``request.flow`` is not used."""
     submit = getattr(backend, "run_direct", None)
     if submit is None:
         raise RunInputError(f"the {backend.name} backend has no direct submission (Globus only)")
-    run = create_scan_run(settings, store, scan_path, params=params, label=label,
-                          flow="ptycho_shared_fs")  # fmt: skip
+    run = create_scan_run(settings, store, request.model_copy(update={"flow": SHARED_FS_FLOW}))
     run_name = run_name_for(run)
-    body = flow_input_for(settings, run.scan_path or run.scan, run.parameters, run_name,
-                          flow=run.flow)  # fmt: skip
+    body = flow_input_for(settings, run.scan_path, run.parameters, run_name, flow=run.flow)
     compute = body["compute"]
     kwargs = {  # what flows/ptycho_shared_fs.json passes to the function, key for key
         "scan": compute["scan_path"],
@@ -352,7 +362,7 @@ def run_direct(
     }
     started = time.time()
     run = store.update_run(run.id, status=RunStatus.ACTIVE, backend_run_id=f"direct:{run_name}",
-                           label=label or f"beamflow {run.scan} {run_name} (direct)",
+                           label=run.label or f"beamflow {run.scan_name} {run_name} (direct)",
                            result={"run_name": run_name, "input": body, "direct": True})
     store.record_step(run.id, "Reconstruct", "ACTIVE", started_at=started)
     try:
@@ -360,44 +370,33 @@ def run_direct(
     except BackendError as exc:
         store.record_step(run.id, "Reconstruct", "FAILED", finished_at=time.time())
         return store.update_run(run.id, status=RunStatus.FAILED, error=str(exc),
-                                error_step="Reconstruct")  # fmt: skip
+                                error_step="Reconstruct", error_kind=exc.kind)  # fmt: skip
     store.record_step(run.id, "Reconstruct", "SUCCEEDED", finished_at=time.time())
-    fields: dict[str, Any] = {"result": {**run.result, "summary": summary}}
-    if isinstance(summary, dict):
-        fields["product"] = summary.get("product")
-        fields["previews"] = [str(p) for p in summary.get("previews") or []]
-        if isinstance(summary.get("iterations"), int):
-            fields["iteration"] = fields["iterations_total"] = summary["iterations"]
+    try:
+        parsed = FunctionSummary.model_validate(summary)
+    except ValidationError as exc:
+        return store.update_run(
+            run.id, status=RunStatus.FAILED, error_step="Reconstruct",
+            error=f"the reconstruct function answered no summary: {validation_text(exc)}",
+            error_kind=ErrorKind.FAILED,
+        )  # fmt: skip
+    fields = _summary_fields(run, parsed, None)  # one file system: the files are in place
     return store.update_run(run.id, status=RunStatus.SUCCEEDED, **fields)
 
 
-def start_scan_run(
-    settings: Settings,
-    store: Store,
-    backend: Backend,
-    scan_path: str | Path,
-    *,
-    params: dict[str, Any] | None = None,
-    dedupe_key: str | None = None,
-    fraction: float | None = None,
-    label: str | None = None,
-    flow: str = DEFAULT_FLOW,
-) -> Run:
+def start_scan_run(settings: Settings, store: Store, backend: Backend, request: RunRequest) -> Run:
     """Record and start a run of a scan: ACTIVE, or FAILED with the reason if the backend
     could not start it. Bad arguments raise :class:`RunInputError` before anything is
     recorded."""
-    run = create_scan_run(settings, store, scan_path, params=params, dedupe_key=dedupe_key,
-                          fraction=fraction, label=label, flow=flow)  # fmt: skip
-    return _launch_or_fail(settings, store, backend, run)
+    return _launch_or_fail(settings, store, backend, create_scan_run(settings, store, request))
 
 
 def _launch_or_fail(settings: Settings, store: Store, backend: Backend, run: Run) -> Run:
     try:
         return launch_run(settings, store, backend, run)
     except BackendError as exc:
-        run = store.update_run(
-            run.id, status=RunStatus.FAILED, error=str(exc), error_step=exc.step or "Start"
-        )
+        run = store.update_run(run.id, status=RunStatus.FAILED, error=str(exc),
+                               error_step=exc.step or "Start", error_kind=exc.kind)  # fmt: skip
         store.add_event(run.id, "RunFailed", f"could not start: {exc}", level="error")
         return run
 
@@ -416,18 +415,18 @@ def sync_run(store: Store, backend: Backend, run: Run) -> Run:
     active = [s for s in info.steps if s.status == "ACTIVE"]
     if active:
         fields["current_step"] = active[-1].name
-        progress = active[-1].details
-        if isinstance(progress.get("iteration"), int):
-            fields["iteration"] = progress["iteration"]
-            if isinstance(progress.get("iterations_total"), int):
-                fields["iterations_total"] = progress["iterations_total"]
+        progress = active[-1].progress
+        if progress is not None:
+            fields["iteration"] = progress.iteration
+            if progress.iterations_total is not None:
+                fields["iterations_total"] = progress.iterations_total
     if info.status == RunStatus.SUCCEEDED:
         fields.update(_success_fields(run, info))
-    elif info.status == RunStatus.FAILED:
-        step, message = describe_failure(info)
-        fields.update(error=message, error_step=step)
-    elif info.status == RunStatus.CANCELLED:
-        fields.update(error=info.error or "cancelled", error_step=info.error_step)
+    failure = None
+    if info.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+        failure = failure_of(run, info)
+        fields.update(error=failure.message, error_step=failure.step, error_kind=failure.kind,
+                      result={**run.result, "failure": failure.model_dump(mode="json")})
     if info.status != run.status:
         fields["status"] = info.status
     changed = {k: v for k, v in fields.items() if getattr(run, k) != v}
@@ -436,8 +435,11 @@ def sync_run(store: Store, backend: Backend, run: Run) -> Run:
     run = store.update_run(run.id, **changed)
     if "status" in changed and run.status.finished:
         level = "info" if run.status == RunStatus.SUCCEEDED else "error"
-        text = run.status.value.lower() + (f": {run.error_step}: {run.error}" if run.error else "")
-        store.add_event(run.id, f"Run{run.status.value.title()}", text, level=level)
+        text = run.status.value.lower()
+        if failure is not None:  # the whole chain, as the backend told it
+            text += f" in {failure.step or 'an unknown step'} ({failure.kind}): {failure.chain}"
+        store.add_event(run.id, f"Run{run.status.value.title()}", text, level=level,
+                        details=failure.model_dump(mode="json") if failure else None)
     return run
 
 
@@ -467,82 +469,70 @@ def _compact(details: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def reconstruction_summary(output: dict[str, Any]) -> dict[str, Any] | None:
-    """The reconstruct function's summary from a flow's output (``$.reconstruct``)."""
-    action = output.get("reconstruct")
-    if not isinstance(action, dict):
+class _ComputeTask(BaseModel):
+    output: Any = None
+
+
+class _ComputeDetails(BaseModel):
+    """The part of a compute action's status that holds the function's return value."""
+
+    result: list[Any] = Field(default_factory=list)
+    results: list[_ComputeTask] = Field(default_factory=list)
+
+
+class _ComputeAction(BaseModel):
+    details: _ComputeDetails = Field(default_factory=_ComputeDetails)
+
+
+def reconstruction_summary(output: dict[str, Any]) -> FunctionSummary | None:
+    """The reconstruct function's summary in a flow's output (``$.reconstruct``, the compute
+    action's status: ``details.result[0]``, or ``details.results[0].output``); None when
+    there is none or it is not one."""
+    try:
+        details = _ComputeAction.model_validate(output.get("reconstruct")).details
+    except ValidationError:
         return None
-    details = action.get("details") or {}
-    for candidate in (
-        *(details.get("result") or [])[:1],
-        *[r.get("output") for r in (details.get("results") or [])[:1] if isinstance(r, dict)],
-    ):
-        if isinstance(candidate, dict):
-            return candidate
+    answers = [*details.result[:1], *(task.output for task in details.results[:1])]
+    for answer in answers:
+        try:
+            return FunctionSummary.model_validate(answer)
+        except ValidationError:
+            continue
     return None
+
+
+def _summary_fields(run: Run, summary: FunctionSummary, base: Path | None) -> dict[str, Any]:
+    """The run's fields from the function's summary: the product and previews that exist
+    under ``base`` (where the flow brought them; None: where the function wrote them), the
+    iterations and the verdict."""
+    if base is None:
+        product: Path | None = Path(summary.product) if summary.product else None
+        previews = [Path(p) for p in summary.previews]
+    else:
+        product = base / summary.product_relative
+        previews = [base / p for p in summary.previews_relative]
+    fields: dict[str, Any] = {
+        "result": {**run.result, "summary": summary.model_dump(mode="json")},
+        "error": None,
+        "error_step": None,
+        "error_kind": None,
+        "product": str(product) if product is not None and product.exists() else None,
+        "previews": [str(p) for p in previews if p.exists()],
+        "verdict": summary.verdict,
+        "verdict_reasons": summary.verdict_reasons,
+    }
+    if summary.iterations is not None:
+        fields["iteration"] = fields["iterations_total"] = summary.iterations
+    return fields
 
 
 def _success_fields(run: Run, info: FlowRunInfo) -> dict[str, Any]:
     summary = reconstruction_summary(info.output)
-    result = {**run.result, "summary": summary}
-    fields: dict[str, Any] = {"result": result, "error": None, "error_step": None}
     if summary is None:
-        return fields
+        return {"result": {**run.result, "summary": None}, "error": None, "error_step": None,
+                "error_kind": None}  # fmt: skip
     results_dir = run.result.get("results_dir")
-    if results_dir:
-        base = Path(results_dir)
-        product = base / str(summary.get("product_relative") or "product.h5")
-        previews = [base / str(p) for p in summary.get("previews_relative") or []]
-        if product.exists():
-            fields["product"] = str(product)
-        fields["previews"] = [str(p) for p in previews if p.exists()]
-    if isinstance(summary.get("iterations"), int):
-        fields["iteration"] = summary["iterations"]
-        fields["iterations_total"] = summary["iterations"]
-    return fields
-
-
-def describe_failure(info: FlowRunInfo) -> tuple[str | None, str]:
-    """(step, message) of a failed run. Our flows record the failed step and the caught
-    error at ``$.failure``; other flows fall back to the backend's error."""
-    failure = info.output.get("failure") if isinstance(info.output, dict) else None
-    if isinstance(failure, dict) and failure.get("step"):
-        error = failure.get("error") or {}
-        cause = error_text(error) if isinstance(error, dict) else str(error)
-        head = failure.get("description") or "failed"
-        return str(failure["step"]), f"{head}: {cause}"
-    step = info.error_step
-    if step is None:
-        failed = [s.name for s in info.steps if s.status in ("FAILED", "CANCELLED")]
-        step = failed[-1] if failed else None
-    return step, info.error or "failed (no reason given by the backend)"
-
-
-def error_text(error: dict[str, Any]) -> str:
-    """``Error: cause`` from a caught error object, with the cause read out of the action
-    status document it usually holds (compute exception, transfer fault, refusal)."""
-    name = str(error.get("Error") or "Error")
-    cause: Any = error.get("Cause")
-    if isinstance(cause, str):
-        try:
-            cause = json.loads(cause)
-        except json.JSONDecodeError:
-            return f"{name}: {cause}"[:2000]
-    if isinstance(cause, dict):
-        details = cause.get("details") if isinstance(cause.get("details"), dict) else cause
-        if isinstance(details.get("error"), dict) and details["error"].get("message"):
-            err = details["error"]
-            return f"{name}: {err.get('type', 'Error')}: {err['message']}"[:2000]
-        if isinstance(details.get("fatal_error"), dict):
-            fatal = details["fatal_error"]
-            return f"{name}: {fatal.get('code')}: {fatal.get('description')}"[:2000]
-        if details.get("exception"):
-            return f"{name}: {details['exception']}"[:2000]
-        if details.get("description"):
-            return f"{name}: {details['description']}"[:2000]
-        if cause.get("display_status"):
-            return f"{name}: action {cause.get('status')}: {cause['display_status']}"[:2000]
-    return f"{name}: {json.dumps(cause, default=str)[:1500]}" if cause else name
+    return _summary_fields(run, summary, Path(results_dir) if results_dir else None)
 
 
 def follow_run(
@@ -586,35 +576,27 @@ def retry_run(
     store: Store | None = None,
     backend: Backend | None = None,
 ) -> Run:
-    """Start a new attempt of a failed or cancelled run (same scan, flow and parameters;
-    ``parent_run_id`` links them). It continues from the scan's checkpoints.
+    """Start the one new attempt of a failed or cancelled run (same scan, flow and
+    parameters; ``parent_run_id`` links them). It continues from the scan's checkpoints.
+
+    Raises :class:`RetryRefused` when the run is not finished, succeeded, was retried
+    already (with the id of that retry: two retries at once still make one run), or failed on
+    bad input (a retry would not help).
 
     Without ``backend`` one is opened and a background thread follows the new run until it
     ends (the status page's retry button), then closes it; with one, following is the
     caller's (``beamflow runs retry --wait``)."""
     store = store or Store(settings.store_path)
-    old = store.get_run(run_id)
-    if old is None:
-        raise StoreError(f"no run with id {run_id!r} in {store.path}")
-    if not old.status.finished:
-        raise RunInputError(f"run {old.id} is {old.status.value}: cancel it before retrying")
-    if old.status == RunStatus.SUCCEEDED:
-        raise RunInputError(
-            f"run {old.id} succeeded; start a new run of the scan with `beamflow runs start`"
-        )
-    new = store.create_run(
-        scan=old.scan,
-        scan_path=old.scan_path,
-        flow=old.flow,
-        backend=settings.backend,
-        parameters=old.parameters,
-        label=None,
-        parent_run_id=old.id,
-        attempt=old.attempt + 1,
-        fraction=old.fraction,
-        iterations_total=old.iterations_total,
-    )
-    store.add_event(new.id, "RetryOf", f"retry of run {old.id} ({old.error_step}: {old.error})")
+    old = store.require_run(run_id)
+    if old.retry_refusal:
+        raise RetryRefused(old.retry_refusal, old.retried_by)
+    try:
+        new = store.add_retry(old, old.new_attempt(settings.backend))
+    except DuplicateRun as exc:  # another retry won the race
+        raise RetryRefused(f"run {old.id} was retried already, as run {exc.run_id}",
+                           exc.run_id) from None  # fmt: skip
+    cause = f"{old.error_step}: {old.error}" if old.error_step else old.error
+    store.add_event(new.id, "RetryOf", f"retry of run {old.id} ({cause})")
     if backend is not None:
         return _launch_or_fail(settings, store, backend, new)
     backend = get_backend(settings)
@@ -651,9 +633,9 @@ def cancel_run(
     if run.status.finished:
         return run
     if run.status == RunStatus.QUEUED or not run.backend_run_id:
-        run = store.update_run(
-            run.id, status=RunStatus.CANCELLED, error="cancelled before it started"
-        )
+        run = store.update_run(run.id, status=RunStatus.CANCELLED,
+                               error="cancelled before it started",
+                               error_kind=ErrorKind.CANCELLED)  # fmt: skip
         store.add_event(run.id, "RunCancelled", "cancelled before it started")
         return run
     own = backend is None

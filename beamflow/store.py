@@ -20,9 +20,11 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, computed_field, field_serializer
+
+from beamflow.error_kinds import ErrorKind
 
 
 class RunStatus(StrEnum):
@@ -67,8 +69,8 @@ class _Timed(BaseModel):
 
 class Run(_Timed):
     id: str
-    scan: str
-    scan_path: str | None = None
+    scan_name: str  # the scan's short name (its directory, or file without _master.h5)
+    scan_path: str  # the scan's one path: absolute, as the user's files are on the beamline
     flow: str
     backend: str
     status: RunStatus
@@ -78,6 +80,7 @@ class Run(_Timed):
     updated_at: float
     error: str | None = None
     error_step: str | None = None
+    error_kind: ErrorKind | None = None  # what kind of fault ended it: decides retries
     parameters: dict[str, Any] = Field(default_factory=dict)
     result: dict[str, Any] = Field(default_factory=dict)
     product: str | None = None
@@ -91,7 +94,12 @@ class Run(_Timed):
     parent_run_id: str | None = None
     fraction: float | None = None
     dedupe_key: str | None = None
+    retried_by: str | None = None  # the one run that retries this one (see Store.add_retry)
+    # Trust in the reconstruction, from its summary when it arrived (None: none finished).
+    verdict: Literal["trusted", "suspect"] | None = None
+    verdict_reasons: list[str] = Field(default_factory=list)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def duration(self) -> float | None:
         if self.started_at is None:
@@ -100,18 +108,48 @@ class Run(_Timed):
 
     @computed_field  # type: ignore[prop-decorator]
     @property
-    def verdict(self) -> str | None:
-        """"trusted" / "suspect": trust in the reconstruction (None: none finished yet)."""
-        summary = self.result.get("summary") if isinstance(self.result, dict) else None
-        value = summary.get("verdict") if isinstance(summary, dict) else None
-        return value if value in ("trusted", "suspect") else None
+    def retry_refusal(self) -> str | None:
+        """Why a new attempt of this run is refused, in a sentence (None: it may be retried).
+        One failed run has at most one retry; one that failed on bad input would only fail
+        again."""
+        if not self.status.finished:
+            return f"run {self.id} is {self.status.value}: cancel it before retrying"
+        if self.status == RunStatus.SUCCEEDED:
+            return (f"run {self.id} succeeded; start a new run of the scan with "
+                    "`beamflow runs start`")
+        if self.retried_by:
+            return f"run {self.id} was retried already, as run {self.retried_by}"
+        if self.error_kind == ErrorKind.BAD_INPUT:
+            return (f"run {self.id} failed on bad input: a retry would not help; fix the scan "
+                    "or the parameters and start a new run")
+        return None
+
+    def new_attempt(self, backend: str) -> Run:
+        """A QUEUED copy of this run (same scan, flow, parameters and fraction) on
+        ``backend``, linked to it: nothing of this attempt's outcome is carried over."""
+        now = time.time()
+        return Run(
+            **self.model_dump(include=_REQUEST_FIELDS),
+            id=str(uuid.uuid4()),
+            backend=backend,
+            status=RunStatus.QUEUED,
+            created_at=now,
+            updated_at=now,
+            parent_run_id=self.id,
+            attempt=self.attempt + 1,
+        )
 
     @computed_field  # type: ignore[prop-decorator]
     @property
-    def verdict_reasons(self) -> list[str]:
-        summary = self.result.get("summary") if isinstance(self.result, dict) else None
-        reasons = summary.get("verdict_reasons") if isinstance(summary, dict) else None
-        return [str(r) for r in reasons] if isinstance(reasons, list) else []
+    def truth_nrmse(self) -> float | None:
+        """The demo's score against the simulator's ground truth (``result.truth``)."""
+        truth = self.result.get("truth")
+        nrmse = truth.get("nrmse") if isinstance(truth, dict) else None
+        return float(nrmse) if isinstance(nrmse, int | float) else None
+
+
+# What a run was asked to do; everything else of a run is its identity or its outcome.
+_REQUEST_FIELDS = {"scan_name", "scan_path", "flow", "parameters", "fraction", "iterations_total"}
 
 
 class Step(_Timed):
@@ -216,12 +254,31 @@ _MIGRATIONS: list[str] = [
     );
     CREATE INDEX events_run ON events (run_id, id);
     """,
+    # 2: one name per meaning (scan_name, scan_path; rows without a path keep what stood
+    # for it), the kind of fault that ended a run, and the one retry of a run.
+    """
+    ALTER TABLE runs RENAME COLUMN scan TO scan_name;
+    UPDATE runs SET scan_path = scan_name WHERE scan_path IS NULL;
+    ALTER TABLE runs ADD COLUMN error_kind TEXT;
+    ALTER TABLE runs ADD COLUMN retried_by TEXT;
+    ALTER TABLE runs ADD COLUMN verdict TEXT;
+    ALTER TABLE runs ADD COLUMN verdict_reasons TEXT NOT NULL DEFAULT '[]';
+    UPDATE runs SET verdict = json_extract(result, '$.summary.verdict'),
+        verdict_reasons = COALESCE(json_extract(result, '$.summary.verdict_reasons'), '[]')
+        WHERE json_extract(result, '$.summary.verdict') IN ('trusted', 'suspect');
+    UPDATE runs SET retried_by = (
+        SELECT c.id FROM runs AS c WHERE c.parent_run_id = runs.id
+        ORDER BY c.created_at, c.rowid LIMIT 1
+    );
+    CREATE INDEX runs_parent ON runs (parent_run_id);
+    """,
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
-_JSON_FIELDS = {"parameters", "result", "previews"}
+_COMPUTED = set(Run.model_computed_fields)
+_JSON_FIELDS = {"parameters", "result", "previews", "verdict_reasons"}
 _RUN_FIELDS = set(Run.model_fields)
-_UPDATABLE = _RUN_FIELDS - {"id", "created_at", "updated_at"}
+_UPDATABLE = _RUN_FIELDS - {"id", "created_at", "updated_at", "retried_by"}
 
 
 class Store:
@@ -282,52 +339,63 @@ class Store:
     def create_run(
         self,
         *,
-        scan: str,
+        scan_name: str,
+        scan_path: str,
         flow: str,
         backend: str,
-        scan_path: str | None = None,
         parameters: dict[str, Any] | None = None,
         status: RunStatus = RunStatus.QUEUED,
         dedupe_key: str | None = None,
         label: str | None = None,
-        parent_run_id: str | None = None,
-        attempt: int = 1,
         fraction: float | None = None,
         iterations_total: int | None = None,
-        run_id: str | None = None,
     ) -> Run:
         """Record a new run. A second run with the same ``dedupe_key`` raises DuplicateRun."""
         now = time.time()
-        run = Run(
-            id=run_id or str(uuid.uuid4()),
-            scan=scan,
-            scan_path=scan_path,
-            flow=flow,
-            backend=backend,
-            status=status,
-            created_at=now,
-            updated_at=now,
+        return self.add_run(Run(
+            id=str(uuid.uuid4()), scan_name=scan_name, scan_path=scan_path, flow=flow,
+            backend=backend, status=status, created_at=now, updated_at=now,
             started_at=now if status == RunStatus.ACTIVE else None,
-            parameters=parameters or {},
-            dedupe_key=dedupe_key,
-            label=label,
-            parent_run_id=parent_run_id,
-            attempt=attempt,
-            fraction=fraction,
-            iterations_total=iterations_total,
-        )
-        row = self._to_row(run.model_dump(exclude={"verdict", "verdict_reasons"}))
+            parameters=parameters or {}, dedupe_key=dedupe_key, label=label,
+            fraction=fraction, iterations_total=iterations_total,
+        ))  # fmt: skip
+
+    def add_run(self, run: Run) -> Run:
+        """Record ``run`` as it is (a second run with its ``dedupe_key`` raises
+        DuplicateRun)."""
+        with self._write() as conn:
+            self._insert(conn, run)
+        return run
+
+    def add_retry(self, old: Run, new: Run) -> Run:
+        """Record ``new`` as the one retry of ``old``, in one transaction: a second retry of
+        the same run, even one racing this one from another process, raises DuplicateRun
+        with the id of the first."""
+        with self._write() as conn:
+            row = conn.execute("SELECT retried_by FROM runs WHERE id = ?", (old.id,)).fetchone()
+            if row is None:
+                raise StoreError(f"no run with id {old.id!r} in {self.path}")
+            if row["retried_by"]:
+                raise DuplicateRun(f"retry of {old.id}", row["retried_by"])
+            self._insert(conn, new)
+            conn.execute("UPDATE runs SET retried_by = ?, updated_at = ? WHERE id = ?",
+                         (new.id, time.time(), old.id))  # fmt: skip
+        return new
+
+    def _insert(self, conn: sqlite3.Connection, run: Run) -> None:
+        row = self._to_row(run.model_dump(exclude=_COMPUTED))
         columns = ", ".join(row)
         marks = ", ".join("?" for _ in row)
         try:
-            with self._write() as conn:
-                conn.execute(f"INSERT INTO runs ({columns}) VALUES ({marks})", list(row.values()))
+            conn.execute(f"INSERT INTO runs ({columns}) VALUES ({marks})", list(row.values()))
         except sqlite3.IntegrityError:
-            existing = self.get_run_by_key(dedupe_key) if dedupe_key else None
-            if existing is not None:
-                raise DuplicateRun(dedupe_key, existing.id) from None
+            key = run.dedupe_key
+            existing = key and conn.execute(
+                "SELECT id FROM runs WHERE dedupe_key = ?", (key,)
+            ).fetchone()
+            if existing:
+                raise DuplicateRun(key, existing["id"]) from None
             raise
-        return run
 
     def get_run(self, run_id: str) -> Run | None:
         row = self._connect().execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -389,18 +457,18 @@ class Store:
         where it is the only scan of that name in the store, else the shortest path suffix
         that is unique (``day1/demo_scan_001``). Keyed by run id."""
         runs = list(runs)
-        names = sorted({r.scan for r in runs})
+        names = sorted({r.scan_name for r in runs})
         paths: dict[str, set[str]] = {n: set() for n in names}
         for start in range(0, len(names), 500):  # SQLite's bound-parameter limit
             chunk = names[start : start + 500]
             rows = self._connect().execute(
-                f"SELECT DISTINCT scan, scan_path FROM runs WHERE scan_path IS NOT NULL "
-                f"AND scan IN ({', '.join('?' for _ in chunk)})", chunk,
+                f"SELECT DISTINCT scan_name, scan_path FROM runs "
+                f"WHERE scan_name IN ({', '.join('?' for _ in chunk)})", chunk,
             )  # fmt: skip
             for scan, path in rows:
                 paths[scan].add(path)
         labels = {n: scan_labels(n, paths[n]) for n in names}
-        return {r.id: labels[r.scan].get(r.scan_path or "", r.scan) for r in runs}
+        return {r.id: labels[r.scan_name][r.scan_path] for r in runs}
 
     def update_run(self, run_id: str, **fields: Any) -> Run:
         """Change fields of a run. Status changes stamp started_at/finished_at on the way."""
@@ -527,7 +595,7 @@ class Store:
             args += values
         if scan:
             # The name or the path: "day2/" finds the scans of one directory.
-            clauses.append("(scan LIKE ? ESCAPE '\\' OR scan_path LIKE ? ESCAPE '\\')")
+            clauses.append("(scan_name LIKE ? ESCAPE '\\' OR scan_path LIKE ? ESCAPE '\\')")
             escaped = scan.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             args += [f"%{escaped}%", f"%{escaped}%"]
         return ("WHERE " + " AND ".join(clauses)) if clauses else "", args
@@ -540,7 +608,7 @@ class Store:
                 value = json.dumps(value)
             elif isinstance(value, Path):
                 value = str(value)
-            elif isinstance(value, RunStatus):
+            elif isinstance(value, RunStatus | ErrorKind):
                 value = value.value
             row[key] = value
         return row

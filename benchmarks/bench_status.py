@@ -36,8 +36,9 @@ def fill_store(path: Path, n: int) -> tuple[str, str]:
     t = time.time() - n * 60
     for i in range(n):
         status = STATUSES[i % len(STATUSES)] if i < n - 3 else RunStatus.ACTIVE
-        run = store.create_run(
-            scan=f"sample{i // 50:03d}_scan_{i:05d}", flow="ptycho_reconstruct", backend="local",
+        run = store.create_run(scan_name=f"sample{i // 50:03d}_scan_{i:05d}",
+                               scan_path=f"/data/sample{i // 50:03d}_scan_{i:05d}",
+                               flow="ptycho_reconstruct", backend="local",
             parameters={"algorithm": "rpie", "iterations": 100},
             iterations_total=100,
         )

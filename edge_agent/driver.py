@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from beamflow import runs as run_path
 from beamflow.backend import Backend, BackendError
 from beamflow.config import Settings
+from beamflow.error_kinds import ErrorKind
 from beamflow.store import DuplicateRun, Run, RunStatus, Store
 
 from .policy import KEY_PREFIX, dedupe_key, is_transient, part_of, retry_delay
@@ -129,9 +130,8 @@ class RunDriver:
                                                           "frames": state.frames,
                                                           "expected": state.expected}})
         elif state.readiness == Readiness.BROKEN:
-            run = self.store.update_run(
-                run.id, status=RunStatus.FAILED, error=state.error, error_step="Readiness"
-            )
+            run = self.store.update_run(run.id, status=RunStatus.FAILED, error=state.error,
+                                        error_step="Readiness", error_kind=ErrorKind.BAD_INPUT)
             self.store.add_event(run.id, "ScanUnreadable", state.error or "", level="error")
             self.stats.failed += 1
             log.error(
@@ -147,15 +147,11 @@ class RunDriver:
         part = part_of(fraction)
         params = {**self.settings.reconstruction.model_dump(), **extra}
         try:
-            run = run_path.create_scan_run(
-                self.settings,
-                self.store,
-                state.path,
-                params=params,
-                dedupe_key=dedupe_key(state.path, part),
-                fraction=fraction,
-                flow=self.policy.flow,
-            )
+            request = run_path.RunRequest(
+                scan_path=state.path, params=params, dedupe_key=dedupe_key(state.path, part),
+                fraction=fraction, flow=self.policy.flow,
+            )  # fmt: skip
+            run = run_path.create_scan_run(self.settings, self.store, request)
         except DuplicateRun:
             return None
         except run_path.RunInputError as exc:
@@ -187,15 +183,14 @@ class RunDriver:
             return None  # gone: nothing to record
         try:
             run = self.store.create_run(
-                scan=state.name, scan_path=str(state.path.resolve()), flow=self.policy.flow,
+                scan_name=state.name, scan_path=str(state.path.resolve()), flow=self.policy.flow,
                 backend=self.backend.name, parameters=params,
                 dedupe_key=dedupe_key(state.path, part), fraction=fraction,
             )  # fmt: skip
         except DuplicateRun:
             return None
-        run = self.store.update_run(
-            run.id, status=RunStatus.FAILED, error=str(exc), error_step="Queue"
-        )
+        run = self.store.update_run(run.id, status=RunStatus.FAILED, error=str(exc),
+                                    error_step="Queue", error_kind=ErrorKind.BAD_INPUT)
         self.stats.failed += 1
         log.error("run refused", extra={"fields": {"run": run.id, "scan": state.name,
                                                    "error": str(exc)}})  # fmt: skip
@@ -253,7 +248,7 @@ class RunDriver:
     def _supersede_partials(self, final: Run) -> None:
         """Cancel queued partial runs of the scan of ``final`` that have not started: the
         newer run reconstructs more frames, and the scientist wants that sooner."""
-        for run in self.store.list_runs(status=RunStatus.QUEUED, scan=final.scan, limit=None):
+        for run in self.store.list_runs(status=RunStatus.QUEUED, scan=final.scan_path, limit=None):
             if (
                 run.id == final.id
                 or run.scan_path != final.scan_path
@@ -267,6 +262,7 @@ class RunDriver:
                 error=f"superseded by run {final.id} ({part_of(final.fraction)} of the frames), "
                 "queued before this one could start",
                 error_step="Queue",
+                error_kind=ErrorKind.CANCELLED,
             )
             self.store.add_event(run.id, "Superseded", f"superseded by run {final.id}")
             self._retry_at.pop(run.id, None)
@@ -298,7 +294,7 @@ class RunDriver:
             extra={
                 "fields": {
                     "run": run.id,
-                    "scan": run.scan,
+                    "scan": run.scan_name,
                     "part": part_of(run.fraction),
                     "attempt": run.attempt,
                     "backend_run": run.backend_run_id,
@@ -311,9 +307,8 @@ class RunDriver:
             self._requeue(run, f"could not start: {exc}")
             return
         self._retry_at.pop(run.id, None)
-        self.store.update_run(
-            run.id, status=RunStatus.FAILED, error=str(exc), error_step=exc.step or "Start"
-        )
+        self.store.update_run(run.id, status=RunStatus.FAILED, error=str(exc),
+                              error_step=exc.step or "Start", error_kind=exc.kind)
         self.stats.failed += 1
         log.error("run failed to start", extra={"fields": {"run": run.id, "error": str(exc)}})
 
@@ -329,6 +324,7 @@ class RunDriver:
             finished_at=None,
             error=None,
             error_step=None,
+            error_kind=None,
             current_step=None,
             iteration=None,
         )
@@ -412,9 +408,8 @@ class RunDriver:
                 # The local backend does not know the run (its record is gone): it is lost,
                 # and handled like any lost run (retried within the budget). A remote
                 # service's refusal is only backed off: its run may well go on.
-                run = self.store.update_run(
-                    run.id, status=RunStatus.FAILED, error=f"lost: {exc}", error_step="Poll"
-                )
+                run = self.store.update_run(run.id, status=RunStatus.FAILED, error=f"lost: {exc}",
+                                            error_step="Poll", error_kind=ErrorKind.LOST)
                 self._polls.pop(run.id, None)
                 self._launched_here.discard(run.id)
                 self._schedule_needed = True
@@ -464,7 +459,7 @@ class RunDriver:
             extra={
                 "fields": {
                     "run": run.id,
-                    "scan": run.scan,
+                    "scan": run.scan_name,
                     "part": part_of(run.fraction),
                     "status": str(run.status),
                     "attempt": run.attempt,
@@ -479,6 +474,6 @@ class RunDriver:
             # The flow succeeded, but the result failed the physics checks: say so loudly.
             log.warning(
                 "suspect result",
-                extra={"fields": {"run": run.id, "scan": run.scan,
+                extra={"fields": {"run": run.id, "scan": run.scan_name,
                                   "reasons": run.verdict_reasons}},
             )

@@ -28,51 +28,13 @@ def part_of(fraction: float | None) -> str:
     return f"{fraction:.3f}"
 
 
-# How a failure reads decides whether it is worth another attempt. Bad input is checked
-# first: it is never retried, whatever step it surfaced in.
-_BAD_INPUT = (
-    "scanformaterror",
-    "valueerror",
-    "validationerror",
-    "incompatiblecheckpoint",
-    "does not match its schema",
-    "invalid",
-    "bad input",
-    "not a readable",
-    "refused",
-    "permission_denied",
-    "permission denied",
-)
-_TRANSIENT = (
-    "lost",  # RunLost (the process running it ended), WorkerLost (killed, out of memory)
-    "timeout",  # ActionTimeout, socket timeouts
-    "timed out",
-    "connection",
-    "unavailable",
-    "network",
-    "token",  # an expired or revoked token that a refresh fixes
-    "temporar",
-    "actionunabletorun",  # the provider could not start the action (endpoint offline, ...)
-    "endpoint is offline",
-    "throttl",
-    "too many requests",
-    "busy",
-    "file_not_found",  # a file renamed by the detector's writer while it was copied
-    "vanished",
-)
-
-
 def is_transient(run: Run) -> bool:
-    """Faults worth a retry: a lost run or worker, transfer and network faults, timeouts,
-    an expired token, an endpoint that could not take the task. Bad input (the reader's or
-    the function's validation errors, refused paths) is never retried; a reconstruction
-    that failed on good input (it diverged) is not either: the same input fails again."""
-    text = f"{run.error_step or ''} {run.error or ''}".lower()
-    if any(word in text for word in _BAD_INPUT):
-        return False
-    if (run.error_step or "").startswith("Transfer"):
-        return True  # transfers are retried, as Globus Transfer retries its own faults
-    return any(word in text for word in _TRANSIENT)
+    """Faults worth a retry, by the kind stored on the run where the error was understood
+    (beamflow.failures): a lost run or worker, a transient transfer, service or network
+    fault, a timeout. Bad input is never retried; a reconstruction that failed on good input
+    (it diverged) is not either: the same input fails again. A failure of no known kind is
+    not retried."""
+    return run.error_kind is not None and run.error_kind.worth_retrying
 
 
 def retry_delay(backoff_seconds: float, attempt: int) -> float:

@@ -113,7 +113,8 @@ def wait_until(store: Store, what: str, check: Callable[[list[Run]], bool],
         if check(runs):
             return runs
         if time.monotonic() > deadline:
-            table = [(r.scan, r.status.value, r.current_step, r.attempt, r.error) for r in runs]
+            table = [(r.scan_name, r.status.value, r.current_step, r.attempt, r.error)
+                     for r in runs]
             tail = log.read_text()[-3000:] if log else ""
             pytest.fail(f"timed out waiting for {what}; runs: {table}\nlog: {tail}")
         time.sleep(0.05)
@@ -175,9 +176,9 @@ def test_kill_9_at_any_point_then_restart_processes_every_scan_exactly_once(
     assert agent.terminate() == 0
 
     # Exactly once: one run per scan, each SUCCEEDED, each with a product on the beamline.
-    assert sorted(r.scan for r in runs) == sorted(SCANS)
+    assert sorted(r.scan_name for r in runs) == sorted(SCANS)
     for run in runs:
-        assert run.status == RunStatus.SUCCEEDED, (run.scan, run.error)
+        assert run.status == RunStatus.SUCCEEDED, (run.scan_name, run.error)
         assert run.product and Path(run.product).is_file()
         assert run.dedupe_key.endswith("#final")
     # The kills hit runs in flight: those were found lost at restart and run again.

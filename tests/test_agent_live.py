@@ -37,13 +37,14 @@ class Live:
         self.staging = Path(settings.state_dir) / "staging"
 
     def runs(self, scan: str) -> list[Run]:
-        return [r for r in self.store.list_runs(limit=None, oldest_first=True) if r.scan == scan]
+        return [r for r in self.store.list_runs(limit=None, oldest_first=True)
+                if r.scan_name == scan]
 
     def wait(self, what: str, check: Callable[[], bool], timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
         while not check():
             if time.monotonic() > deadline:
-                table = [(r.scan, r.fraction, r.status.value, r.attempt, r.error_step, r.error)
+                table = [(r.scan_name, r.fraction, r.status.value, r.attempt, r.error_step, r.error)
                          for r in self.store.list_runs(limit=None, oldest_first=True)]
                 pytest.fail(f"timed out waiting for {what}; runs: {table}")
             time.sleep(0.1)

@@ -4,6 +4,7 @@ progressive parts, retries (and none for bad input), aborted and broken scans, r
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -17,6 +18,7 @@ from watchdog.events import FileCreatedEvent
 from beamflow.backend import BackendError, FlowRunInfo
 from beamflow.cli import app
 from beamflow.config import Settings, load_config
+from beamflow.error_kinds import ErrorKind
 from beamflow.formats import Geometry
 from beamflow.formats.eiger import data_file_name, master_path, write_data_file, write_master
 from beamflow.registry import Registry, register_functions
@@ -62,9 +64,11 @@ class ScriptedBackend:
         return self.runs[backend_run_id]
 
     def end(self, backend_run_id: str, status: RunStatus, error: str | None = None,
-            step: str | None = None) -> None:
+            step: str | None = None, *, kind: ErrorKind | None = None,
+            output: dict | None = None) -> None:
         self.runs[backend_run_id] = FlowRunInfo(
-            backend_run_id=backend_run_id, status=status, error=error, error_step=step
+            backend_run_id=backend_run_id, status=status, error=error, error_step=step,
+            error_kind=kind, output=output or {},
         )
 
     def cancel_run(self, backend_run_id: str) -> None:
@@ -76,6 +80,14 @@ class ScriptedBackend:
 
     def active(self) -> list[str]:
         return [i for i, r in self.runs.items() if r.status == RunStatus.ACTIVE]
+
+
+def flow_failure(step: str, error: str, action_details: dict) -> dict:
+    """The flows' failure record ($.failure) of a caught action error, as both backends
+    give it: the Cause is the action's status document, as JSON."""
+    cause = json.dumps({"status": "FAILED", "details": action_details})
+    return {"failure": {"step": step, "description": f"{step} failed",
+                        "error": {"Error": error, "Cause": cause}}}
 
 
 class Clock:
@@ -230,7 +242,8 @@ def test_transient_failures_are_retried_with_backoff_then_given_up(settings: Set
     for attempt in (1, 2, 3):
         run = agent.store.require_run(run.id)
         assert run.status == RunStatus.ACTIVE and run.attempt == attempt
-        backend.end(run.backend_run_id, RunStatus.FAILED, "RunLost: lost: the process ended")
+        backend.end(run.backend_run_id, RunStatus.FAILED, "RunLost: lost: the process ended",
+                    kind=ErrorKind.LOST)
         step(agent, clock, 1.5)
         run = agent.store.require_run(run.id)
         if attempt == 3:
@@ -252,15 +265,45 @@ def test_bad_input_is_not_retried(settings: Settings) -> None:
     write_scan(settings.beamline.detector_dir, "s1")
     step(agent, clock, 2.0)
     (run,) = runs_of(agent.store)
-    backend.end(run.backend_run_id, RunStatus.FAILED,
-                "the reconstruct function failed on the compute endpoint: ValueError: "
-                "scan s1: reconstruction failed: ScanFormatError: frames hold NaN", "Reconstruct")
+    backend.end(run.backend_run_id, RunStatus.FAILED, "ReconstructFailed", output=flow_failure(
+        "Reconstruct", "ActionFailedException", {"error": {
+            "type": "ValueError",
+            "message": "scan s1: reconstruction failed: ScanFormatError: frames hold NaN"}}))
     step(agent, clock, 1.5)
     run = agent.store.require_run(run.id)
     assert run.status == RunStatus.FAILED and run.attempt == 1
-    assert run.error_step == "Reconstruct" and "NaN" in run.error
+    assert (run.error_step, run.error_kind) == ("Reconstruct", ErrorKind.BAD_INPUT)
+    assert run.error.endswith("frames hold NaN") and "Error" not in run.error
     step(agent, clock, 100.0, passes=2)
     assert len(backend.runs) == 1
+
+
+def test_a_transient_fault_is_retried_however_it_is_worded(settings: Settings) -> None:
+    """The kind decides, not the words: a transfer fault that says "invalid" (the old rule
+    never retried it) is retried; a reconstruction that failed on good input is not."""
+    backend, clock = ScriptedBackend(), Clock()
+    agent = make_agent(settings, backend, clock)
+    write_scan(settings.beamline.detector_dir, "s1")
+    step(agent, clock, 2.0)
+    (run,) = runs_of(agent.store)
+    backend.end(run.backend_run_id, RunStatus.FAILED, "TransferScanToHPCFailed",
+                output=flow_failure("TransferScanToHPC", "ActionFailedException", {
+                    "fatal_error": {"code": "CONNECTION_RESET",
+                                    "description": "invalid response from the data server"}}))
+    step(agent, clock, 1.5)
+    run = agent.store.require_run(run.id)
+    assert (run.status, run.attempt) == (RunStatus.QUEUED, 2)
+    assert "invalid response" in agent.store.events(run.id)[-1].message
+    step(agent, clock, retry_delay(settings.agent.retry_backoff_seconds, 1) + 0.5)
+    run = agent.store.require_run(run.id)
+    assert run.status == RunStatus.ACTIVE
+    backend.end(run.backend_run_id, RunStatus.FAILED, "ReconstructFailed", output=flow_failure(
+        "Reconstruct", "ActionFailedException", {"error": {
+            "type": "RuntimeError", "message": "scan s1: reconstruction failed: the loss "
+            "diverged (network timeout while saving)"}}))
+    step(agent, clock, 1.5)
+    run = agent.store.require_run(run.id)
+    assert (run.status, run.error_kind, run.attempt) == (RunStatus.FAILED, ErrorKind.FAILED, 2)
 
 
 @pytest.mark.parametrize(("transient", "status", "attempt"), [
@@ -282,21 +325,17 @@ def test_start_failures(settings: Settings, transient: bool, status: RunStatus,
         assert run.error_step == "Start" and "unavailable" in run.error
 
 
-def test_failure_classification() -> None:
+def test_only_lost_and_transient_faults_are_worth_a_retry() -> None:
     from beamflow.store import Run
 
-    def run(error: str, step: str | None = None) -> Run:
-        return Run(id="r", scan="s", flow="f", backend="local", status=RunStatus.FAILED,
-                   created_at=0, updated_at=0, error=error, error_step=step)
+    def run(kind: ErrorKind | None) -> Run:
+        return Run(id="r", scan_name="s", scan_path="/d/s", flow="f", backend="local",
+                   status=RunStatus.FAILED, created_at=0, updated_at=0, error_kind=kind,
+                   error="temporary network timeout: invalid")  # fmt: skip
 
-    assert is_transient(run("RunLost: lost: the process running it ended"))
-    assert is_transient(run("transfer failed: FILE_NOT_FOUND: source vanished",
-                            "TransferScanToHPC"))
-    assert is_transient(run("ActionTimeout: the action did not finish", "Reconstruct"))
-    assert not is_transient(run("ValueError: scan x: invalid arguments", "Reconstruct"))
-    assert not is_transient(run("PERMISSION_DENIED: outside the root; refused",
-                                "TransferScanToHPC"))
-    assert not is_transient(run("RuntimeError: reconstruction diverged", "Reconstruct"))
+    assert is_transient(run(ErrorKind.LOST)) and is_transient(run(ErrorKind.TRANSIENT))
+    for kind in (ErrorKind.BAD_INPUT, ErrorKind.FAILED, ErrorKind.CANCELLED, None):
+        assert not is_transient(run(kind))
 
 
 def age(master: Path, seconds: float) -> None:

@@ -110,7 +110,7 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
 # Floors, bottom first: a module may import its own floor and those below, never above.
 SCIENCE_AND_STORAGE = (
     "beamflow.ptycho", "beamflow.checkpoint", "beamflow.formats", "beamflow.store",
-    "beamflow.atomic", "beamflow.validation_text",
+    "beamflow.atomic", "beamflow.validation_text", "beamflow.error_kinds",
 )
 ABOVE_SCIENCE = (
     "beamflow.backend", "beamflow.local", "beamflow.globus", "beamflow.registry",
@@ -118,7 +118,8 @@ ABOVE_SCIENCE = (
     "functions",
 )
 BACKENDS = ("beamflow.local", "beamflow.globus", "beamflow.registry")
-STARTERS = ("beamflow.runs", "beamflow.status", "beamflow.cli", "beamflow.demo", "edge_agent")
+STARTERS = ("beamflow.runs", "beamflow.failures", "beamflow.status", "beamflow.cli",
+            "beamflow.demo", "edge_agent")
 
 
 @pytest.mark.parametrize(
@@ -156,7 +157,8 @@ def test_science_knows_nothing_of_flows_globus_or_the_web():
 
 
 # Leaf utilities: standard library (and pydantic) only, usable from every floor.
-LEAVES = ("beamflow.atomic", "beamflow.validation_text", "beamflow.processes")
+LEAVES = ("beamflow.atomic", "beamflow.validation_text", "beamflow.processes",
+          "beamflow.error_kinds")
 SCIENCE = ("beamflow.ptycho", "beamflow.checkpoint", "beamflow.formats")
 
 

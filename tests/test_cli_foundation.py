@@ -48,14 +48,16 @@ def test_bad_backend_is_a_usage_error(tmp_path: Path) -> None:
 def test_runs_list_json_and_show(workspace: Path) -> None:
     config = str(workspace / "beamflow.toml")
     store = Store(load_config(workspace / "beamflow.toml").store_path)
-    run = store.create_run(scan="scan_7", flow="ptycho_reconstruct", backend="local")
+    run = store.create_run(scan_name="scan_7", scan_path="/data/scan_7",
+                           flow="ptycho_reconstruct", backend="local")
     store.update_run(run.id, status="FAILED", error="frame/position mismatch", error_step="Load")
 
     result = runner.invoke(app, ["runs", "list", "--json", "--config", config])
     assert result.exit_code == 0, result.output
     runs = json.loads(result.stdout)
     assert [r["id"] for r in runs] == [run.id]
-    for key in ("id", "scan", "status", "error", "created_at", "finished_at", "previews"):
+    for key in ("id", "scan_name", "scan_path", "status", "error", "created_at", "finished_at",
+                "previews"):
         assert key in runs[0]
 
     result = runner.invoke(app, ["runs", "show", run.id[:8], "--config", config])
@@ -90,7 +92,8 @@ def test_help_everywhere(command: list[str]) -> None:
 def test_runs_show_refreshes_an_unfinished_run_from_its_backend(workspace: Path) -> None:
     config = str(workspace / "beamflow.toml")
     store = Store(load_config(workspace / "beamflow.toml").store_path)
-    run = store.create_run(scan="scan_8", flow="ptycho_reconstruct", backend="local")
+    run = store.create_run(scan_name="scan_8", scan_path="/data/scan_8",
+                           flow="ptycho_reconstruct", backend="local")
     store.update_run(run.id, status="ACTIVE", backend_run_id="no-such-local-run")
     result = runner.invoke(app, ["runs", "show", run.id, "-c", config])
     # The local backend has no record of that run: the run is shown, with the reason it

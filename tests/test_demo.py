@@ -54,14 +54,14 @@ def test_demo_runs_every_scan_to_success(tmp_path: Path) -> None:
     settings = load_config(ws / "beamflow.toml")
     store = Store(settings.store_path)
     finals = [r for r in store.list_runs(limit=None) if r.fraction == 1.0]
-    assert sorted(r.scan for r in finals) == ["demo_scan_001", "demo_scan_002"]
+    assert sorted(r.scan_name for r in finals) == ["demo_scan_001", "demo_scan_002"]
     for run in finals:
         assert run.status == "SUCCEEDED", run.error
         (row,) = [line for line in lines if run.product in line]  # whole, on its row
         # The score against the simulator's truth is kept with the run (for its page).
         truth = run.result["truth"]
         assert 0 < truth["nrmse"] < 0.5 and f"{truth['nrmse']:.3f}" in row
-        assert truth["ground_truth"] == str(settings.beamline.detector_dir / run.scan
+        assert truth["ground_truth"] == str(settings.beamline.detector_dir / run.scan_name
                                             / "ground_truth.h5")
         assert run.product and Path(run.product).is_file()
         assert Path(run.product).is_relative_to(settings.beamline.preview_dir)

@@ -267,18 +267,3 @@ def test_flow_input_maps_local_paths_to_collection_paths(settings, tmp_path: Pat
     assert parse_param("device=cuda") == ("device", "cuda")
     with pytest.raises(RunInputError, match="KEY=VALUE"):
         parse_param("iterations")
-
-
-def test_failure_causes_are_read_out_of_action_documents() -> None:
-    from beamflow.runs import error_text
-
-    def caught(details: dict[str, Any], error: str = "ActionFailedException") -> dict:
-        return {"Error": error, "Cause": json.dumps({"status": "FAILED", "details": details})}
-
-    compute = caught({"error": {"type": "ValueError", "message": "scan s1: no positions"}})
-    assert error_text(compute) == "ActionFailedException: ValueError: scan s1: no positions"
-    transfer = caught({"fatal_error": {"code": "FILE_NOT_FOUND", "description": "gone"}})
-    assert error_text(transfer) == "ActionFailedException: FILE_NOT_FOUND: gone"
-    refused = {"Error": "ActionUnableToRun", "Cause": json.dumps({"description": "bad endpoint"})}
-    assert error_text(refused) == "ActionUnableToRun: bad endpoint"
-    assert error_text({"Error": "ActionTimeout", "Cause": "plain"}) == "ActionTimeout: plain"

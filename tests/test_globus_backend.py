@@ -400,7 +400,7 @@ def test_transfer_states_of_the_shipped_flow():
 def test_shared_run_path_starts_and_follows_a_globus_run(settings, tmp_path):
     import jsonschema
 
-    from beamflow.runs import start_scan_run, sync_run
+    from beamflow.runs import RunRequest, start_scan_run, sync_run
     from beamflow.store import Store
 
     scan = tmp_path / "beamline" / "detector" / "scan_017"
@@ -413,7 +413,8 @@ def test_shared_run_path_starts_and_follows_a_globus_run(settings, tmp_path):
     store_tokens(settings, flow_ids=(flow_id,))
     store = Store(settings.store_path)
     with backend_for(settings) as backend:
-        run = start_scan_run(settings, store, backend, scan / "scan_017_master.h5")
+        run = start_scan_run(settings, store, backend,
+                             RunRequest(scan_path=scan / "scan_017_master.h5"))
         sent = json.loads(get_last_request().body)
         assert run.status == RunStatus.ACTIVE and run.backend_run_id == RUN_ID
         # What the shared path builds is what the flow's schema accepts, sent unchanged.

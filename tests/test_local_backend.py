@@ -19,7 +19,7 @@ from beamflow import runs
 from beamflow.backend import BackendError
 from beamflow.cli import app
 from beamflow.config import Settings, load_config
-from beamflow.store import RunStatus, Store
+from beamflow.store import Run, RunStatus, Store
 
 
 def _missing() -> str | None:
@@ -105,6 +105,10 @@ def store(settings: Settings) -> Store:
     return Store(settings.store_path)
 
 
+def start(settings: Settings, store: Store, backend, scan: Path, **request) -> Run:  # noqa: ANN001
+    return runs.start_scan_run(settings, store, backend, runs.RunRequest(scan_path=scan, **request))
+
+
 def wait_for_step(backend, run_id: str, step: str, status: str = "ACTIVE") -> None:  # noqa: ANN001
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -134,7 +138,7 @@ def test_cli_end_to_end_previews_arrive_on_the_beamline(
     shown = json.loads(result.stdout.strip().splitlines()[-1])
     run = store.require_run(shown["id"])
     assert run.status == RunStatus.SUCCEEDED
-    assert (run.scan, run.backend) == ("s1", "local")
+    assert (run.scan_name, run.backend) == ("s1", "local")
 
     # Product and previews on the beamline side, inside preview_dir.
     preview_dir = Path(settings.beamline.preview_dir)
@@ -180,7 +184,7 @@ def test_a_failing_reconstruction_names_the_step_and_cause(
     store: Store,  # noqa: ANN001
 ) -> None:
     scan = _broken_scan(workspace, "bad1")
-    run = runs.start_scan_run(settings, store, backend, scan, params=FAST)
+    run = start(settings, store, backend, scan, params=FAST)
     assert run.status == RunStatus.ACTIVE and run.backend_run_id
     run = runs.follow_run(store, backend, run, poll_seconds=0.05)
     assert run.status == RunStatus.FAILED
@@ -193,7 +197,7 @@ def test_a_failing_reconstruction_names_the_step_and_cause(
 
     # A retry is a new run linked to the old one (it fails again: the data is still bad).
     retry = runs.retry_run(settings, run.id, store=store, backend=backend)
-    assert (retry.parent_run_id, retry.attempt, retry.scan) == (run.id, 2, "bad1")
+    assert (retry.parent_run_id, retry.attempt, retry.scan_name) == (run.id, 2, "bad1")
     retry = runs.follow_run(store, backend, retry, poll_seconds=0.05)
     assert retry.status == RunStatus.FAILED and retry.error_step == "Reconstruct"
     assert retry.result["run_name"] != run.result["run_name"]
@@ -213,7 +217,7 @@ def test_a_failing_transfer_names_the_step(
     work.mkdir(parents=True)
     (work / "raw").write_bytes(b"in the way")
     run = runs.follow_run(
-        store, backend, runs.start_scan_run(settings, store, backend, scan), poll_seconds=0.05
+        store, backend, start(settings, store, backend, scan), poll_seconds=0.05
     )
     assert run.status == RunStatus.FAILED
     assert run.error_step == "TransferScanToHPC"
@@ -235,10 +239,10 @@ def test_bad_input_and_unregistered_flows_fail_to_start(
         empty.start_run("ptycho_reconstruct", {}, label="x", tags=[])
     # Through the run path the run is recorded as FAILED with the reason.
     scan = Path(settings.beamline.detector_dir) / "s1"
-    run = runs.start_scan_run(settings, store, empty, scan)
+    run = start(settings, store, empty, scan)
     assert run.status == RunStatus.FAILED and "register" in run.error
     with pytest.raises(runs.RunInputError, match="unknown parameter 'colour'"):
-        runs.start_scan_run(settings, store, backend, scan, params={"colour": "red"})
+        start(settings, store, backend, scan, params={"colour": "red"})
 
 
 def test_a_run_whose_process_died_is_reported_lost(
@@ -289,7 +293,8 @@ os._exit(0)  # the process ends with its run still going
     assert record["status"] == "FAILED"
 
     # The store learns it through the shared run path (the agent retries such runs).
-    run = store.create_run(scan="s1", flow="ptycho_reconstruct", backend="local")
+    run = store.create_run(scan_name="s1", scan_path="/data/s1",
+                           flow="ptycho_reconstruct", backend="local")
     run = store.update_run(run.id, status=RunStatus.ACTIVE, backend_run_id=run_id)
     run = runs.sync_run(store, backend, run)
     assert run.status == RunStatus.FAILED and "lost" in run.error
@@ -303,7 +308,7 @@ def test_cancel_from_another_backend_object_stops_the_run(
     from beamflow.local import LocalBackend
 
     scan = Path(settings.beamline.detector_dir) / "s1"
-    run = runs.start_scan_run(settings, store, backend, scan, params=FOREVER)
+    run = start(settings, store, backend, scan, params=FOREVER)
     wait_for_step(backend, run.backend_run_id, "Reconstruct")
     # While it runs, the store shows how far the reconstruction got.
     deadline = time.monotonic() + 30
@@ -351,7 +356,7 @@ def test_cancel_stops_the_reconstruction_which_checkpoints_and_the_next_run_resu
 
     scan = Path(settings.beamline.detector_dir) / "s1"
     rare = {**FOREVER, "checkpoint_every": 100_000}
-    run = runs.start_scan_run(settings, store, backend, scan, params=rare)
+    run = start(settings, store, backend, scan, params=rare)
     run = wait_for_iteration(store, backend, run, 3)
     worker = reconstruction_worker(backend)
     pool = pool_processes(backend)
@@ -363,7 +368,7 @@ def test_cancel_stops_the_reconstruction_which_checkpoints_and_the_next_run_resu
     with pytest.raises(ProcessLookupError):
         os.kill(worker, signal.SIGCONT)
     stopped_at = run.iteration
-    resumed = runs.follow_run(store, backend, runs.start_scan_run(
+    resumed = runs.follow_run(store, backend, start(
         settings, store, backend, scan, params={**FAST, "iterations": stopped_at + 2}),
         poll_seconds=0.05)  # fmt: skip
     assert resumed.status == RunStatus.SUCCEEDED, resumed.error
@@ -377,7 +382,7 @@ def test_kill_9_of_the_worker_fails_the_run_cleanly_and_a_retry_resumes(
 
     scan = Path(settings.beamline.detector_dir) / "s1"
     params = {**FOREVER, "iterations": 60, "checkpoint_every": 2}
-    run = runs.start_scan_run(settings, store, backend, scan, params=params)
+    run = start(settings, store, backend, scan, params=params)
     run = wait_for_iteration(store, backend, run, 5)
     os.kill(reconstruction_worker(backend), signal.SIGKILL)
     run = runs.follow_run(store, backend, run, poll_seconds=0.05, timeout=60)
@@ -426,7 +431,7 @@ def test_shared_filesystem_flow_writes_results_in_place(
     store: Store,  # noqa: ANN001
 ) -> None:
     scan = Path(settings.beamline.detector_dir) / "s1"
-    run = runs.start_scan_run(settings, store, backend, scan, params=FAST, flow=runs.SHARED_FS_FLOW)
+    run = start(settings, store, backend, scan, params=FAST, flow=runs.SHARED_FS_FLOW)
     run = runs.follow_run(store, backend, run, poll_seconds=0.05)
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert [s.name for s in store.steps(run.id)] == ["Reconstruct"]

@@ -21,7 +21,7 @@ from beamflow.cli import app
 from beamflow.config import load_config
 from beamflow.formats import Geometry
 from beamflow.formats.eiger import data_file_name, master_path, write_data_file, write_master
-from beamflow.runs import create_scan_run
+from beamflow.runs import RunRequest, create_scan_run
 from beamflow.status import StatusOptions, create_app
 from beamflow.store import RunStatus, Store, scan_labels
 
@@ -60,7 +60,7 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, St
     runs = {}
     for sub in ("day1", "day2", "beamtime/day3"):
         master = write_scan(detector / sub)
-        runs[sub] = create_scan_run(settings, store, master)
+        runs[sub] = create_scan_run(settings, store, RunRequest(scan_path=master))
     runs["beamtime/day3"] = store.update_run(runs["beamtime/day3"].id, status=RunStatus.FAILED,
                                              error=LONG_ERROR, error_step="Reconstruct")
     return ws, store, runs
@@ -84,7 +84,7 @@ def test_display_names_are_the_shortest_unique_path_suffix() -> None:
 
 def test_the_store_tells_the_three_scans_apart(workspace) -> None:
     ws, store, runs = workspace
-    assert {r.scan for r in runs.values()} == {NAME}
+    assert {r.scan_name for r in runs.values()} == {NAME}
     names = store.display_names(store.list_runs())
     assert {names[r.id] for r in runs.values()} == {
         f"day1/{NAME}", f"day2/{NAME}", f"day3/{NAME}"}
@@ -170,5 +170,5 @@ def test_a_scan_outside_the_beamline_collection_is_refused_before_a_run_is_queue
     from beamflow.runs import RunInputError
 
     with pytest.raises(RunInputError, match="outside the beamline collection root"):
-        create_scan_run(settings, store, outside)
+        create_scan_run(settings, store, RunRequest(scan_path=outside))
     assert len(store.list_runs()) == before

@@ -62,7 +62,8 @@ def previews(tmp_path: Path) -> Path:
 
 
 def make_run(store: Store, scan: str, status: RunStatus = RunStatus.QUEUED, **fields) -> Run:
-    run = store.create_run(scan=scan, flow="ptycho_reconstruct", backend="local", status=status)
+    run = store.create_run(scan_name=scan, scan_path=f"/data/{scan}",
+                           flow="ptycho_reconstruct", backend="local", status=status)
     return store.update_run(run.id, **fields) if fields else run
 
 
@@ -89,10 +90,7 @@ class FakeRetry:
         if self.error is not None:
             raise self.error
         old = self.store.require_run(run_id)
-        return self.store.create_run(
-            scan=old.scan, flow=old.flow, backend=old.backend, parent_run_id=old.id,
-            attempt=old.attempt + 1,
-        )
+        return self.store.add_retry(old, old.new_attempt(old.backend))
 
 
 # -- listing, filters, pagination ----------------------------------------------------------
@@ -117,12 +115,12 @@ def test_filters_by_status_and_scan_substring(store: Store, client: TestClient) 
     make_run(store, "lamellaB_001", RunStatus.ACTIVE)
 
     failed = client.get("/api/runs", params={"status": "failed"}).json()
-    assert failed["total"] == 2 and {r["scan"] for r in failed["runs"]} == {
+    assert failed["total"] == 2 and {r["scan_name"] for r in failed["runs"]} == {
         "lamellaA_002", "siemens_star"}
     both = client.get("/api/runs", params={"status": "FAILED", "scan": "lamella"}).json()
-    assert [r["scan"] for r in both["runs"]] == ["lamellaA_002"]
+    assert [r["scan_name"] for r in both["runs"]] == ["lamellaA_002"]
     several = client.get("/api/runs", params={"status": "ACTIVE,SUCCEEDED"}).json()
-    assert {r["scan"] for r in several["runs"]} == {"lamellaA_001", "lamellaB_001"}
+    assert {r["scan_name"] for r in several["runs"]} == {"lamellaA_001", "lamellaB_001"}
     # counts per status follow the scan filter, so the chips say what the filter holds
     assert client.get("/api/runs", params={"scan": "lamellaA"}).json()["counts"]["FAILED"] == 1
     # LIKE wildcards in the scan filter are literal
@@ -355,7 +353,7 @@ def test_scan_names_and_errors_are_escaped(store: Store, client: TestClient) -> 
         f"/runs/{run.id}").text
     assert "<script>alert(3)" not in client.get(f"/runs/{run.id}").text
     # The API returns the raw text (JSON is data); the page script only uses textContent.
-    assert client.get(f"/api/runs/{run.id}").json()["run"]["scan"] == XSS_SCAN
+    assert client.get(f"/api/runs/{run.id}").json()["run"]["scan_name"] == XSS_SCAN
     script = client.get("/static/status.js").text
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
         assert sink not in script, sink
@@ -431,7 +429,8 @@ def test_loopback_retry_needs_csrf_but_no_token(store: Store) -> None:
     assert new is not None and new.parent_run_id == failed.id and retry.calls == [failed.id]
 
     # The no-script form posts the token as a field and is sent on to the new run.
-    form = client.post(f"/api/runs/{failed.id}/retry", data={"csrf": csrf},
+    other = make_run(store, "scan_other", RunStatus.FAILED)
+    form = client.post(f"/api/runs/{other.id}/retry", data={"csrf": csrf},
                        follow_redirects=False)
     assert form.status_code == 303 and form.headers["location"].startswith("/runs/")
 
@@ -469,7 +468,7 @@ def test_retry_goes_through_the_shared_run_path(
     settings = Settings(state_dir=tmp_path / "state")
     store = Store(settings.store_path)
     missing = tmp_path / "beamline" / "detector" / "gone_master.h5"
-    old = store.create_run(scan="gone", flow="ptycho_reconstruct", backend="local",
+    old = store.create_run(scan_name="gone", flow="ptycho_reconstruct", backend="local",
                            scan_path=str(missing))
     store.update_run(old.id, status=RunStatus.FAILED, error="boom", error_step="Reconstruct")
     client = client_for(store, retry=partial(retry_run, settings))
@@ -563,10 +562,11 @@ def test_exposed_actions_need_the_token(store: Store) -> None:
     cookie = good.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
     assert TOKEN not in cookie
-    assert client.post(f"/api/runs/{failed.id}/retry").status_code == 403  # cookie, no CSRF
-    ok = client.post(f"/api/runs/{failed.id}/retry", headers={"X-CSRF-Token": csrf})
+    other = make_run(store, "scan_other", RunStatus.FAILED)
+    assert client.post(f"/api/runs/{other.id}/retry").status_code == 403  # cookie, no CSRF
+    assert "Retry run" in client.get(f"/runs/{other.id}").text
+    ok = client.post(f"/api/runs/{other.id}/retry", headers={"X-CSRF-Token": csrf})
     assert ok.status_code == 200 and len(retry.calls) == 2
-    assert "Retry run" in client.get(f"/runs/{failed.id}").text
 
 
 def test_login_never_redirects_off_site(store: Store) -> None:

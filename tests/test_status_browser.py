@@ -83,7 +83,8 @@ def seed_store(store: Store, previews_root: Path, bank: Path | None = None) -> d
         return [directory / f"{k}.png" for k in KINDS]
 
     def run(key: str, scan: str, status: RunStatus, age: float, **fields) -> Run:
-        r = store.create_run(scan=scan, flow="ptycho_reconstruct", backend="local",
+        r = store.create_run(scan_name=scan, scan_path=f"/data/{scan}",
+                             flow="ptycho_reconstruct", backend="local",
                              parameters={"algorithm": "rpie", "iterations": 100,
                                          "probe_modes": 1, "batch": 32})
         t0 = now - age
@@ -134,9 +135,7 @@ class Retry:
 
     def __call__(self, run_id: str) -> Run:
         old = self.store.require_run(run_id)
-        return self.store.create_run(scan=old.scan, flow=old.flow, backend=old.backend,
-                                     parent_run_id=old.id, attempt=old.attempt + 1,
-                                     status=RunStatus.QUEUED)
+        return self.store.add_retry(old, old.new_attempt(old.backend))
 
 
 @pytest.fixture(scope="module")

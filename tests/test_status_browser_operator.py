@@ -24,7 +24,7 @@ pytestmark = BROWSER_MARKS
 def finished_run(store: Store, root: Path) -> Run:
     """A demo-like run: three succeeded steps of very different lengths, previews, a product
     and its complex NRMSE against the simulator's truth."""
-    run = store.create_run(scan="demo_scan_001", flow="ptycho_reconstruct", backend="local",
+    run = store.create_run(scan_name="demo_scan_001", flow="ptycho_reconstruct", backend="local",
                            scan_path=str(root / "detector/demo_scan_001/demo_scan_001_master.h5"))
     t0 = time.time() - 700
     for name, start, end in (("TransferScanToHPC", 0, 1.5), ("Reconstruct", 1.5, 640),

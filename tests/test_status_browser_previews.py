@@ -43,7 +43,8 @@ def _previews(directory: Path, seed: int) -> list[Path]:
 def site(tmp_path: Path) -> Iterator[tuple[str, Store, str, list[Path]]]:
     store = Store(tmp_path / "state" / "runs.sqlite")
     files = _previews(tmp_path / "previews" / "star_0001", seed=0)
-    run = store.create_run(scan="star_0001", flow="ptycho_reconstruct", backend="local",
+    run = store.create_run(scan_name="star_0001", scan_path="/data/star_0001",
+                           flow="ptycho_reconstruct", backend="local",
                            status=RunStatus.ACTIVE)
     store.update_run(run.id, iteration=10, iterations_total=100)
     store.add_previews(run.id, [str(f) for f in files])

@@ -23,7 +23,8 @@ pytestmark = BROWSER_MARKS
 
 
 def _succeeded(store: Store, scan: str, verdict: str, reasons: list[str]) -> str:
-    run = store.create_run(scan=scan, flow="ptycho_reconstruct", backend="local",
+    run = store.create_run(scan_name=scan, scan_path=f"/data/{scan}",
+                           flow="ptycho_reconstruct", backend="local",
                            status=RunStatus.ACTIVE)
     now = time.time()
     store.update_run(run.id, status=RunStatus.SUCCEEDED, started_at=now - 60, finished_at=now,

@@ -105,7 +105,8 @@ def store(tmp_path: Path) -> tuple[Store, Run]:
     from test_status_api import write_png
 
     store = Store(tmp_path / "state" / "runs.sqlite")
-    run = store.create_run(scan="unpublished_sample", flow="ptycho_reconstruct",
+    run = store.create_run(scan_name="unpublished_sample", scan_path="/data/unpublished_sample",
+                           flow="ptycho_reconstruct",
                            backend="local", status=RunStatus.ACTIVE)
     preview = write_png(tmp_path / "previews" / "object_phase.png")
     product = tmp_path / "previews" / "product.h5"

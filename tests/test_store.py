@@ -18,7 +18,8 @@ def store(tmp_path: Path) -> Store:
 
 
 def test_run_lifecycle_stamps_times_and_keeps_error(store: Store) -> None:
-    run = store.create_run(scan="scan_001", flow="ptycho_reconstruct", backend="local")
+    run = store.create_run(scan_name="scan_001", scan_path="/data/scan_001",
+                           flow="ptycho_reconstruct", backend="local")
     assert run.status == RunStatus.QUEUED and run.started_at is None
     active = store.update_run(run.id, status="ACTIVE", backend_run_id="r-1")
     assert active.started_at is not None and active.finished_at is None
@@ -34,19 +35,22 @@ def test_run_lifecycle_stamps_times_and_keeps_error(store: Store) -> None:
 
 
 def test_json_view_has_the_contract_fields(store: Store) -> None:
-    run = store.create_run(scan="s", flow="f", backend="local")
+    run = store.create_run(scan_name="s", scan_path="/data/s", flow="f", backend="local")
     store.add_previews(run.id, ["/b/p/object_phase.png", "/b/p/probe.png", "/b/p/probe.png"])
     data = store.require_run(run.id).model_dump(mode="json")
-    for key in ("id", "scan", "status", "error", "created_at", "finished_at", "previews"):
+    for key in ("id", "scan_name", "scan_path", "status", "error", "created_at", "finished_at",
+                "previews"):
         assert key in data
     assert data["previews"] == ["/b/p/object_phase.png", "/b/p/probe.png"]
     assert data["created_at"].endswith("Z")  # ISO 8601 UTC
 
 
 def test_dedupe_key_makes_a_scan_run_once(store: Store) -> None:
-    first = store.create_run(scan="s", flow="f", backend="local", dedupe_key="/d/s#1.0")
+    first = store.create_run(scan_name="s", scan_path="/data/s",
+                             flow="f", backend="local", dedupe_key="/d/s#1.0")
     with pytest.raises(DuplicateRun) as info:
-        store.create_run(scan="s", flow="f", backend="local", dedupe_key="/d/s#1.0")
+        store.create_run(scan_name="s", scan_path="/data/s",
+                         flow="f", backend="local", dedupe_key="/d/s#1.0")
     assert info.value.run_id == first.id
     assert store.count_runs() == 1
 
@@ -54,7 +58,8 @@ def test_dedupe_key_makes_a_scan_run_once(store: Store) -> None:
 def test_filters_newest_first_and_pagination(store: Store) -> None:
     ids = []
     for i in range(7):
-        r = store.create_run(scan=f"scan_{i:03d}", flow="f", backend="local")
+        r = store.create_run(scan_name=f"scan_{i:03d}", scan_path=f"/data/scan_{i:03d}",
+                             flow="f", backend="local")
         ids.append(r.id)
         if i % 2:
             store.update_run(r.id, status="FAILED", error="x")
@@ -62,14 +67,14 @@ def test_filters_newest_first_and_pagination(store: Store) -> None:
     assert [r.id for r in newest] == ids[::-1][:3]
     assert [r.id for r in store.list_runs(limit=3, offset=3)] == ids[::-1][3:6]
     assert store.count_runs(status="failed") == 3
-    assert {r.scan for r in store.list_runs(scan="_00")} == {f"scan_00{i}" for i in range(7)}
-    assert [r.scan for r in store.list_runs(scan="scan_004")] == ["scan_004"]
+    assert {r.scan_name for r in store.list_runs(scan="_00")} == {f"scan_00{i}" for i in range(7)}
+    assert [r.scan_name for r in store.list_runs(scan="scan_004")] == ["scan_004"]
     # LIKE wildcards in the filter are literal characters, not patterns
     assert store.list_runs(scan="%") == []
 
 
 def test_steps_upsert_in_order_and_set_current_step(store: Store) -> None:
-    run = store.create_run(scan="s", flow="f", backend="local")
+    run = store.create_run(scan_name="s", scan_path="/data/s", flow="f", backend="local")
     store.record_step(run.id, "TransferIn", "ACTIVE", started_at=10.0)
     store.record_step(run.id, "Reconstruct", "ACTIVE", started_at=12.0)
     store.record_step(run.id, "TransferIn", "SUCCEEDED", finished_at=11.5, details={"files": 3})
@@ -80,7 +85,7 @@ def test_steps_upsert_in_order_and_set_current_step(store: Store) -> None:
 
 
 def test_unknown_fields_and_runs_are_refused(store: Store) -> None:
-    run = store.create_run(scan="s", flow="f", backend="local")
+    run = store.create_run(scan_name="s", scan_path="/data/s", flow="f", backend="local")
     with pytest.raises(StoreError, match="cannot update"):
         store.update_run(run.id, colour="red")
     with pytest.raises(StoreError, match="no run"):
@@ -104,7 +109,8 @@ def test_schema_version_and_newer_schema_refused(tmp_path: Path) -> None:
 def _writer(path: str, n: int) -> None:
     store = Store(path)
     for i in range(n):
-        run = store.create_run(scan=f"scan_{i}", flow="f", backend="local")
+        run = store.create_run(scan_name=f"scan_{i}", scan_path=f"/data/scan_{i}",
+                               flow="f", backend="local")
         store.record_step(run.id, "Reconstruct", "ACTIVE", started_at=time.time())
         store.update_run(run.id, status="SUCCEEDED")
 

@@ -28,6 +28,7 @@ from beamflow.cli.common import (
 )
 from beamflow.config import Settings
 from beamflow.console import styled_status
+from beamflow.error_kinds import ErrorKind
 from beamflow.store import Run, RunStatus, Store
 
 app = typer.Typer(help="List, inspect, start, retry and cancel runs.", **HELP)
@@ -66,7 +67,7 @@ def runs_list(
             r.current_step or "-",
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at)),
             duration(r.duration),
-            r.scan_path or "-",
+            r.scan_path,
             r.error or "",
         )
     console.print(table)
@@ -125,20 +126,26 @@ def runs_show(
         return
     out = {"highlight": False, "soft_wrap": True}  # names and paths stay whole
     console.print(f"[bold]{escape(name)}[/]  run {run.id}", **out)
-    console.print(f"  scan      {escape(run.scan_path or run.scan)}", **out)
+    console.print(f"  scan      {escape(run.scan_path)}", **out)
     console.print(f"  status    {styled_status(run.status)}", **out)
     console.print(f"  flow      {run.flow} on {run.backend}", **out)
     console.print(f"  duration  {duration(run.duration)}", **out)
     if run.iteration is not None:
         console.print(f"  progress  iteration {run.iteration} of {run.iterations_total or '?'}",
                       **out)
-    truth = run.result.get("truth") if isinstance(run.result, dict) else None
-    if isinstance(truth, dict) and truth.get("nrmse") is not None:
-        console.print(f"  vs truth  NRMSE {truth['nrmse']:.3f} (complex, against "
+    if run.truth_nrmse is not None:
+        truth = run.result.get("truth") or {}
+        console.print(f"  vs truth  NRMSE {run.truth_nrmse:.3f} (complex, against "
                       f"{escape(str(truth.get('ground_truth', 'the ground truth')))})", **out)
     if run.error:
-        console.print(f"  error     [red]{escape(run.error_step or '')}: {escape(run.error)}[/]",
+        console.print(f"  error     [red]{escape(run.error)}[/]", **out)
+        kind = run.error_kind or "unknown kind"
+        console.print(f"  failed in {escape(run.error_step or 'an unknown step')} ({kind})",
                       **out)
+        if run.retried_by:
+            console.print(f"  retried   as run {run.retried_by}", **out)
+        elif run.error_kind == ErrorKind.BAD_INPUT:
+            console.print("  retry     would not help: the input is at fault", **out)
     if run.product:
         console.print(f"  product   {escape(run.product)}", **out)
     for p in run.previews:
@@ -168,7 +175,7 @@ def _follow(settings: Settings, store: Store, backend: Backend, run: Run) -> Run
     from beamflow.runs import cancel_run, follow_run
 
     def describe(r: Run) -> str:
-        return f"{r.scan}: {r.current_step or r.status.value}"
+        return f"{r.scan_name}: {r.current_step or r.status.value}"
 
     with Progress(
         SpinnerColumn(),
@@ -208,7 +215,7 @@ def _report(store: Store, run: Run, as_json: bool) -> None:
         print(json.dumps(data))
     else:
         out = {"highlight": False, "soft_wrap": True}  # paths stay whole, one per line
-        console.print(f"run {run.id}  {styled_status(run.status)}  {run.scan}", **out)
+        console.print(f"run {run.id}  {styled_status(run.status)}  {run.scan_name}", **out)
         if run.backend_run_id:
             console.print(f"  {run.backend} run  {run.backend_run_id}", **out)
         for s in store.steps(run.id):
@@ -218,7 +225,8 @@ def _report(store: Store, run: Run, as_json: bool) -> None:
         for p in run.previews:
             console.print(f"  preview   {p}", **out)
     if run.status == RunStatus.FAILED:
-        fail(f"run {run.id} failed in {run.error_step or 'an unknown step'}: {run.error}")
+        fail(f"{run.error} (run {run.id} failed in {run.error_step or 'an unknown step'}; "
+             f"`beamflow runs show {run.id[:8]}` has the details)")
 
 
 @app.command("start")
@@ -242,7 +250,7 @@ def runs_start(
     config: ConfigOption = None,
 ) -> None:
     """Start one flow run of SCAN through the configured backend and record it."""
-    from beamflow.runs import RunInputError, parse_param, run_direct, start_scan_run
+    from beamflow.runs import RunInputError, RunRequest, parse_param, run_direct, start_scan_run
 
     settings = settings_from(config)
     try:
@@ -252,19 +260,19 @@ def runs_start(
     if direct and settings.backend != "globus":
         fail("--direct submits to a Globus Compute endpoint: it needs backend = \"globus\" "
              "(the local backend runs the function in-process anyway)", code=2)  # fmt: skip
+    request = RunRequest(scan_path=scan, params=params, label=label, flow=flow)
     store = open_store(settings)
     backend = open_backend(settings)
     try:
         if direct:
             try:
-                run = run_direct(settings, store, backend, scan, params=params, label=label)
+                run = run_direct(settings, store, backend, request)
             except RunInputError as exc:
                 fail(str(exc))
             _report(store, run, as_json)
             return
         try:
-            run = start_scan_run(settings, store, backend, scan, params=params, label=label,
-                                 flow=flow)  # fmt: skip
+            run = start_scan_run(settings, store, backend, request)
         except RunInputError as exc:
             fail(str(exc))
         if run.status == RunStatus.FAILED:

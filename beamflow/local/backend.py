@@ -36,6 +36,7 @@ from typing import Any
 from beamflow.atomic import atomic_write_json
 from beamflow.backend import BackendError, FlowRunInfo, RegistrationResult, StepInfo
 from beamflow.config import ConfigError, Settings
+from beamflow.error_kinds import ErrorKind
 from beamflow.local.actions import ActionProvider, iso_time
 from beamflow.local.interpreter import FlowDefinitionError, FlowRunner, RunResult
 from beamflow.local.validation import validate_input
@@ -425,6 +426,7 @@ class LocalBackend:
             else ({} if output is None else {"value": output}),
             error=text,
             error_step=step,
+            error_kind=ErrorKind.LOST if (error or {}).get("Error") == "RunLost" else None,
         )
 
     def run_log(self, backend_run_id: str) -> list[dict[str, Any]]:

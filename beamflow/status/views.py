@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePath
 from typing import Any
 
-from pydantic import BaseModel, field_serializer
+from pydantic import BaseModel, Field, field_serializer
 
 from beamflow.store import Event, Run, RunStatus, Step
 
@@ -130,42 +130,23 @@ class PreviewView(BaseModel):
     full_range_url: str | None = None  # object phase: its full [−π, π) view, when listed
 
 
-class RunView(_View):
-    """A run as the page and the API show it (the store's fields plus derived ones)."""
+class RunView(Run):
+    """A run as the page and the API show it: the stored run (its large ``parameters`` and
+    ``result`` left out of the JSON: the run's detail carries them) plus what is derived
+    for people. Times are ISO 8601 UTC in JSON, as in ``runs list --json``."""
 
-    id: str
-    scan: str
-    scan_path: str | None = None  # the master (or .cxi) file or scan directory
+    parameters: dict[str, Any] = Field(default_factory=dict, exclude=True)
+    result: dict[str, Any] = Field(default_factory=dict, exclude=True)
     display_name: str = ""  # tells scans of the same file name apart (store.display_names)
-    status: RunStatus
     status_label: str
     status_icon: str
-    backend: str
-    flow: str
-    label: str | None
-    current_step: str | None
-    iteration: int | None
-    iterations_total: int | None
     progress: float | None  # 0..1 where known
     progress_text: str
-    fraction: float | None
-    attempt: int
-    parent_run_id: str | None
-    created_at: float
-    started_at: float | None
-    finished_at: float | None
-    duration: float | None
     duration_text: str
     started_text: str
     finished_text: str
-    error: str | None
-    error_step: str | None
-    product: str | None
     url: str
     finished: bool
-    verdict: str | None = None  # "trusted" / "suspect" once a reconstruction finished
-    verdict_reasons: list[str] = []
-    truth_nrmse: float | None = None  # against the simulator's ground truth (demo scans)
     truth_text: str | None = None
 
     @classmethod
@@ -180,43 +161,19 @@ class RunView(_View):
         if run.status == RunStatus.SUCCEEDED:
             progress = 1.0
             text = text or "done"
-        truth = run.result.get("truth") if isinstance(run.result, dict) else None
-        nrmse = truth.get("nrmse") if isinstance(truth, dict) else None
-        nrmse = float(nrmse) if isinstance(nrmse, int | float) else None
+        nrmse = run.truth_nrmse
         return cls(
-            id=run.id,
-            scan=run.scan,
-            scan_path=run.scan_path,
-            display_name=display_name or run.scan,
-            status=run.status,
+            **run.model_dump(exclude=set(Run.model_computed_fields)),
+            display_name=display_name or run.scan_name,
             status_label=STATUS_LABEL[run.status],
             status_icon=STATUS_ICON[run.status],
-            backend=run.backend,
-            flow=run.flow,
-            label=run.label,
-            current_step=run.current_step,
-            iteration=run.iteration,
-            iterations_total=run.iterations_total,
             progress=progress,
             progress_text=text,
-            fraction=run.fraction,
-            attempt=run.attempt,
-            parent_run_id=run.parent_run_id,
-            created_at=run.created_at,
-            started_at=run.started_at,
-            finished_at=run.finished_at,
-            duration=run.duration,
             duration_text=format_duration(run.duration),
             started_text=format_time(run.started_at or run.created_at),
             finished_text=format_time(run.finished_at),
-            error=run.error,
-            error_step=run.error_step,
-            product=run.product,
             url=f"/runs/{run.id}",
             finished=run.status.finished,
-            verdict=run.verdict,
-            verdict_reasons=run.verdict_reasons,
-            truth_nrmse=nrmse,
             truth_text=None if nrmse is None else f"{nrmse:.3f} complex NRMSE against the "
             "simulator's ground truth",
         )

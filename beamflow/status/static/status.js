@@ -165,7 +165,7 @@
       }
 
       const cScan = el("td", "c-scan");
-      const a = el("a", "scan", r.display_name || r.scan);
+      const a = el("a", "scan", r.display_name || r.scan_name);
       a.href = r.url;
       cScan.appendChild(a);
       cScan.appendChild(el("div", "path", r.scan_path || ""));
@@ -436,7 +436,7 @@
     function render(d) {
       const r = d.run;
       finished = r.finished;
-      document.title = (r.display_name || r.scan) + " · " + r.status_label + " · beamflow";
+      document.title = (r.display_name || r.scan_name) + " · " + r.status_label + " · beamflow";
       const holder = document.getElementById("run-badge");
       const old = holder.querySelector(".badge");
       if (!old || old.dataset.status !== r.status) holder.replaceChildren(badge(r.status));
@@ -462,7 +462,19 @@
       document.getElementById("run-error-text").textContent = r.error || "";
 
       const retryForm = document.getElementById("retry-form");
-      if (retryForm) retryForm.hidden = !d.can_retry;
+      if (retryForm) retryForm.hidden = !d.can_retry || !!r.retry_refusal;
+      const retryNote = document.getElementById("run-retry-note");
+      if (retryNote) {
+        retryNote.hidden = !(r.finished && r.retry_refusal && r.status !== "SUCCEEDED");
+        if (r.retried_by) {
+          const link = el("a", "", r.retried_by.slice(0, 8));
+          link.href = "/runs/" + r.retried_by;
+          retryNote.replaceChildren("Retried as run ", link, ".");
+        } else {
+          retryNote.textContent = "A retry would not help: the input is at fault. " +
+            "Fix the scan or the parameters and start a new run.";
+        }
+      }
 
       const product = document.getElementById("product");
       if (d.product_url) {
@@ -484,7 +496,7 @@
         }
       }
       renderSteps(d.steps);
-      renderPreviews(d.previews, r.display_name || r.scan);
+      renderPreviews(d.previews, r.display_name || r.scan_name);
       renderEvents(d.events);
     }
 
