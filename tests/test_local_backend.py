@@ -177,7 +177,7 @@ def _broken_scan(workspace: Path, name: str) -> Path:
     return scan
 
 
-def test_a_failing_reconstruction_names_the_step_and_cause(
+def test_a_corrupt_scan_fails_with_its_cause_first_in_the_users_path(
     workspace: Path,
     settings: Settings,
     backend,
@@ -188,19 +188,28 @@ def test_a_failing_reconstruction_names_the_step_and_cause(
     assert run.status == RunStatus.ACTIVE and run.backend_run_id
     run = runs.follow_run(store, backend, run, poll_seconds=0.05)
     assert run.status == RunStatus.FAILED
-    assert run.error_step == "Reconstruct"
-    assert "bad1" in run.error and "reconstruction failed" in run.error
+    # The cause first, the beamline's file (not the cluster's copy), no class names.
+    assert run.error == (
+        "beamline/detector/bad1/bad1_master.h5 is not an HDF5 file (no HDF5 signature)")
+    assert (run.error_step, run.error_kind) == ("Reconstruct", "bad_input")
     statuses = {s.name: s.status for s in store.steps(run.id)}
     assert statuses["TransferScanToHPC"] == "SUCCEEDED"
     assert statuses["Reconstruct"] == "FAILED"
     assert "TransferResultsToBeamline" not in statuses
+    # The step and the whole chain stay in the run's details and its events.
+    chain = run.result["failure"]["chain"]
+    hpc_copy = str(Path(settings.hpc.scratch_dir) / runs.scan_key(scan.resolve()) / "raw")
+    assert "ScanFormatError" in chain and "ValueError" in chain and hpc_copy in chain
+    (ended,) = [e for e in store.events(run.id) if e.code == "RunFailed"]
+    assert "Reconstruct" in ended.message and "ScanFormatError" in ended.message
 
-    # A retry is a new run linked to the old one (it fails again: the data is still bad).
-    retry = runs.retry_run(settings, run.id, store=store, backend=backend)
-    assert (retry.parent_run_id, retry.attempt, retry.scan_name) == (run.id, 2, "bad1")
-    retry = runs.follow_run(store, backend, retry, poll_seconds=0.05)
-    assert retry.status == RunStatus.FAILED and retry.error_step == "Reconstruct"
-    assert retry.result["run_name"] != run.result["run_name"]
+    # A retry would not help: it is refused, and no run is made.
+    with pytest.raises(runs.RetryRefused, match="a retry would not help"):
+        runs.retry_run(settings, run.id, store=store, backend=backend)
+    assert [r.id for r in store.list_runs(scan=str(scan))] == [run.id]
+    shown = CliRunner().invoke(app, ["runs", "show", run.id, "--config",
+                                     str(workspace / "beamflow.toml")])  # fmt: skip
+    assert "beamline/detector/bad1/bad1_master.h5 is not an HDF5 file" in shown.output
 
 
 def test_a_failing_transfer_names_the_step(
@@ -220,8 +229,9 @@ def test_a_failing_transfer_names_the_step(
         store, backend, start(settings, store, backend, scan), poll_seconds=0.05
     )
     assert run.status == RunStatus.FAILED
-    assert run.error_step == "TransferScanToHPC"
-    assert "transfer" in run.error and "NOT_A_DIRECTORY" in run.error
+    assert (run.error_step, run.error_kind) == ("TransferScanToHPC", "bad_input")
+    assert "NOT_A_DIRECTORY" in run.result["failure"]["chain"]
+    assert "NOT_A_DIRECTORY" not in run.error, run.error
 
 
 def test_bad_input_and_unregistered_flows_fail_to_start(
@@ -293,11 +303,12 @@ os._exit(0)  # the process ends with its run still going
     assert record["status"] == "FAILED"
 
     # The store learns it through the shared run path (the agent retries such runs).
-    run = store.create_run(scan_name="s1", scan_path="/data/s1",
+    run = store.create_run(scan_name="s1", scan_path=str(workspace / "beamline/detector/s1"),
                            flow="ptycho_reconstruct", backend="local")
     run = store.update_run(run.id, status=RunStatus.ACTIVE, backend_run_id=run_id)
     run = runs.sync_run(store, backend, run)
-    assert run.status == RunStatus.FAILED and "lost" in run.error
+    assert run.status == RunStatus.FAILED and run.error_kind == "lost"
+    assert run.error.startswith("lost: the process running it ended")
 
 
 def test_cancel_from_another_backend_object_stops_the_run(
@@ -387,9 +398,8 @@ def test_kill_9_of_the_worker_fails_the_run_cleanly_and_a_retry_resumes(
     os.kill(reconstruction_worker(backend), signal.SIGKILL)
     run = runs.follow_run(store, backend, run, poll_seconds=0.05, timeout=60)
     assert run.status == RunStatus.FAILED and run.error_step == "Reconstruct"
-    assert "WorkerLost" in run.error and "the worker process running reconstruct ended" in (
-        run.error
-    )
+    assert run.error.startswith("the worker process running reconstruct ended")
+    assert run.error_kind == "lost" and "WorkerLost" in run.result["failure"]["chain"]
     retry = runs.follow_run(store, backend, runs.retry_run(settings, run.id, store=store,
                                                            backend=backend), poll_seconds=0.05)
     assert retry.status == RunStatus.SUCCEEDED, retry.error

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -104,6 +105,75 @@ def test_schema_version_and_newer_schema_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(StoreError, match="newer"):
         Store(path)
+
+
+def test_a_store_of_schema_1_opens_and_is_migrated(tmp_path: Path) -> None:
+    """A run store written by the previous beamflow: its runs keep their names and paths
+    (a row without a path keeps the name that stood for it), a finished reconstruction
+    its verdict, and a run already retried the id of its retry."""
+    from beamflow.store import _MIGRATIONS
+
+    path = tmp_path / "runs.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(_MIGRATIONS[0])
+    conn.execute("PRAGMA user_version = 1")
+    summary = '{"summary": {"verdict": "suspect", "verdict_reasons": ["probe collapsed"]}}'
+    rows = [  # id, scan, scan_path, status, created_at, result, parent_run_id
+        ("a", "s1", "/bl/detector/s1", "SUCCEEDED", 1.0, summary, None),
+        ("b", "s2", None, "FAILED", 2.0, "{}", None),
+        ("c", "s2", None, "FAILED", 3.0, "{}", "b"),
+        ("d", "s3", "/bl/detector/s3", "FAILED", 4.0, '{"summary": {"verdict": "odd"}}', None),
+    ]
+    conn.executemany(
+        "INSERT INTO runs (id, scan, scan_path, flow, backend, status, created_at, updated_at, "
+        "result, parent_run_id) VALUES (?, ?, ?, 'ptycho_reconstruct', 'local', ?, ?, 0, ?, ?)",
+        rows,
+    )
+    conn.commit()
+    conn.close()
+
+    store = Store(path)
+    a, b, c, d = (store.require_run(i) for i in "abcd")
+    assert (a.scan_name, a.scan_path) == ("s1", "/bl/detector/s1")
+    assert (b.scan_name, b.scan_path) == ("s2", "s2")
+    assert (a.verdict, a.verdict_reasons) == ("suspect", ["probe collapsed"])
+    assert (d.verdict, d.verdict_reasons) == (None, [])  # not a verdict: none is made up
+    assert (b.retried_by, c.retried_by) == ("c", None)
+    assert b.retry_refusal == "run b was retried already, as run c"
+    assert [r.id for r in store.list_runs(scan="s2")] == ["c", "b"]
+    store.close()
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_a_run_has_at_most_one_retry_even_when_two_race(tmp_path: Path) -> None:
+    path = tmp_path / "runs.sqlite"
+    store = Store(path)
+    old = store.create_run(scan_name="s", scan_path="/data/s", flow="f", backend="local")
+    old = store.update_run(old.id, status=RunStatus.FAILED, error="lost", error_kind="lost")
+    barrier = threading.Barrier(8)
+    outcomes: list[str] = []
+
+    def retry() -> None:
+        mine = Store(path)  # each its own connection, as two processes would have
+        barrier.wait()
+        try:
+            outcomes.append("new:" + mine.add_retry(old, old.new_attempt("local")).id)
+        except DuplicateRun as exc:
+            outcomes.append("refused:" + exc.run_id)
+
+    threads = [threading.Thread(target=retry) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (new,) = [o.removeprefix("new:") for o in outcomes if o.startswith("new:")]
+    assert sorted(outcomes) == [f"new:{new}"] + [f"refused:{new}"] * 7
+    assert store.count_runs() == 2
+    retry_run = store.require_run(new)
+    assert (retry_run.parent_run_id, retry_run.attempt, retry_run.status) == (
+        old.id, 2, RunStatus.QUEUED)
+    assert (retry_run.scan_path, retry_run.error, retry_run.retried_by) == ("/data/s", None, None)
+    assert store.require_run(old.id).retried_by == new
 
 
 def _writer(path: str, n: int) -> None:
