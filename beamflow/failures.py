@@ -44,10 +44,10 @@ _COMPUTE_KINDS: dict[str, ErrorKind] = {
     "TimeoutError": ErrorKind.TRANSIENT,
     "ConnectionError": ErrorKind.TRANSIENT,
 }
-# Transfer faults that another attempt would meet again; every other fault is retried, as
-# Globus Transfer retries its own (a file renamed by the detector's writer, a network fault).
-_TRANSFER_BAD_INPUT = {"PERMISSION_DENIED", "NOT_A_DIRECTORY", "IS_A_DIRECTORY",
-                       "INVALID_PATH", "NO_SPACE_LEFT", "QUOTA_EXCEEDED"}
+# Transfer faults of the user's files that another attempt would meet again; every other
+# fault is retried, as Globus Transfer retries its own (a file renamed by the detector's
+# writer, a network fault, a full disk that someone frees, something in the way).
+_TRANSFER_BAD_INPUT = {"PERMISSION_DENIED"}
 # A provider refusing the action's request (not an endpoint that could not take it).
 _REFUSED_REQUEST = {"BadRequest", "UnprocessableEntity", "InvalidRequest", "ValidationError"}
 

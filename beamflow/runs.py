@@ -309,8 +309,8 @@ def launch_run(settings: Settings, store: Store, backend: Backend, run: Run) -> 
     run_name = run_name_for(run)
     try:
         body = flow_input_for(settings, run.scan_path, run.parameters, run_name, flow=run.flow)
-    except RunInputError as exc:
-        raise BackendError(str(exc), step="Start", kind=ErrorKind.BAD_INPUT) from None
+    except RunInputError as exc:  # often the configuration: fixed, a retry goes through
+        raise BackendError(str(exc), step="Start") from None
     label = (run.label or f"beamflow {run.scan_name} {run_name}")[:128]
     tags = ["beamflow", _safe(run.scan_name, 100)]
     backend_run_id = backend.start_run(run.flow, body, label=label, tags=tags)
@@ -502,22 +502,23 @@ def reconstruction_summary(output: dict[str, Any]) -> FunctionSummary | None:
 
 
 def _summary_fields(run: Run, summary: FunctionSummary, base: Path | None) -> dict[str, Any]:
-    """The run's fields from the function's summary: the product and previews that exist
-    under ``base`` (where the flow brought them; None: where the function wrote them), the
-    iterations and the verdict."""
+    """The run's fields from the function's summary: the product and previews that arrived
+    under ``base`` (where the flow brought them; None: as the function wrote them, on a file
+    system the beamline shares), the iterations and the verdict."""
     if base is None:
-        product: Path | None = Path(summary.product) if summary.product else None
-        previews = [Path(p) for p in summary.previews]
+        product = summary.product
+        previews = summary.previews
     else:
-        product = base / summary.product_relative
-        previews = [base / p for p in summary.previews_relative]
+        arrived = base / summary.product_relative
+        product = str(arrived) if arrived.exists() else None
+        previews = [str(p) for p in (base / p for p in summary.previews_relative) if p.exists()]
     fields: dict[str, Any] = {
         "result": {**run.result, "summary": summary.model_dump(mode="json")},
         "error": None,
         "error_step": None,
         "error_kind": None,
-        "product": str(product) if product is not None and product.exists() else None,
-        "previews": [str(p) for p in previews if p.exists()],
+        "product": product,
+        "previews": previews,
         "verdict": summary.verdict,
         "verdict_reasons": summary.verdict_reasons,
     }

@@ -229,7 +229,7 @@ def test_a_failing_transfer_names_the_step(
         store, backend, start(settings, store, backend, scan), poll_seconds=0.05
     )
     assert run.status == RunStatus.FAILED
-    assert (run.error_step, run.error_kind) == ("TransferScanToHPC", "bad_input")
+    assert (run.error_step, run.error_kind) == ("TransferScanToHPC", "transient")
     assert "NOT_A_DIRECTORY" in run.result["failure"]["chain"]
     assert "NOT_A_DIRECTORY" not in run.error, run.error
 
