@@ -178,7 +178,7 @@ def wait_runs(store: Any, predicate: Any, timeout: float) -> list:
         if predicate(runs):
             return runs
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(runs)} runs: {[(r.scan, r.status.value) for r in runs]}")
+            raise TimeoutError(f"{len(runs)} runs: {[(r.scan_name, r.status.value) for r in runs]}")
         time.sleep(0.05)
 
 
@@ -218,8 +218,8 @@ def live_scans(base: Path, *, observer: str, scans: int, instant: bool) -> None:
                                    probe_size=32, frames_per_file=10, rate_hz=60.0)  # fmt: skip
             complete = scan_complete_at(master)
             runs = wait_runs(store, lambda rs, n=name: any(
-                r.scan == n and r.status.finished and r.fraction == 1.0 for r in rs), 300)
-            (run,) = [r for r in runs if r.scan == name]
+                r.scan_name == n and r.status.finished and r.fraction == 1.0 for r in rs), 300)
+            (run,) = [r for r in runs if r.scan_name == name]
             if run.status != RunStatus.SUCCEEDED:
                 raise RuntimeError(f"{name}: {run.status} {run.error}")
             latencies.append(run.started_at - complete - settings.agent.quiet_seconds)
@@ -304,7 +304,7 @@ def burst(base: Path, *, scans: int, concurrency: int) -> None:
         code = agent.stop()
     by_scan: dict[str, int] = {}
     for r in runs:
-        by_scan[r.scan] = by_scan.get(r.scan, 0) + 1
+        by_scan[r.scan_name] = by_scan.get(r.scan_name, 0) + 1
     # Flat = no trend once the burst is under way: the least-squares slope of RSS against
     # runs finished, over the samples after the first quarter (the first quarter is the
     # ramp: 500 scans seen and queued at once, the first runs' imports and threads).

@@ -46,8 +46,8 @@ def fill_store(path: Path, n: int) -> tuple[str, str]:
         if status.finished:
             fields["finished_at"] = t + 60 * i + 42
         if status == RunStatus.SUCCEEDED:
-            fields.update(iteration=100, product=f"/data/previews/{run.scan}/product.h5",
-                          previews=[f"/data/previews/{run.scan}/{k}.png" for k in (
+            fields.update(iteration=100, product=f"/data/previews/{run.scan_name}/product.h5",
+                          previews=[f"/data/previews/{run.scan_name}/{k}.png" for k in (
                               "object_phase", "object_amplitude", "probe", "convergence")])
             done_id = run.id
         elif status == RunStatus.FAILED:

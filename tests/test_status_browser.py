@@ -281,6 +281,11 @@ def test_run_page_previews_load_and_refresh(site, browser, tmp_path: Path) -> No
     page.wait_for_url(lambda url: "/runs/" in url and failed.id not in url, timeout=10_000)
     new = store.get_run(page.url.rsplit("/", 1)[1])
     assert new is not None and new.parent_run_id == failed.id
+    # Back on the old run: no second retry is offered; the page links the one there is.
+    page.goto(f"{base}/runs/{failed.id}")
+    until(page, "document.querySelector('#run-retry-note').textContent.includes('Retried as')")
+    assert not page.locator("#retry-form").is_visible()
+    assert page.locator("#run-retry-note a").get_attribute("href") == f"/runs/{new.id}"
     assert problems == []
 
 

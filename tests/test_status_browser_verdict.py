@@ -28,6 +28,7 @@ def _succeeded(store: Store, scan: str, verdict: str, reasons: list[str]) -> str
                            status=RunStatus.ACTIVE)
     now = time.time()
     store.update_run(run.id, status=RunStatus.SUCCEEDED, started_at=now - 60, finished_at=now,
+                     verdict=verdict, verdict_reasons=reasons,
                      result={"summary": {"verdict": verdict, "verdict_reasons": reasons}})
     return run.id
 
