@@ -38,6 +38,7 @@ _COMPUTE_KINDS: dict[str, ErrorKind] = {
     "IncompatibleCheckpoint": ErrorKind.BAD_INPUT,
     "WorkerLost": ErrorKind.LOST,
     "ManagerLost": ErrorKind.LOST,
+    "Canceled": ErrorKind.CANCELLED,
     "TaskCancelled": ErrorKind.CANCELLED,
     "CancelledError": ErrorKind.CANCELLED,
     "EngineError": ErrorKind.TRANSIENT,
@@ -111,6 +112,10 @@ def _kind_and_cause(name: str, cause: Any) -> tuple[ErrorKind, str]:
         kind = _COMPUTE_KINDS.get(str(error["type"]), ErrorKind.FAILED)
         return kind, str(error.get("message") or error["type"])
     exception = details.get("exception")
+    tasks = details.get("results") if isinstance(details.get("results"), list) else []
+    for task in tasks:  # a task's own exception, where the action status has no summary
+        if not exception and isinstance(task, dict) and isinstance(task.get("exception"), str):
+            exception = task["exception"]
     if isinstance(exception, str) and exception:  # the service's traceback: "Type: message"
         raised = list(re.finditer(r"^([A-Za-z_][\w.]*): ", exception, flags=re.MULTILINE))
         if not raised:
@@ -121,7 +126,8 @@ def _kind_and_cause(name: str, cause: Any) -> tuple[ErrorKind, str]:
     fatal = details.get("fatal_error")
     if isinstance(fatal, dict):  # a transfer's fault
         code = str(fatal.get("code") or "")
-        kind = ErrorKind.BAD_INPUT if code in _TRANSFER_BAD_INPUT else ErrorKind.TRANSIENT
+        kind = (ErrorKind.BAD_INPUT if code in _TRANSFER_BAD_INPUT
+                else ErrorKind.CANCELLED if code == "CANCELED" else ErrorKind.TRANSIENT)
         return kind, str(fatal.get("description") or code)
     code = str(details.get("code") or "")
     text = str(details.get("description") or cause.get("display_status") or name)

@@ -117,3 +117,13 @@ def test_without_a_failure_record_the_backends_kind_is_used() -> None:
     assert failure_of(CXI_RUN, unknown).kind == ErrorKind.FAILED
     cancelled = FlowRunInfo(backend_run_id="b", status=RunStatus.CANCELLED, error="canceled")
     assert failure_of(CXI_RUN, cancelled).kind == ErrorKind.CANCELLED
+
+
+def test_a_tasks_own_traceback_gives_the_kind_when_the_status_has_no_summary() -> None:
+    details = {"results": [{"task_id": "t1", "status": "FAILED", "exception": (
+        "Traceback (most recent call last):\n  File \"x\", line 1\n"
+        "parsl.executors.high_throughput.errors.WorkerLost: Task failure due to loss of "
+        "worker 0 on host h")}]}
+    failure = failure_of(CXI_RUN, failed("Reconstruct", "ActionFailedException", details))
+    assert failure.kind == ErrorKind.LOST
+    assert failure.message == "Task failure due to loss of worker 0 on host h"
