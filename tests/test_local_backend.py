@@ -386,24 +386,53 @@ def test_cancel_stops_the_reconstruction_which_checkpoints_and_the_next_run_resu
     assert resumed.result["summary"]["resumed_from_iteration"] >= 3
 
 
-def test_kill_9_of_the_worker_fails_the_run_cleanly_and_a_retry_resumes(
+def test_kill_9_of_the_worker_fails_the_run_cleanly_and_one_retry_resumes(
     settings: Settings, backend, store: Store  # noqa: ANN001
 ) -> None:
     import signal
+    import threading
 
     scan = Path(settings.beamline.detector_dir) / "s1"
     params = {**FOREVER, "iterations": 60, "checkpoint_every": 2}
     run = start(settings, store, backend, scan, params=params)
     run = wait_for_iteration(store, backend, run, 5)
+    # The kill comes after this run committed a checkpoint (they are written beside the
+    # iterations, within a time budget), so what the retry resumes from is this run's.
+    latest = (Path(settings.hpc.scratch_dir) / runs.scan_key(scan.resolve()) / "checkpoints"
+              / "LATEST.json")
+    deadline = time.monotonic() + 60
+    while not (latest.exists() and json.loads(latest.read_text())["time"] > run.started_at):
+        assert time.monotonic() < deadline, "no checkpoint committed"
+        time.sleep(0.05)
+    saved = json.loads(latest.read_text())["iteration"]
     os.kill(reconstruction_worker(backend), signal.SIGKILL)
     run = runs.follow_run(store, backend, run, poll_seconds=0.05, timeout=60)
     assert run.status == RunStatus.FAILED and run.error_step == "Reconstruct"
     assert run.error.startswith("the worker process running reconstruct ended")
     assert run.error_kind == "lost" and "WorkerLost" in run.result["failure"]["chain"]
-    retry = runs.follow_run(store, backend, runs.retry_run(settings, run.id, store=store,
-                                                           backend=backend), poll_seconds=0.05)
+    # Two retries at once (the page and a terminal): one run is made and started.
+    barrier, outcomes = threading.Barrier(2), []
+
+    def retry() -> None:
+        barrier.wait()
+        try:
+            outcomes.append(runs.retry_run(settings, run.id, store=Store(settings.store_path),
+                                           backend=backend))  # fmt: skip
+        except runs.RetryRefused as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=retry) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (new,) = [o for o in outcomes if not isinstance(o, Exception)]
+    (refused,) = [o for o in outcomes if isinstance(o, runs.RetryRefused)]
+    assert refused.retry_id == new.id
+    retry = runs.follow_run(store, backend, new, poll_seconds=0.05)
     assert retry.status == RunStatus.SUCCEEDED, retry.error
-    assert retry.result["summary"]["resumed_from_iteration"] >= 4
+    assert retry.result["summary"]["resumed_from_iteration"] >= saved >= 1
+    assert [r.id for r in store.list_runs(limit=None) if r.parent_run_id == run.id] == [new.id]
 
 
 def test_closing_the_backend_leaves_running_runs_marked_lost(settings: Settings) -> None:
