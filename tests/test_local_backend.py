@@ -210,6 +210,8 @@ def test_a_corrupt_scan_fails_with_its_cause_first_in_the_users_path(
     shown = CliRunner().invoke(app, ["runs", "show", run.id, "--config",
                                      str(workspace / "beamflow.toml")])  # fmt: skip
     assert "beamline/detector/bad1/bad1_master.h5 is not an HDF5 file" in shown.output
+    assert "failed in Reconstruct (bad_input)" in shown.output
+    assert "ScanFormatError" in shown.output.split("chain", 1)[1]
 
 
 def test_a_failing_transfer_names_the_step(

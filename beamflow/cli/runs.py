@@ -29,6 +29,7 @@ from beamflow.cli.common import (
 from beamflow.config import Settings
 from beamflow.console import styled_status
 from beamflow.error_kinds import ErrorKind
+from beamflow.failures import Failure
 from beamflow.store import Run, RunStatus, Store
 
 app = typer.Typer(help="List, inspect, start, retry and cancel runs.", **HELP)
@@ -142,6 +143,9 @@ def runs_show(
         kind = run.error_kind or "unknown kind"
         console.print(f"  failed in {escape(run.error_step or 'an unknown step')} ({kind})",
                       **out)
+        if "failure" in run.result:  # the whole chain, as the backend told it
+            failure = Failure.model_validate(run.result["failure"])
+            console.print(f"  chain     {escape(failure.chain)}", **out)
         if run.retried_by:
             console.print(f"  retried   as run {run.retried_by}", **out)
         elif run.error_kind == ErrorKind.BAD_INPUT:
