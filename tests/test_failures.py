@@ -127,3 +127,15 @@ def test_a_tasks_own_traceback_gives_the_kind_when_the_status_has_no_summary() -
     failure = failure_of(CXI_RUN, failed("Reconstruct", "ActionFailedException", details))
     assert failure.kind == ErrorKind.LOST
     assert failure.message == "Task failure due to loss of worker 0 on host h"
+
+
+def test_the_errors_of_bad_input_say_so_where_they_are_raised() -> None:
+    """The reader, the checkpoint check and the job carry their kind, for the compute
+    function to raise as bad input (ValueError) without naming their classes."""
+    from beamflow.checkpoint.compat import IncompatibleCheckpoint
+    from beamflow.formats.errors import ScanFormatError
+    from beamflow.reconstruct_job import ReconstructError
+
+    for error in (ScanFormatError("/d/s.cxi", "/", "not an HDF5 file"),
+                  IncompatibleCheckpoint([]), ReconstructError("no positions")):
+        assert error.kind == ErrorKind.BAD_INPUT

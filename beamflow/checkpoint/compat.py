@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from beamflow.error_kinds import ErrorKind
+
 
 @dataclass(frozen=True)
 class Difference:
@@ -30,6 +32,8 @@ class Difference:
 
 class IncompatibleCheckpoint(Exception):
     """The checkpoint cannot be resumed by this run; `mismatches` names each hard difference."""
+
+    kind = ErrorKind.BAD_INPUT  # the run's input does not fit the scan's checkpoint
 
     def __init__(self, mismatches: list[Difference], source: str | None = None,
                  hint: str | None = None) -> None:

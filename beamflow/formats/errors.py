@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from beamflow.error_kinds import ErrorKind
+
 
 class ScanFormatError(ValueError):
     """A scan or product file that cannot be used, and why.
@@ -11,6 +13,8 @@ class ScanFormatError(ValueError):
     ``str(err)`` is ``"<file>: <dataset or key>: <problem>"`` so that the CLI, the status page
     and the agent's log can show it as is; the parts are kept as attributes for programs.
     """
+
+    kind = ErrorKind.BAD_INPUT  # the file is at fault: a retry would read it again
 
     def __init__(self, file: str | Path, dataset: str, problem: str) -> None:
         self.file = str(file)
