@@ -124,6 +124,8 @@ def _kind_and_cause(name: str, cause: Any) -> tuple[ErrorKind, str]:
         message = exception[raised[-1].end():].strip()
         return _COMPUTE_KINDS.get(kind_name, ErrorKind.FAILED), message or kind_name
     fatal = details.get("fatal_error")
+    if not isinstance(fatal, dict) and details.get("nice_status"):  # a Transfer task document
+        fatal = {"code": details["nice_status"], "description": details.get("description")}
     if isinstance(fatal, dict):  # a transfer's fault
         code = str(fatal.get("code") or "")
         kind = (ErrorKind.BAD_INPUT if code in _TRANSFER_BAD_INPUT

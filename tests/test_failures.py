@@ -87,6 +87,11 @@ def test_a_cause_without_a_file_still_names_the_scan() -> None:
     ("ActionFailedException", {"fatal_error": {"code": "CONNECTION_RESET",
                                                "description": "invalid reply, refused"}},
      ErrorKind.TRANSIENT, "invalid reply, refused"),
+    # Globus Transfer's task document: the fault's code is its nice_status.
+    ("ActionFailedException", {"task_id": "t", "status": "FAILED",
+                               "nice_status": "PERMISSION_DENIED",
+                               "description": "permission denied"},
+     ErrorKind.BAD_INPUT, "permission denied"),
     ("ActionUnableToRun", {"code": "EndpointOffline", "description": "endpoint is offline"},
      ErrorKind.TRANSIENT, "endpoint is offline"),
     ("ActionUnableToRun", {"code": "BadRequest", "description": "tasks: invalid"},

@@ -19,7 +19,7 @@ from beamflow.globus.errors import LoginRequired
 from beamflow.globus.flows import run_status, steps_from_logs
 from beamflow.globus.transfer import transfer_states
 from beamflow.registry import Registry, flow_checksum, function_checksum
-from beamflow.store import RunStatus
+from beamflow.store import Run, RunStatus
 
 FLOW = "ptycho_reconstruct"
 FLOW_ID = "24bc4997-b483-4c25-a19c-64b0afc00743"  # the SDK fixtures' flow
@@ -327,6 +327,16 @@ def test_failed_run_names_the_step_the_cause_and_the_transfer_fault(settings):
     assert info.status == RunStatus.FAILED
     assert info.error_step == "TransferScanToHPC"
     assert "raw scan" in info.error and "permission denied on /detector/scan_017" in info.error
+    # The run path reads the fault's kind and its cause from the flow's failure record.
+    assert info.output["failure"] == failure
+    from beamflow.failures import failure_of
+
+    run = Run(id="r", scan_name="scan_017", scan_path="/bl/detector/scan_017",
+              flow="ptycho_reconstruct", backend="globus", status=RunStatus.ACTIVE,
+              created_at=0, updated_at=0)  # fmt: skip
+    told = failure_of(run, info)
+    assert (told.step, told.kind) == ("TransferScanToHPC", "transient")
+    assert told.message == "permission denied on /detector/scan_017"
     step = info.steps[0]
     assert step.status == "FAILED"
     assert step.details["transfer"]["nice_status"] == "PERMISSION_DENIED"

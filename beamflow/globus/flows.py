@@ -181,20 +181,29 @@ def _caught_text(error: Any) -> str:
     return _short(error)
 
 
-def run_error(
-    run: Mapping[str, Any], entries: list[Mapping[str, Any]], steps: list[StepInfo]
-) -> tuple[str | None, str | None]:
-    """(error, error_step) of a run that did not succeed."""
-    # 1. the flows' own failure record ($.failure), in any state output
+def failure_record(entries: list[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The flows' own failure record ($.failure: step, description, caught error), in the
+    last state output that holds one."""
     for entry in reversed(entries):
         details = entry.get("details") or {}
         output = details.get("output") if isinstance(details, Mapping) else None
         failure = output.get("failure") if isinstance(output, Mapping) else None
         if isinstance(failure, Mapping) and failure.get("step"):
-            text = str(failure.get("description") or "failed")
-            if failure.get("error") is not None:
-                text = f"{text}: {_caught_text(failure['error'])}"
-            return _short(text, 1000), str(failure["step"])
+            return failure
+    return None
+
+
+def run_error(
+    run: Mapping[str, Any], entries: list[Mapping[str, Any]], steps: list[StepInfo]
+) -> tuple[str | None, str | None]:
+    """(error, error_step) of a run that did not succeed."""
+    # 1. the flows' own failure record ($.failure), in any state output
+    failure = failure_record(entries)
+    if failure is not None:
+        text = str(failure.get("description") or "failed")
+        if failure.get("error") is not None:
+            text = f"{text}: {_caught_text(failure['error'])}"
+        return _short(text, 1000), str(failure["step"])
     # 2. the last state that failed
     for step in reversed(steps):
         if step.status == "FAILED":
@@ -222,11 +231,16 @@ def run_info(run: Mapping[str, Any], entries: list[Mapping[str, Any]]) -> FlowRu
         error = f"{error}; {hint}" if error else hint
     if status == RunStatus.CANCELLED and not error:
         error = "cancelled"
+    output = dict(output) if isinstance(output, Mapping) else {}
+    if status == RunStatus.FAILED and "failure" not in output:
+        # The run document of a failed run holds no output: the record is in the log, and
+        # the run path reads the kind of the fault and its cause from it.
+        output["failure"] = failure_record(entries)
     return FlowRunInfo(
         backend_run_id=str(run.get("run_id") or run.get("action_id")),
         status=status,
         steps=steps,
-        output=dict(output) if isinstance(output, Mapping) else {},
+        output=output,
         error=error,
         error_step=error_step,
     )
