@@ -322,6 +322,7 @@ def launch_run(settings: Settings, store: Store, backend: Backend, run: Run) -> 
         label=label,
         error=None,
         error_step=None,
+        error_kind=None,
         result={"run_name": run_name, "results_dir": results_dir, "input": body},
     )
     store.add_event(
