@@ -104,3 +104,24 @@ def test_a_summary_that_is_not_one_is_no_summary(settings: Settings) -> None:
     run = runs.sync_run(store, backend, run)
     assert run.status == RunStatus.SUCCEEDED
     assert (run.product, run.verdict, run.result["summary"]) == (None, None, None)
+
+
+def test_what_the_compute_function_returns_is_a_function_summary(tmp_path: Path) -> None:
+    """The contract between functions/reconstruct.py and the run path, on a real (small)
+    reconstruction: every field the run path reads comes back, typed."""
+    from beamflow.reconstruct_job import FunctionSummary
+    from beamflow.simulate import simulate_scan
+    from functions.reconstruct import reconstruct
+
+    master = simulate_scan(tmp_path / "hpc" / "raw", "s1", positions=40, probe_size=32)
+    out = tmp_path / "hpc" / "runs" / "r1"
+    answer = reconstruct(scan=str(master.parent), output_dir=str(out),
+                         allowed_roots=[str(tmp_path / "hpc")], run_name="r1",
+                         parameters={"iterations": 2, "preview_every": 0, "device": "cpu"})
+    summary = FunctionSummary.model_validate(answer)
+    assert summary.model_dump(include=set(answer)) == answer  # nothing lost or reshaped
+    assert (summary.iterations, summary.run_name) == (2, "r1")
+    assert summary.verdict in ("trusted", "suspect")
+    assert (out / summary.product_relative).is_file()
+    assert summary.previews_relative and all((out / p).is_file()
+                                             for p in summary.previews_relative)
