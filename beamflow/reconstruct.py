@@ -53,7 +53,7 @@ from beamflow.checkpoint import (
 )
 from beamflow.formats import Product, Scan, ScanFormatError, load_scan, write_product
 from beamflow.live_previews import LivePreviews
-from beamflow.ptycho.backend import get_backend
+from beamflow.ptycho.arrays import array_backend
 from beamflow.ptycho.engine import Reconstructor, initial_state, mean_pattern
 from beamflow.ptycho.propagation import Propagation, near_field_geometry
 from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
@@ -399,7 +399,7 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
     fingerprint = _fingerprint(scan, params, loaded, job, n)
     del loaded  # the frames stay referenced by `data` only (and the engine's copy)
     _release_freed_memory()
-    backend = get_backend(job.device, threads=job.threads)
+    backend = array_backend(job.device, threads=job.threads)
     log.info("device %s, %d thread(s), FFTs: %s", backend.name, backend.threads, backend.fft)
     preview_dir = job.out / "previews"
     job.out.mkdir(parents=True, exist_ok=True)

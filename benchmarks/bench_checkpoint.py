@@ -61,7 +61,7 @@ from beamflow.checkpoint import Checkpointer, CheckpointPolicy, LevelConfig
 from beamflow.checkpoint.store import list_checkpoints, read_checkpoint
 from beamflow.formats import Product, load_scan
 from beamflow.ground_truth import read_ground_truth, score_product
-from beamflow.ptycho.backend import cpu_count, get_backend
+from beamflow.ptycho.arrays import array_backend, cpu_count
 from beamflow.ptycho.engine import Reconstructor, initial_state
 from beamflow.ptycho.metrics import compare
 from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
@@ -112,7 +112,7 @@ def _rpie_job(args, root: Path, name: str) -> tuple[PtychoData, ReconState]:
 
 def bench_overhead(args, root: Path) -> None:
     data, state = _rpie_job(args, root, "ovh")
-    backend = get_backend("cpu")
+    backend = array_backend("cpu")
     l1_base = Path(tempfile.mkdtemp(prefix="bench-l1-", dir=args.l1_dir))
     # "control" is a second no-checkpoint setting: its "overhead" is the noise floor.
     # (every N iterations, CPU budget): the default 4 % budget, and every iteration unthrottled
@@ -246,7 +246,7 @@ def bench_placement(args, root: Path) -> None:
     spawn = multiprocessing.get_context("spawn")
     times: dict[str, list[float]] = {"none": [], "thread": [], "process": []}
     rng = random.Random(3)
-    with Reconstructor(data, state, get_backend("cpu")) as rec:
+    with Reconstructor(data, state, array_backend("cpu")) as rec:
         rec.run(3)
         t = time.perf_counter()
         rec.run(5)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from test_ptycho_engine import DEVICE_SETUP_IDS, DEVICE_SETUPS, data_of, nrmse, region, simulate
 
-from beamflow.ptycho import ReconParams, Reconstructor, get_backend, initial_state
-from beamflow.ptycho.backend import cuda_available
+from beamflow.ptycho import ReconParams, Reconstructor, array_backend, initial_state
+from beamflow.ptycho.arrays import cuda_available
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,11 +22,11 @@ def test_cuda_matches_numpy(extra):
     params = ReconParams(iterations=6, **extra)
     out = {}
     for device in ("cpu", "cuda"):
-        backend = get_backend(device, threads=1) if device == "cpu" else get_backend(device)
+        backend = array_backend(device, threads=1) if device == "cpu" else array_backend(device)
         with Reconstructor(data, initial_state(data, params), backend) as rec:
             out[device] = rec.run()
     cpu, gpu = out["cpu"], out["cuda"]
-    assert get_backend("cuda").name.startswith("cuda:")
+    assert array_backend("cuda").name.startswith("cuda:")
     assert isinstance(gpu.object, np.ndarray) and gpu.object.dtype == np.complex64
     # Same algorithm, same batches; only float32 rounding differs between the devices.
     np.testing.assert_allclose(gpu.loss_history, cpu.loss_history, rtol=2e-3)

@@ -86,7 +86,7 @@ def reconstruct(
     """
     from beamflow.checkpoint import IncompatibleCheckpoint
     from beamflow.formats import ScanFormatError
-    from beamflow.ptycho.backend import BackendError
+    from beamflow.ptycho.arrays import ArrayBackendError
     from beamflow.reconstruct import run_reconstruction
     from beamflow.reconstruct_job import ReconstructError, ReconstructJob, plain_words
 
@@ -127,7 +127,7 @@ def reconstruct(
 
     try:
         summary = run_reconstruction(job, progress=progress)
-    except (ScanFormatError, IncompatibleCheckpoint, ReconstructError, BackendError) as exc:
+    except (ScanFormatError, IncompatibleCheckpoint, ReconstructError, ArrayBackendError) as exc:
         fail(str(exc))
     except OSError as exc:  # name the file the system refused, not the scan
         where = exc.filename if exc.filename is not None else out

@@ -5,7 +5,7 @@ Typical use::
     data = PtychoData(intensities, positions_px, object_shape, mask)
     params = ReconParams(algorithm="rpie", iterations=100)
     state = initial_state(data, params)                 # or ReconState.from_arrays(...)
-    with Reconstructor(data, state, get_backend("auto")) as rec:
+    with Reconstructor(data, state, array_backend("auto")) as rec:
         state = rec.run(callback=lambda view, info: print(info))
 
 Continuing with more frames of the same scan::
@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Backend, get_backend
-from .core import Algorithm, Core
+from .algorithm import Algorithm
+from .arrays import ArrayBackend, array_backend
 from .dm import DM
 from .epie import EPIE
+from .forward import Core
 from .lsqml import LSQML
 from .modes import make_modes, orthogonalize_modes
 from .positions import remove_drift
@@ -204,10 +205,10 @@ class Reconstructor:
     device ``data`` is marked consumed and refuses further use.
     """
 
-    def __init__(self, data: PtychoData, state: ReconState, backend: Backend | str = "auto",
+    def __init__(self, data: PtychoData, state: ReconState, backend: ArrayBackend | str = "auto",
                  *, consume_data: bool = False):
         if isinstance(backend, str):
-            backend = get_backend(backend)
+            backend = array_backend(backend)
         n = data.n_positions
         if state.positions_px.shape[0] != n:
             raise ValueError(

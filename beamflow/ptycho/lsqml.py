@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from .core import Algorithm, Chunk
-from .positions import object_gradient, position_steps
+from .algorithm import Algorithm, PartSums, Sweep
+from .forward import Chunk
 
 __all__ = ["LSQML"]
 
@@ -58,50 +58,27 @@ class LSQML(Algorithm):
         big *= xi[:, None]
         return loss
 
-    def run_batch(self, idx: np.ndarray, it: int) -> list[Any]:
+    def fourier_constraint(self, big: Any, c: Chunk) -> Any:
+        if self.params.noise_model == "poisson":
+            return self.poisson_correction(big, c)
+        return self.core.modulus_projection(big, c)
+
+    def chunk_update(self, sw: Sweep, sums: PartSums, c: Chunk, pd: Any, oj: Any, big: Any,
+                     chi: Any) -> None:
+        # The step-length systems need P_j, O_j and χ_j after the batch: keep copies (the
+        # default terms overwrite them).
+        sums.kept.append((c, pd if c.ramp is None else pd.copy(), oj.copy(), chi.copy()))
+        super().chunk_update(sw, sums, c, pd, oj, big, chi)
+
+    def update(self, sw: Sweep, sums: list[PartSums]) -> None:
         core, xp, be = self.core, self.core.xp, self.core.backend
-        upd_obj, upd_probe, pos_corr = self.flags(it)
-        k, m = core.K, core.M
-        parts = core.split(idx)
-        accs = core.accumulators(len(parts) + 1) if upd_obj else None
-        bb = core.bbox(idx)
-        grads = object_gradient(core.obj, xp) if pos_corr else None
-        poisson = self.params.noise_model == "poisson"
-        core.prepare()
-
-        def work(t: int, part: np.ndarray):
-            if accs is not None:
-                accs[t][0][bb] = 0
-                accs[t][1][bb] = 0
-            pnum = xp.zeros((k, m, m), np.complex64) if upd_probe else None
-            pden = xp.zeros((m, m), np.float32) if upd_probe else None
-            losses, steps, kept = [], [], []
-            for sub in core.subchunks(part):
-                c = core.chunk(sub)
-                pd = core.shifted_probe(c)
-                oj = core.object_patches(c)
-                big = core.to_detector(pd, oj, c)
-                if poisson:
-                    losses.append(self.poisson_correction(big, c))
-                else:
-                    losses.append(core.modulus_projection(big, c))
-                chi = core.to_sample(big, c)
-                if grads is not None:
-                    steps.append(position_steps(pd, be.gather(grads[0], c.iy, c.ix, m),
-                                                be.gather(grads[1], c.iy, c.ix, m), chi, xp))
-                kept.append((c, pd if c.ramp is None else pd.copy(), oj.copy(), chi.copy()))
-                if upd_obj:
-                    core.accumulate_object(accs[t], core.object_num(pd, chi, c), c)
-                if upd_probe:
-                    core.probe_terms(oj, chi, c, pnum, pden)
-            return losses, pnum, pden, steps, kept
-
-        results = core.map_parts(work, idx)
+        upd_obj, upd_probe, bb = sw.update_object, sw.update_probe, sw.bbox
+        m = core.M
         alpha = self.params.alpha_value
         d_obj = None
         if upd_obj:
-            # ΔO lives in the spare accumulator (only its box is read).
-            d_obj = accs[len(parts)][0]
+            # ΔO lives in a spare accumulator after the parts' (only its box is read).
+            d_obj = core.accumulators(len(sw.parts) + 1)[-1][0]
 
             def direction(num: Any, den: Any, dmax: float, _sl: Any) -> Any:
                 den += alpha * dmax
@@ -109,21 +86,18 @@ class LSQML(Algorithm):
                 num *= den
                 return num
 
-            core.update_object(accs[: len(parts)], bb, direction, target=d_obj, replace=True)
+            core.update_object(sw.accs, bb, direction, target=d_obj, replace=True)
         d_probe = d_probe_hat = None
         if upd_probe:
-            pnum, pden = results[0][1], results[0][2]
-            for r in results[1:]:
-                pnum += r[1]
-                pden += r[2]
+            pnum, pden = self.probe_sums(sums)
             d_probe = core.probe_from_terms(pnum) / (pden + alpha * float(pden.max()))
             d_probe = d_probe.astype(np.complex64)
             if core.subpixel:
                 d_probe_hat = core.spectrum(d_probe)
 
-        def systems(t: int, part: np.ndarray):
+        def systems(t: int, _part: np.ndarray) -> Any:
             rows = []
-            for c, pd, oj, chi in results[t][4]:
+            for c, pd, oj, chi in sums[t].kept:
                 a_o = pd * be.gather(d_obj, c.iy, c.ix, m)[:, None] if upd_obj else None
                 if upd_probe:
                     if c.ramp is None:
@@ -143,7 +117,7 @@ class LSQML(Algorithm):
             return xp.concatenate(rows) if rows else None
 
         if upd_obj or upd_probe:
-            sys = np.concatenate([be.to_host(r) for r in core.map_parts(systems, idx)
+            sys = np.concatenate([be.to_host(r) for r in core.map_list(systems, sw.parts)
                                   if r is not None]).astype(np.float64)
             a11, a12, a22, b1, b2 = sys.T
             lam = 1e-6 * (a11 + a22) + 1e-30
@@ -162,6 +136,3 @@ class LSQML(Algorithm):
                 step = damp * float(np.mean(np.clip(beta_p, 0.0, None)))
                 core.probe += step * d_probe
                 core.probe_changed()
-        if pos_corr:
-            self.apply_position_steps(parts, [s for r in results for s in r[3]])
-        return [v for r in results for v in r[0]]

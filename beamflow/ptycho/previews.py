@@ -67,7 +67,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from beamflow.atomic import atomic_write_bytes
 
-from .backend import dct2
+from .arrays import dct2
 from .metrics import fit_phase_ramp, illumination_mask
 
 __all__ = [

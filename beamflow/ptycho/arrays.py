@@ -1,11 +1,11 @@
-"""Array backends for the reconstruction engine: numpy (+ FFTW or pocketfft) or cupy (cuFFT).
+"""The array side of the reconstruction engine: numpy (+ FFTW or pocketfft) or cupy (cuFFT).
 
 Everything in :mod:`beamflow.ptycho` is written once against an array module ``xp``; the few
 operations whose best implementation differs between CPU and GPU live here:
 
 * FFTs over the last two axes of a stack (unnormalised forward, ``1/M²`` inverse, like numpy):
   on CPU single-precision FFTW (:mod:`.fftw`, the ``fftw`` extra) when it is there, else
-  scipy's pocketfft with ``workers`` threads (``get_backend(fft=...)`` picks either); cupy's
+  scipy's pocketfft with ``workers`` threads (``array_backend(fft=...)`` picks either); cupy's
   cuFFT (plans cached by cupy) on GPU;
 * gathering object patches at integer corners, and scatter-adding patches back into an
   object-sized accumulator;
@@ -34,8 +34,8 @@ from . import fftw
 # Elements below which one FFT call runs in one thread (4 frames of 128x128).
 PARALLEL_FFT_MIN = 4 * 128 * 128
 
-__all__ = ["Backend", "BackendError", "get_backend", "cpu_count", "cuda_available", "dct2",
-           "cpu_ffts"]
+__all__ = ["ArrayBackend", "ArrayBackendError", "array_backend", "cpu_count", "cuda_available",
+           "dct2", "cpu_ffts"]
 
 
 def _load_extension(package: str, module: str) -> ModuleType:
@@ -114,7 +114,7 @@ def dct2(a: np.ndarray, inverse: bool = False) -> np.ndarray:
     return (sfft.idctn if inverse else sfft.dctn)(a, type=2, norm="ortho")
 
 
-class BackendError(RuntimeError):
+class ArrayBackendError(RuntimeError):
     """The requested compute device cannot be used."""
 
 
@@ -150,7 +150,7 @@ def cuda_available() -> bool:
 
 
 @dataclass
-class Backend:
+class ArrayBackend:
     """One compute device and the array module that drives it.
 
     Attributes
@@ -301,13 +301,13 @@ class Backend:
         return base[:, None, None] + (r + c)[None]
 
 
-def get_backend(device: str = "auto", threads: int | None = None,
-                fft: str | None = None) -> Backend:
+def array_backend(device: str = "auto", threads: int | None = None,
+                  fft: str | None = None) -> ArrayBackend:
     """Return the backend for ``device``: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
 
     ``"auto"`` picks CUDA when cupy imports and a device is visible (``CUDA_VISIBLE_DEVICES``
     is honoured), else the CPU. ``"cuda"`` without a usable device raises
-    :class:`BackendError` saying why. ``threads`` caps the CPU threads (default: all CPUs
+    :class:`ArrayBackendError` saying why. ``threads`` caps the CPU threads (default: all CPUs
     available to the process). ``fft`` picks the CPU FFT (``"fftw"`` or ``"pocketfft"``;
     default: the first of :func:`cpu_ffts`, FFTW when pyFFTW is installed).
     """
@@ -317,39 +317,42 @@ def get_backend(device: str = "auto", threads: int | None = None,
     if dev == "cpu":
         n = cpu_count() if threads is None else int(threads)
         if n < 1:
-            raise BackendError(f"threads must be >= 1, got {threads}")
+            raise ArrayBackendError(f"threads must be >= 1, got {threads}")
         usable = cpu_ffts()
         impl = fft or usable[0]
         if impl not in usable:
             why = ("pyFFTW is not installed (pip install 'beamflow[fftw]')" if impl == "fftw"
                    else f"expected one of {', '.join(usable)}")
-            raise BackendError(f"CPU FFT {impl!r} is not available: {why}")
-        return Backend(name="cpu", xp=np, threads=n, fft=impl)
+            raise ArrayBackendError(f"CPU FFT {impl!r} is not available: {why}")
+        return ArrayBackend(name="cpu", xp=np, threads=n, fft=impl)
     if dev == "cuda" or dev.startswith("cuda:"):
         cp = _import_cupy()
         if cp is None:
-            raise BackendError(
+            raise ArrayBackendError(
                 f"device {device!r} requested but cupy is not installed "
                 "(pip install 'beamflow[gpu]' for cupy-cuda12x)"
             )
         try:
             count = int(cp.cuda.runtime.getDeviceCount())
         except Exception as exc:
-            raise BackendError(f"device {device!r} requested but CUDA is unusable: {exc}") from exc
+            raise ArrayBackendError(
+                f"device {device!r} requested but CUDA is unusable: {exc}") from exc
         if count == 0:
             vis = os.environ.get("CUDA_VISIBLE_DEVICES")
             hint = f" (CUDA_VISIBLE_DEVICES={vis!r})" if vis is not None else ""
-            raise BackendError(f"device {device!r} requested but no CUDA device is visible{hint}")
+            raise ArrayBackendError(
+                f"device {device!r} requested but no CUDA device is visible{hint}")
         index = 0
         if ":" in dev:
             try:
                 index = int(dev.split(":", 1)[1])
             except ValueError as exc:
-                raise BackendError(f"bad device {device!r}; expected cuda:N") from exc
+                raise ArrayBackendError(f"bad device {device!r}; expected cuda:N") from exc
             if not 0 <= index < count:
-                raise BackendError(
+                raise ArrayBackendError(
                     f"device {device!r} requested but only {count} CUDA device(s) are visible"
                 )
         cp.cuda.Device(index).use()
-        return Backend(name=f"cuda:{index}", xp=cp, threads=1, fft="cufft", _cupy=cp)
-    raise BackendError(f"unknown device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        return ArrayBackend(name=f"cuda:{index}", xp=cp, threads=1, fft="cufft", _cupy=cp)
+    raise ArrayBackendError(
+        f"unknown device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
