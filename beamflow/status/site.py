@@ -1,0 +1,188 @@
+"""What every area of the status app shares: its options, the store, the access rules, the
+templates, and the two views built from the store (a page of runs, one run in detail).
+
+The routers (:mod:`~beamflow.status.pages`, :mod:`~beamflow.status.api`,
+:mod:`~beamflow.status.files`, :mod:`~beamflow.status.auth`) each get one :class:`Site`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from fastapi import HTTPException, Request
+from fastapi.responses import HTMLResponse
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from pydantic import BaseModel, Field, SecretStr
+
+from beamflow import __version__
+from beamflow.status import views
+from beamflow.status.security import Guard
+from beamflow.store import Run, RunStatus, Store
+
+PACKAGE = Path(str(files("beamflow.status")))
+TEMPLATES = PACKAGE / "templates"
+STATIC = PACKAGE / "static"
+# What `beamflow runs retry` accepts too (beamflow.runs.retry_run): a new attempt of a run
+# that ended without a result.
+RETRYABLE = (RunStatus.FAILED, RunStatus.CANCELLED)
+MAX_LIMIT = 500  # runs on one page of the list or the API
+
+# Retry a failed run: gets the run id, returns the new run (or its id). Raises ValueError or
+# StoreError when the run cannot be retried, any other exception when the backend fails.
+RetryFn = Callable[[str], "Run | str"]
+
+
+class StatusOptions(BaseModel):
+    """How one status server behaves (from ``Settings.status`` and the ``serve`` options)."""
+
+    host: str = "127.0.0.1"
+    token: SecretStr | None = None
+    public_viewing: bool = Field(
+        default=False, description="off loopback: viewing without the token (explicit opt-in)"
+    )
+    poll_seconds: float = Field(default=2.0, gt=0, description="browser refresh interval")
+    files_root: Path | None = Field(
+        default=None, description="base for relative preview/product paths in the store"
+    )
+    agent_state: Path | None = Field(
+        default=None, description="the edge agent's agent.json (its state directory)"
+    )
+
+
+class RunsPage(BaseModel):
+    """``/api/runs``: one page of runs, newest first, with the total for the filters."""
+
+    total: int
+    limit: int
+    offset: int
+    status: list[RunStatus]
+    scan: str | None
+    counts: dict[str, int]
+    runs: list[views.RunView]
+
+
+class RunDetail(BaseModel):
+    """``/api/runs/{id}``: a run with its steps, previews, parameters and recent events."""
+
+    run: views.RunView
+    steps: list[views.StepView]
+    previews: list[views.PreviewView]
+    parameters: dict[str, Any]
+    result: dict[str, Any]
+    product_url: str | None
+    events: list[views.EventView]
+    can_retry: bool
+
+
+def _static_version() -> str:
+    digest = hashlib.sha256(__version__.encode())
+    for path in sorted(STATIC.iterdir()):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def parse_status(values: list[str] | None) -> list[RunStatus]:
+    """``?status=FAILED,CANCELLED&status=ACTIVE`` as statuses (``ALL`` or empty: none)."""
+    out: list[RunStatus] = []
+    for value in values or []:
+        for part in value.split(","):
+            part = part.strip().upper()
+            if not part or part == "ALL":
+                continue
+            if part not in RunStatus.__members__:
+                raise HTTPException(
+                    400, f"unknown status {part!r}; use one of {', '.join(RunStatus)}"
+                )
+            if RunStatus(part) not in out:
+                out.append(RunStatus(part))
+    return out
+
+
+class Site:
+    """The store, options, rules and templates of one status app."""
+
+    def __init__(self, store: Store, options: StatusOptions, retry: RetryFn | None) -> None:
+        self.store = store
+        self.options = options
+        self.retry = retry
+        token = options.token.get_secret_value() if options.token else None
+        self.guard = Guard(
+            host=options.host, token=token, public_viewing=options.public_viewing,
+        )
+        self.env = Environment(
+            loader=FileSystemLoader(str(TEMPLATES)),
+            autoescape=select_autoescape(["html"], default_for_string=True),
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        static_version = _static_version()
+        self.env.globals.update(
+            static=lambda name: f"/static/{name}?v={static_version}",
+            version=__version__,
+            statuses=list(RunStatus),
+            status_label=views.STATUS_LABEL,
+            status_icon=views.STATUS_ICON,
+        )
+
+    # -- answers ---------------------------------------------------------------------------
+    def render(
+        self, request: Request, name: str, status_code: int = 200,
+        headers: dict[str, str] | None = None, **context: Any,
+    ) -> HTMLResponse:
+        guard = self.guard
+        context.update(
+            request=request,
+            csrf=guard.csrf_token(),
+            can_act=guard.can_act(request),
+            login_enabled=guard.token is not None,
+            logged_in=guard.authenticated(request),
+            poll_seconds=self.options.poll_seconds,
+        )
+        html = self.env.get_template(name).render(**context)
+        return HTMLResponse(html, status_code=status_code,
+                            headers={"cache-control": "no-store", **(headers or {})})
+
+    def require_view(self, request: Request) -> None:
+        if not self.guard.can_view(request):
+            raise HTTPException(401, "log in with the status token to view this page")
+
+    def get_run(self, run_id: str) -> Run:
+        run = self.store.get_run(run_id)
+        if run is None:
+            raise HTTPException(404, f"no run {run_id!r}")
+        return run
+
+    # -- views -----------------------------------------------------------------------------
+    def runs_page(
+        self, status: list[str] | None, scan: str | None, limit: int, offset: int
+    ) -> RunsPage:
+        store = self.store
+        statuses = parse_status(status)
+        scan = (scan or "").strip() or None
+        runs = store.list_runs(status=statuses or None, scan=scan, limit=limit, offset=offset)
+        names = store.display_names(runs)
+        # Counts by status (for the summary chips) honour the scan filter, not the status one.
+        counts = store.count_by_status(scan=scan)
+        total = sum(counts[s.value] for s in statuses) if statuses else sum(counts.values())
+        return RunsPage(
+            total=total, limit=limit, offset=offset, status=statuses, scan=scan, counts=counts,
+            runs=[views.RunView.of(r, names[r.id]) for r in runs],
+        )
+
+    def detail(self, run: Run) -> RunDetail:
+        store = self.store
+        view = views.RunView.of(run, store.display_names([run])[run.id])
+        return RunDetail(
+            run=view,
+            steps=views.timeline(store.steps(run.id), view.progress),
+            previews=views.previews_of(run, self.options.files_root),
+            parameters=run.parameters,
+            result=run.result,
+            product_url=f"/files/{run.id}/product" if run.product else None,
+            events=[views.EventView.of(e) for e in reversed(store.events(run.id, limit=50))],
+            can_retry=run.status in RETRYABLE and self.retry is not None,
+        )
