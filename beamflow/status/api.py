@@ -45,9 +45,9 @@ def router(site: Site) -> APIRouter:
 
     @api.post("/api/runs/{run_id}/retry")
     async def api_retry(request: Request, run_id: str) -> Response:
-        form = await read_form(request)
-        if not guard.can_act(request):
+        if not guard.can_act(request):  # before the body is read
             raise HTTPException(401, "retry needs the status token (Authorization: Bearer)")
+        form = await read_form(request)
         if not guard.csrf_ok(request, form.get("csrf")):
             raise HTTPException(403, "retry refused: missing or wrong CSRF token (X-CSRF-Token)")
         run = site.get_run(run_id)

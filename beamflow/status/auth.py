@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -28,16 +29,18 @@ def router(site: Site) -> APIRouter:
     async def login(request: Request) -> Response:
         if guard.token is None:
             return RedirectResponse("/", status_code=303)
-        form = await read_form(request)
+        # Headers first: a post from another site is refused before its body is read.
+        form = await read_form(request) if guard.same_origin(request) else {}
         target = local_target(form.get("next", "/"))
-        if not guard.same_origin(request) or not guard.token_matches(form.get("token", "")):
+        if not guard.token_matches(form.get("token", "")):
             client = request.client.host if request.client else "?"
             log.warning("status: failed login from %s", client)
             return site.render(request, "login.html", status_code=401, next=target, failed=True)
         response = RedirectResponse(target, status_code=303)
         response.set_cookie(
-            COOKIE, guard.session_value(), httponly=True, samesite="strict",
+            COOKIE, guard.sessions.new(), httponly=True, samesite="strict",
             secure=request.url.scheme == "https", path="/",
+            max_age=max(1, math.ceil(guard.sessions.lifetime)),
         )
         return response
 
@@ -46,6 +49,7 @@ def router(site: Site) -> APIRouter:
         form = await read_form(request)
         if not guard.csrf_ok(request, form.get("csrf")):
             raise HTTPException(403, "logout refused: missing or wrong CSRF token")
+        guard.sessions.revoke(request.cookies.get(COOKIE, ""))  # this login only
         response = RedirectResponse("/", status_code=303)
         response.delete_cookie(COOKIE, path="/")
         return response

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, SecretStr
 from beamflow import __version__
 from beamflow.status import views
 from beamflow.status.security import Guard
+from beamflow.status.sessions import DEFAULT_SESSION_SECONDS, Sessions
 from beamflow.store import Run, RunStatus, Store
 
 PACKAGE = Path(str(files("beamflow.status")))
@@ -43,6 +44,10 @@ class StatusOptions(BaseModel):
     token: SecretStr | None = None
     public_viewing: bool = Field(
         default=False, description="off loopback: viewing without the token (explicit opt-in)"
+    )
+    session_seconds: float = Field(
+        default=DEFAULT_SESSION_SECONDS, gt=0,
+        description="how long a login lasts (its cookie's lifetime); logout ends it sooner",
     )
     poll_seconds: float = Field(default=2.0, gt=0, description="browser refresh interval")
     files_root: Path | None = Field(
@@ -112,6 +117,7 @@ class Site:
         token = options.token.get_secret_value() if options.token else None
         self.guard = Guard(
             host=options.host, token=token, public_viewing=options.public_viewing,
+            sessions=Sessions(options.session_seconds),
         )
         self.env = Environment(
             loader=FileSystemLoader(str(TEMPLATES)),
