@@ -13,6 +13,8 @@ from starlette.concurrency import run_in_threadpool
 from beamflow import __version__
 from beamflow.status import views
 from beamflow.status.forms import read_form
+from beamflow.status.logs import RunLog, run_log
+from beamflow.status.runs_query import RunsQuery
 from beamflow.status.site import MAX_LIMIT, RETRYABLE, RunDetail, RunsPage, Site
 from beamflow.store import StoreError
 
@@ -30,11 +32,15 @@ def router(site: Site) -> APIRouter:
         request: Request,
         status: list[str] | None = Query(None, description="one or more, comma-separated"),
         scan: str | None = Query(None, description="substring of the scan name or path"),
+        since: str | None = Query(
+            None, description="runs that ended in this window or have not ended: 30m, 1h, 7d"
+        ),
+        sort: str | None = Query(None, description="newest, oldest, finished, longest"),
         limit: int = Query(50, ge=1, le=MAX_LIMIT),
         offset: int = Query(0, ge=0),
     ) -> JSONResponse:
         site.require_view(request)
-        page = site.runs_page(status, scan, limit, offset)
+        page = site.runs_page(RunsQuery.parse(status, scan, since, sort, limit, offset))
         return JSONResponse(page.model_dump(mode="json"), headers=NO_STORE)
 
     @api.get("/api/runs/{run_id}", response_model=RunDetail)
@@ -68,6 +74,12 @@ def router(site: Site) -> APIRouter:
         if form:  # a plain HTML form post (no script): go to the new run
             return RedirectResponse(f"/runs/{new_id}", status_code=303)
         return JSONResponse({"id": new_id, "url": f"/runs/{new_id}", "retried": run_id})
+
+    @api.get("/api/runs/{run_id}/logs", response_model=RunLog)
+    def api_logs(request: Request, run_id: str) -> JSONResponse:
+        site.require_view(request)
+        log_ = run_log(site.store, site.get_run(run_id))
+        return JSONResponse(log_.model_dump(mode="json"), headers=NO_STORE)
 
     @api.get("/api/agent", response_model=views.AgentView)
     def api_agent(request: Request) -> JSONResponse:

@@ -1,15 +1,14 @@
-"""The HTML pages: ``/`` (runs, filters, pagination, the edge agent's panel) and
-``/runs/{id}`` (one run)."""
+"""The HTML pages: ``/`` (runs: filters by status, scan and time, sorting, pagination; the
+edge agent's panel), ``/runs/{id}`` (one run) and ``/runs/{id}/logs`` (its logs)."""
 
 from __future__ import annotations
 
-from typing import Any
-from urllib.parse import urlencode
-
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, PlainTextResponse
 
 from beamflow.status import views
+from beamflow.status.logs import run_log
+from beamflow.status.runs_query import RunsQuery
 from beamflow.status.site import MAX_LIMIT, Site
 
 
@@ -21,29 +20,20 @@ def router(site: Site) -> APIRouter:
         request: Request,
         status: list[str] | None = Query(None),
         scan: str | None = None,
+        since: str | None = None,
+        sort: str | None = None,
         limit: int = Query(50, ge=1, le=MAX_LIMIT),
         offset: int = Query(0, ge=0),
     ) -> HTMLResponse:
         site.require_view(request)
-        page = site.runs_page(status, scan, limit, offset)
-
-        def link(new_offset: int) -> str:
-            query: dict[str, Any] = {}
-            if page.status:
-                query["status"] = ",".join(page.status)
-            if page.scan:
-                query["scan"] = page.scan
-            if limit != 50:
-                query["limit"] = limit
-            if new_offset:
-                query["offset"] = new_offset
-            return "/?" + urlencode(query) if query else "/"
-
+        query = RunsQuery.parse(status, scan, since, sort, limit, offset)
+        page = site.runs_page(query)
         return site.render(
-            request, "runs.html", page=page, agent=views.AgentView.of(site.options.agent_state),
+            request, "runs.html", page=page, query=query,
+            agent=views.AgentView.of(site.options.agent_state),
             selected=page.status[0].value if len(page.status) == 1 else "",
-            newer=link(max(0, offset - limit)) if offset > 0 else None,
-            older=link(offset + limit) if offset + limit < page.total else None,
+            newer=query.link(max(0, offset - limit)) if offset > 0 else None,
+            older=query.link(offset + limit) if offset + limit < page.total else None,
             all_count=sum(page.counts.values()),
         )
 
@@ -55,5 +45,20 @@ def router(site: Site) -> APIRouter:
             request, "run.html", d=site.detail(run), parameters=views.parameters_of(run),
             retry_enabled=site.retry is not None,
         )
+
+    @pages.get("/runs/{run_id}/logs", response_class=HTMLResponse)
+    def logs_page(request: Request, run_id: str) -> HTMLResponse:
+        site.require_view(request)
+        run = site.get_run(run_id)
+        name = site.store.display_names([run])[run.id]
+        return site.render(request, "logs.html", run=run, display_name=name,
+                           log=run_log(site.store, run))
+
+    @pages.get("/runs/{run_id}/logs.txt", response_class=PlainTextResponse)
+    def logs_text(request: Request, run_id: str) -> PlainTextResponse:
+        site.require_view(request)
+        run = site.get_run(run_id)
+        return PlainTextResponse(run_log(site.store, run).text(),
+                                 headers={"cache-control": "no-store"})
 
     return pages

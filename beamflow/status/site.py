@@ -20,6 +20,8 @@ from pydantic import BaseModel, Field, SecretStr
 
 from beamflow import __version__
 from beamflow.status import views
+from beamflow.status.extras import RateTracker, RunExtras, extras_of
+from beamflow.status.runs_query import SINCE_LABELS, SORT_LABELS, RunsQuery
 from beamflow.status.security import Guard
 from beamflow.status.sessions import DEFAULT_SESSION_SECONDS, Sessions
 from beamflow.store import Run, RunStatus, Store
@@ -59,21 +61,25 @@ class StatusOptions(BaseModel):
 
 
 class RunsPage(BaseModel):
-    """``/api/runs``: one page of runs, newest first, with the total for the filters."""
+    """``/api/runs``: one page of runs in the query's order, with the total for the filters."""
 
     total: int
     limit: int
     offset: int
     status: list[RunStatus]
     scan: str | None
+    since: str | None
+    sort: str
     counts: dict[str, int]
     runs: list[views.RunView]
+    extras: dict[str, RunExtras]  # by run id: step words, speed and ETA, logs link
 
 
 class RunDetail(BaseModel):
     """``/api/runs/{id}``: a run with its steps, previews, parameters and recent events."""
 
     run: views.RunView
+    extras: RunExtras
     steps: list[views.StepView]
     previews: list[views.PreviewView]
     parameters: dict[str, Any]
@@ -88,23 +94,6 @@ def _static_version() -> str:
     for path in sorted(STATIC.iterdir()):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:10]
-
-
-def parse_status(values: list[str] | None) -> list[RunStatus]:
-    """``?status=FAILED,CANCELLED&status=ACTIVE`` as statuses (``ALL`` or empty: none)."""
-    out: list[RunStatus] = []
-    for value in values or []:
-        for part in value.split(","):
-            part = part.strip().upper()
-            if not part or part == "ALL":
-                continue
-            if part not in RunStatus.__members__:
-                raise HTTPException(
-                    400, f"unknown status {part!r}; use one of {', '.join(RunStatus)}"
-                )
-            if RunStatus(part) not in out:
-                out.append(RunStatus(part))
-    return out
 
 
 class Site:
@@ -132,7 +121,10 @@ class Site:
             statuses=list(RunStatus),
             status_label=views.STATUS_LABEL,
             status_icon=views.STATUS_ICON,
+            since_labels=SINCE_LABELS,
+            sort_labels=SORT_LABELS,
         )
+        self.rates = RateTracker()
 
     # -- answers ---------------------------------------------------------------------------
     def render(
@@ -163,20 +155,25 @@ class Site:
         return run
 
     # -- views -----------------------------------------------------------------------------
-    def runs_page(
-        self, status: list[str] | None, scan: str | None, limit: int, offset: int
-    ) -> RunsPage:
+    def runs_page(self, query: RunsQuery) -> RunsPage:
         store = self.store
-        statuses = parse_status(status)
-        scan = (scan or "").strip() or None
-        runs = store.list_runs(status=statuses or None, scan=scan, limit=limit, offset=offset)
+        since = query.since_time()
+        sort, oldest_first = query.store_sort()
+        runs = store.list_runs(
+            status=query.status or None, scan=query.scan, since=since, sort=sort,
+            oldest_first=oldest_first, limit=query.limit, offset=query.offset,
+        )
         names = store.display_names(runs)
-        # Counts by status (for the summary chips) honour the scan filter, not the status one.
-        counts = store.count_by_status(scan=scan)
+        # Counts by status (for the summary chips) honour the scan and time filters, not the
+        # status one.
+        counts = store.count_by_status(scan=query.scan, since=since)
+        statuses = query.status
         total = sum(counts[s.value] for s in statuses) if statuses else sum(counts.values())
         return RunsPage(
-            total=total, limit=limit, offset=offset, status=statuses, scan=scan, counts=counts,
+            total=total, limit=query.limit, offset=query.offset, status=statuses,
+            scan=query.scan, since=query.since, sort=query.sort, counts=counts,
             runs=[views.RunView.of(r, names[r.id]) for r in runs],
+            extras={r.id: extras_of(r, self.rates) for r in runs},
         )
 
     def detail(self, run: Run) -> RunDetail:
@@ -184,6 +181,7 @@ class Site:
         view = views.RunView.of(run, store.display_names([run])[run.id])
         return RunDetail(
             run=view,
+            extras=extras_of(run, self.rates),
             steps=views.timeline(store.steps(run.id), view.progress),
             previews=views.previews_of(run, self.options.files_root),
             parameters=run.parameters,
