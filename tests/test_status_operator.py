@@ -182,3 +182,47 @@ def test_steps_are_named_in_the_words_of_the_steps_card(store: Store, client: Te
     api = client.get("/api/runs").json()["extras"]
     assert api[run.id]["step_text"] == "Transfer scan to HPC"
     assert api[failed.id]["error_step_text"] == "Reconstruct on HPC"
+
+
+def test_a_local_run_shows_its_flow_run_log_and_nothing_else(
+    store: Store, tmp_path: Path
+) -> None:
+    import json
+    import uuid
+
+    local_runs = tmp_path / "state" / "local_runs"
+    local_runs.mkdir(parents=True)
+    flow_run = str(uuid.uuid4())
+    (local_runs / f"{flow_run}.json").write_text(json.dumps({"run_id": flow_run, "log": [
+        {"time": "2026-11-25T18:00:00+00:00", "code": "ActionStarted",
+         "description": "state ReconstructOnHPC", "details": {"state_name": "ReconstructOnHPC"}},
+        {"time": "2026-11-25T18:01:00+00:00", "code": "ActionFailed",
+         "description": "compute task failed",
+         "details": {"error": {"cause": "Traceback (most recent call last): ... not HDF5"}}},
+    ]}))
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps({"log": [{"code": "SECRET", "description": "leaked"}]}))
+    run = make_run(store, "scan_local", RunStatus.FAILED, backend_run_id=flow_run)
+    sneaky = make_run(store, "scan_sneaky", RunStatus.FAILED,
+                      backend_run_id="../../secret")  # a record that names a path
+    client = TestClient(create_app(store, StatusOptions(local_runs=local_runs)),
+                        base_url=LOOPBACK)
+
+    api = client.get(f"/api/runs/{run.id}/logs").json()
+    assert [e["code"] for e in api["flow_log"]] == ["ActionStarted", "ActionFailed"]
+    assert "Traceback (most recent call last)" in client.get(f"/runs/{run.id}/logs").text
+    assert "ActionFailed" in client.get(f"/runs/{run.id}/logs.txt").text
+
+    refused = client.get(f"/api/runs/{sneaky.id}/logs").json()
+    assert refused["flow_log"] == [] and "not a local run id" in refused["flow_log_note"]
+    assert "leaked" not in client.get(f"/runs/{sneaky.id}/logs").text
+    gone = make_run(store, "scan_pruned", RunStatus.FAILED, backend_run_id=str(uuid.uuid4()))
+    assert "no flow run record" in client.get(f"/api/runs/{gone.id}/logs").json()["flow_log_note"]
+
+
+def test_serve_reads_the_local_backends_run_records(tmp_path: Path) -> None:
+    from beamflow.config import Settings
+    from beamflow.status.server import options_for
+
+    settings = Settings(state_dir=tmp_path / "state")
+    assert options_for(settings).local_runs == tmp_path / "state" / "local_runs"

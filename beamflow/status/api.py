@@ -78,7 +78,7 @@ def router(site: Site) -> APIRouter:
     @api.get("/api/runs/{run_id}/logs", response_model=RunLog)
     def api_logs(request: Request, run_id: str) -> JSONResponse:
         site.require_view(request)
-        log_ = run_log(site.store, site.get_run(run_id))
+        log_ = run_log(site.store, site.get_run(run_id), site.options.local_runs)
         return JSONResponse(log_.model_dump(mode="json"), headers=NO_STORE)
 
     @api.get("/api/agent", response_model=views.AgentView)

@@ -52,13 +52,13 @@ def router(site: Site) -> APIRouter:
         run = site.get_run(run_id)
         name = site.store.display_names([run])[run.id]
         return site.render(request, "logs.html", run=run, display_name=name,
-                           log=run_log(site.store, run))
+                           log=run_log(site.store, run, site.options.local_runs))
 
     @pages.get("/runs/{run_id}/logs.txt", response_class=PlainTextResponse)
     def logs_text(request: Request, run_id: str) -> PlainTextResponse:
         site.require_view(request)
         run = site.get_run(run_id)
-        return PlainTextResponse(run_log(site.store, run).text(),
+        return PlainTextResponse(run_log(site.store, run, site.options.local_runs).text(),
                                  headers={"cache-control": "no-store"})
 
     return pages

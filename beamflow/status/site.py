@@ -58,6 +58,9 @@ class StatusOptions(BaseModel):
     agent_state: Path | None = Field(
         default=None, description="the edge agent's agent.json (its state directory)"
     )
+    local_runs: Path | None = Field(
+        default=None, description="the local backend's flow run records (state_dir/local_runs)"
+    )
 
 
 class RunsPage(BaseModel):
