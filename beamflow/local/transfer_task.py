@@ -33,6 +33,7 @@ from beamflow.local.transfer_plan import (
     Tally,
     TransferFault,
     TransferStats,
+    check_cancel,
 )
 from beamflow.local.transfer_verify import VerifiedCopies
 
@@ -163,8 +164,7 @@ class TransferTask:
                 VerifiedCopies(self.copier, self.max_checksum_retries).run(files)
             else:
                 for f in files:
-                    if self._cancel.is_set():
-                        raise Canceled
+                    check_cancel(self._cancel)
                     self.copier.copy(f)
             status: Literal["SUCCEEDED", "FAILED"] = "SUCCEEDED"
         except Canceled:
