@@ -171,6 +171,10 @@ class Status(_Section):
         description="off loopback: anyone who reaches the page may view runs, previews and "
         "products without the token (unpublished data!); actions still need it",
     )
+    session_hours: float = Field(
+        default=12.0, gt=0, le=24 * 30,
+        description="how long a login to the exposed page lasts; logout ends it sooner",
+    )
 
     @model_validator(mode="before")
     @classmethod
