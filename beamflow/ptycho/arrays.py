@@ -269,10 +269,11 @@ class ArrayBackend:
             buf = self.host_buffer((max(len(idx), 1),) + host.shape[1:], host.dtype)
         view = buf[: len(idx)]
         np.take(host, idx, axis=0, out=view)
+        stream = cp.cuda.get_current_stream()
         out = cp.empty(view.shape, view.dtype)
-        out.set(view)
+        out.set(view, stream=stream)  # page-locked source: an asynchronous copy
         done = cp.cuda.Event()
-        done.record()
+        done.record(stream)
         self._staging.append([buf, done])
         return out
 
@@ -291,7 +292,10 @@ class ArrayBackend:
         side = cp.cuda.Stream(non_blocking=True)
         side.wait_event(ready)
         host = self.host_buffer(snap.shape, snap.dtype)
-        snap.get(out=host, stream=side)
+        try:
+            snap.get(stream=side, out=host, blocking=False)
+        except TypeError:  # CuPy < 13: get() does not block when given a stream
+            snap.get(stream=side, out=host)
         done = cp.cuda.Event()
         done.record(side)
         return HostCopy(host, done, keep=(snap, side))
