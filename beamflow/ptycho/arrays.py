@@ -159,9 +159,11 @@ class HostCopy:
         self._host, self._done, self._keep = host, done, keep
 
     def result(self) -> np.ndarray:
-        """The host array, once the copy has finished."""
+        """The host array (owned by the caller), once the copy has finished."""
         if self._done is not None:
             self._done.synchronize()
+            # Out of page-locked memory, which is scarce: the state may live long.
+            self._host = np.array(self._host, copy=True)
             self._done = self._keep = None
         return self._host
 

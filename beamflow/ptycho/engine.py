@@ -344,5 +344,5 @@ class PendingSnapshot:
         self._obj, self._probe, self._fields = obj, probe, fields
 
     def result(self) -> ReconState:
-        return ReconState(object=np.array(self._obj.result(), copy=True),
-                          probe=np.array(self._probe.result(), copy=True), **self._fields)
+        return ReconState(object=self._obj.result(), probe=self._probe.result(),
+                          **self._fields)
