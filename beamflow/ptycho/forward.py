@@ -8,7 +8,8 @@ and fractional offset ``δ_j = r_j − n_j`` (|δ| ≤ 1/2),
     ψ_jk  = P_k,j · O[n_j : n_j + M]               Ψ_jk = F[ψ_jk]      I_j = Σ_k |Ψ_jk|²
 
 All complex arrays are complex64. The data enter as √I, ifftshifted once, with invalid pixels
-zeroed and excluded by the mask, so the hot loop never shifts or square-roots anything.
+zeroed and excluded by the mask, so the hot loop never shifts or square-roots anything (on a
+GPU integer frames stay uint16 counts, and the fused modulus kernel takes their root).
 
 The adjoint of the sub-pixel shift is applied wherever an update flows back to the probe:
 ``Σ_j S_δj^H g_j = F⁻¹[ Σ_j conj(exp(−2πi k·δ_j)) · F[g_j] ]`` — one FFT per position and a
@@ -119,6 +120,7 @@ class Core:
         # Guards 0/0 in the modulus constraint; far below any measured amplitude.
         self.eps = np.float32(1e-6 * max(max_amp, 1e-30))
         self.kfreq = np.fft.fftfreq(m)  # cycles per pixel, FFT order
+        self._dkfreq = backend.to_device(self.kfreq)
         h = propagation.transfer(m)
         self.transfer = None if h is None else backend.to_device(h)
         self.obj = backend.to_device(np.array(state.object, np.complex64, copy=True))
@@ -171,6 +173,8 @@ class Core:
         self.corner = corner.astype(np.int64)
         self.frac = frac
         self.subpixel = bool(np.any(frac != 0.0))
+        if self.backend.is_gpu:  # the chunks' ramps are made on the device from these
+            self._dfrac = self.backend.to_device(frac)
         if self._ramps is not None and self.subpixel:
             stale = np.flatnonzero(np.any(self._ramp_frac != frac, axis=1))
             for s in range(0, len(stale), 256):
@@ -178,25 +182,27 @@ class Core:
                 self._ramps[j] = self._outer_ramps(frac[j], np)
             self._ramp_frac[stale] = frac[stale]
 
-    def _outer_ramps(self, d: np.ndarray, xp: Any) -> Any:
-        """exp(−2πi (k_y δy + k_x δx)) for each row of d (b, 2) → (b, M, M) complex64."""
-        ey = np.exp(-2j * np.pi * np.outer(d[:, 0], self.kfreq)).astype(np.complex64)
-        ex = np.exp(-2j * np.pi * np.outer(d[:, 1], self.kfreq)).astype(np.complex64)
-        if xp is not np:
-            ey, ex = self.backend.to_device(ey), self.backend.to_device(ex)
+    def _outer_ramps(self, d: Any, xp: Any) -> Any:
+        """exp(−2πi (k_y δy + k_x δx)) for each row of d (b, 2) → (b, M, M) complex64, made
+        where ``d`` lives (``xp``)."""
+        kf = self.kfreq if xp is np else self._dkfreq
+        ey = xp.exp(-2j * np.pi * xp.outer(d[:, 0], kf)).astype(np.complex64)
+        ex = xp.exp(-2j * np.pi * xp.outer(d[:, 1], kf)).astype(np.complex64)
         return ey[:, :, None] * ex[:, None, :]
 
     # -- chunks and threads -----------------------------------------------------------------
     def chunk(self, idx: np.ndarray) -> Chunk:
         idx = np.asarray(idx, np.int64)
         ramp = None
-        if self.subpixel:
+        if self.subpixel and not self.backend.is_gpu:
             ramp = self._ramps[idx] if self._ramps is not None else self._outer_ramps(
-                self.frac[idx], self.xp)
+                self.frac[idx], np)
         iy, ix = self.corner[idx, 0], self.corner[idx, 1]
         didx, dy, dx = idx, iy, ix
         if self.backend.is_gpu:  # one upload per chunk: indices and corners together
             didx, dy, dx = self.backend.to_device(np.stack([idx, iy, ix]))
+            if self.subpixel:
+                ramp = self._outer_ramps(self._dfrac[didx], self.xp)
         return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp)
 
     def split(self, idx: np.ndarray) -> list[np.ndarray]:
