@@ -153,7 +153,8 @@ def run_beamflow(case: dict[str, Any], algorithm: str, backend: ArrayBackend,
     data = PtychoData(intensities=case["frames"], positions_px=gt.positions_px,
                       object_shape=gt.object.shape, mask=gt.mask)
     params = ReconParams(algorithm=algorithm, iterations=args.warmup + args.iterations,
-                         propagation=gt.propagation, seed=args.seed)
+                         propagation=gt.propagation, seed=args.seed,
+                         batch_size=args.batch if algorithm in ("rpie", "lsqml") else None)
     state = initial_state(data, params)
     seconds: list[float] = []
     with Reconstructor(data, state, backend) as rec:
@@ -164,12 +165,14 @@ def run_beamflow(case: dict[str, Any], algorithm: str, backend: ArrayBackend,
     return {"seconds_per_iteration": float(np.median(timed)),
             "first_iteration_seconds": seconds[0], "frame_bytes": frame_bytes,
             "nrmse": float(score.nrmse), "final_loss": final.loss_history[-1],
-            "iterations": len(timed), "probe": state.probe}
+            "iterations": len(timed), "batch_size": params.batch_size_for(len(case["frames"])),
+            "probe": state.probe}
 
 
-def run_ptychi(case: dict[str, Any], probe: np.ndarray, algorithms: list[str],
+def run_ptychi(case: dict[str, Any], probe: np.ndarray, algorithms: list[str], batch: int,
                args: argparse.Namespace, name: str) -> list[dict[str, Any]]:
-    """Pty-Chi on the same frames and probe guess (bench_ptychi.py's data format)."""
+    """Pty-Chi on the same frames, probe guess and batch size as beamflow's rPIE/LSQ-ML
+    (bench_ptychi.py's data format)."""
     gt = case["gt"]
     RESULTS.mkdir(parents=True, exist_ok=True)
     data_path = RESULTS / f"{name}.npz"
@@ -181,7 +184,7 @@ def run_ptychi(case: dict[str, Any], probe: np.ndarray, algorithms: list[str],
     total = args.warmup + args.iterations
     cmd = [str(args.ptychi_python), str(ROOT / "benchmarks" / "ptychi_runner.py"),
            str(data_path), str(prefix), "--algorithms", *algorithms, "--iterations",
-           str(total), "--batch", "32", "--seed", str(args.seed), "--blocks", "1",
+           str(total), "--batch", str(batch), "--seed", str(args.seed), "--blocks", "1",
            "--device", args.device]
     subprocess.run(cmd, check=True, cwd=ROOT)
     records = json.loads(prefix.with_suffix(".json").read_text())
@@ -210,6 +213,8 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=None,
+                    help="rPIE/LSQ-ML batch size (default: the engine's, by scan size)")
     ap.add_argument("--ptychi-python", type=Path, default=PEER_PYTHON)
     ap.add_argument("--json", action="store_true", help="one JSON line per case on stdout")
     args = ap.parse_args()
@@ -229,11 +234,13 @@ def main() -> None:
             case = simulate(field, n, m, args.seed)
             common = {"field": field, "positions": n, "frame": m, "device": device,
                       "copy_gbs": bandwidth / 1e9}
-            probe = None
+            probe, batch = None, args.batch or 32
             for algorithm in args.algorithms:
                 log(f"beamflow {algorithm} {field} {n} x {m}²")
                 r = run_beamflow(case, algorithm, backend, args)
                 probe = r.pop("probe")
+                if algorithm in ("rpie", "lsqml"):
+                    batch = r["batch_size"]
                 nbytes = bytes_per_iteration(algorithm, field == "near", n, m, 1,
                                              r.pop("frame_bytes"))
                 floor = nbytes / bandwidth
@@ -242,7 +249,7 @@ def main() -> None:
                              "floor_ratio": r["seconds_per_iteration"] / floor})
             peers = [a for a in args.algorithms if a in PTYCHI_ALGORITHMS]
             if with_ptychi and field == "far" and peers and probe is not None:
-                for rec in run_ptychi(case, probe, peers, args, f"{name}_{field}"):
+                for rec in run_ptychi(case, probe, peers, batch, args, f"{name}_{field}"):
                     nbytes = bytes_per_iteration(rec["algorithm"], False, n, m, 1, 4)
                     _emit(args, {"engine": "ptychi", "algorithm": rec["algorithm"], **common,
                                  "seconds_per_iteration": rec["seconds_per_iteration"],
