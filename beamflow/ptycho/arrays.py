@@ -255,15 +255,14 @@ class ArrayBackend:
         """``host[idx]`` on the device (a new array), for frames streamed from host memory.
 
         GPU: the rows are gathered into one of two page-locked staging buffers and copied
-        asynchronously; a buffer is reused only after its previous copy has finished (a
-        wait on that copy, two chunks back, not on the whole queue)."""
+        asynchronously; a buffer is reused only after its previous copy has finished (the
+        host waits until the queue has reached that copy, two chunks back, not for the
+        queue to drain: streaming trades that wait for running at all)."""
         if not self.fused:
             return self.to_device(host[idx])
         cp = self._cupy
-        if len(self._staging) < 2:
-            self._staging.append([None, None])
-        slot = self._staging.pop(0)
-        buf, done = slot
+        # Two buffers in turn: the oldest is reused once both exist.
+        buf, done = self._staging.pop(0) if len(self._staging) >= 2 else (None, None)
         if done is not None:
             done.synchronize()
         if buf is None or buf.shape[0] < len(idx) or buf.shape[1:] != host.shape[1:] \
