@@ -152,9 +152,9 @@ def test_reconstructions_agree_across_fft_libraries(extra):
 
 @needs_fftw
 def test_poisson_lsqml_converges_alike_on_both_libraries():
-    """Poisson LSQ-ML divides by the model intensity, which in dark pixels is rounding noise:
-    the two libraries' trajectories drift apart (~1 % in the loss after 30 iterations), but
-    both converge to the same quality."""
+    """Poisson LSQ-ML divides by the model intensity, which in dark pixels is rounding noise;
+    without its floor (lsqml.POISSON_FLOOR) the two libraries' trajectories drifted apart
+    (~2-10 % in the loss after 30 iterations). With it they agree to rounding."""
     sim = simulate()
     params = ReconParams(iterations=30, algorithm="lsqml", noise_model="poisson")
     final = {}
@@ -165,7 +165,7 @@ def test_poisson_lsqml_converges_alike_on_both_libraries():
             state = rec.run()
         assert state.loss_history[-1] < 0.5 * state.loss_history[0]
         final[impl] = state.loss_history[-1]
-    assert abs(final["fftw"] / final["pocketfft"] - 1) < 0.1
+    assert abs(final["fftw"] / final["pocketfft"] - 1) < 1e-3
 
 
 @needs_fftw

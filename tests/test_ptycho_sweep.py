@@ -3,7 +3,8 @@ pinned, and a new algorithm needs only its update.
 
 The pinned losses were measured before the sweep was shared (each algorithm with its own
 chunk loop, commit 35c1035) and the shared sweep reproduces them bit for bit on the same
-machine; the tolerance only absorbs other CPUs' rounding (SIMD widths in numpy's sums).
+machine (Poisson LSQ-ML's since its noise floor, a deliberate change of the algorithm); the
+tolerance only absorbs other CPUs' rounding (SIMD widths in numpy's sums).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ PINNED = {
     "dm": ({"algorithm": "dm"},
            [0.06535429, 0.04853289, 0.04347631, 0.05590514, 0.0657261]),
     "lsqml-poisson": ({"algorithm": "lsqml", "noise_model": "poisson"},
-                      [0.06996053, 0.06225357, 0.05530572, 0.05188054, 0.048987]),
+                      # since the Poisson floor (lsqml.POISSON_FLOOR); before it:
+                      # [0.06996053, 0.06225357, 0.05530572, 0.05188054, 0.048987]
+                      [0.0698592, 0.06204974, 0.05483821, 0.05157571, 0.04841669]),
     "lsqml-modes-poscorr": ({"algorithm": "lsqml", "probe_modes": 2,
                              "position_correction": True, "position_correction_start": 1},
                             [0.06796204, 0.05916092, 0.05183855, 0.04797743, 0.04224499]),

@@ -11,7 +11,8 @@ A batch is processed in three steps (:meth:`Algorithm.run_batch`):
    takes from the chunk (:meth:`~Algorithm.chunk_update`: by default the object numerator
    into the part's accumulator and the probe terms);
 3. :meth:`~Algorithm.update` — the algorithm's own step from the parts' sums; then the
-   position steps are applied.
+   position steps are kept for :meth:`~Algorithm.apply_position_steps` at the end of the
+   iteration.
 
 An algorithm overrides only the hooks where it differs (PIE: the step rule; LSQ-ML: the
 Poisson constraint and step lengths; DM: the exit-wave memory and the refits), so a faster
@@ -76,6 +77,12 @@ class Algorithm:
         self.params = params
         self._neighbours: list[np.ndarray] | None = None
         self._neighbours_key: bytes | None = None
+        self._pending: list[tuple[np.ndarray, list[Any]]] = []
+
+    @classmethod
+    def device_bytes(cls, params: Any, n: int, k: int, m: int) -> int:
+        """Device memory the algorithm holds beyond the sweep's (for the memory plan)."""
+        return 0
 
     # -- state ------------------------------------------------------------------------------
     def extras(self) -> dict[str, np.ndarray]:
@@ -135,7 +142,7 @@ class Algorithm:
         sums = self.core.map_parts(lambda t, part: self.sweep_part(sw, t, part), idx)
         self.update(sw, sums)
         if sw.correct_positions:
-            self.apply_position_steps(sw.parts, [s for p in sums for s in p.steps])
+            self._pending.append((np.concatenate(sw.parts), [s for p in sums for s in p.steps]))
         return [v for p in sums for v in p.losses]
 
     def accumulates_object(self, update_object: bool) -> bool:
@@ -178,8 +185,8 @@ class Algorithm:
             sums.losses.append(loss)
             if sw.grads is not None:
                 gy, gx = sw.grads
-                sums.steps.append(position_steps(pd, be.gather(gy, c.iy, c.ix, m),
-                                                 be.gather(gx, c.iy, c.ix, m), chi, xp))
+                sums.steps.append(position_steps(pd, be.gather(gy, c.dy, c.dx, m),
+                                                 be.gather(gx, c.dy, c.dx, m), chi, xp))
             self.chunk_update(sw, sums, c, pd, oj, big, chi)
         return sums
 
@@ -220,13 +227,20 @@ class Algorithm:
             den += s.probe_den
         return num, den
 
-    def apply_position_steps(self, idx_parts: list[np.ndarray], steps: list[Any]) -> None:
-        """Add clipped position steps (device (b, 2) arrays per part) to the positions."""
-        core = self.core
+    def apply_position_steps(self) -> None:
+        """Add the iteration's clipped position steps to the positions, with one copy from
+        the device.
+
+        A batch's steps wait for the end of the iteration: a position belongs to one batch
+        of an iteration, so applying them at once moves every position exactly as applying
+        them after each batch would, without reading the device once per batch."""
+        core, xp = self.core, self.core.xp
+        pending, self._pending = self._pending, []
+        steps = [s for _, batch in pending for s in batch]
         if not steps:
             return
-        st = np.concatenate([core.backend.to_host(s) for s in steps]).astype(np.float64)
-        idx = np.concatenate(idx_parts)
+        st = core.backend.to_host(xp.concatenate(steps)).astype(np.float64)
+        idx = np.concatenate([i for i, _ in pending])
         pos = core.pos.copy()
         pos[idx] += clip_steps(st, self.params.position_step_limit_px)
         core.set_positions(pos)

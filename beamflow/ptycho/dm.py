@@ -48,6 +48,10 @@ class DM(Algorithm):
         self.exit: Any = None
 
     # -- memory -----------------------------------------------------------------------------
+    @classmethod
+    def device_bytes(cls, params: Any, n: int, k: int, m: int) -> int:
+        return n * k * m * m * 8  # every exit wave, complex64
+
     def load_extras(self, extras: dict[str, np.ndarray]) -> None:
         core, xp = self.core, self.core.xp
         shape = (core.N, core.K, core.M, core.M)
@@ -140,7 +144,7 @@ class DM(Algorithm):
             core.update_object(sw.accs, sw.bbox, refit, replace=True)
         if sw.update_probe:
             pnum, pden = self.probe_sums(core.map_list(self.probe_pass, sw.parts))
-            delta = self.params.beta_value * float(pden.max())
+            delta = self.params.beta_value * core.backend.scalar(pden.max())
             new = core.probe_from_terms(pnum)
             new += delta * core.probe
             new /= pden + delta

@@ -8,7 +8,8 @@ and fractional offset ``δ_j = r_j − n_j`` (|δ| ≤ 1/2),
     ψ_jk  = P_k,j · O[n_j : n_j + M]               Ψ_jk = F[ψ_jk]      I_j = Σ_k |Ψ_jk|²
 
 All complex arrays are complex64. The data enter as √I, ifftshifted once, with invalid pixels
-zeroed and excluded by the mask, so the hot loop never shifts or square-roots anything.
+zeroed and excluded by the mask, so the hot loop never shifts or square-roots anything (on a
+GPU integer frames stay uint16 counts, and the fused modulus kernel takes their root).
 
 The adjoint of the sub-pixel shift is applied wherever an update flows back to the probe:
 ``Σ_j S_δj^H g_j = F⁻¹[ Σ_j conj(exp(−2πi k·δ_j)) · F[g_j] ]`` — one FFT per position and a
@@ -40,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from .arrays import ArrayBackend
+from .frames import frames_are_counts, load_frames
 from .state import PtychoData, ReconState
 
 __all__ = ["Core", "Chunk"]
@@ -50,8 +52,6 @@ __all__ = ["Core", "Chunk"]
 # x 64², 2 threads, 30 shuffled rounds against the FFT floor): 32, 64 and 128 windows alike,
 # 16 about 3 % slower.
 CPU_CHUNK_PX = 32 * 64 * 64
-# Frames per block when preparing the data (bounds the temporaries).
-DATA_BLOCK = 64
 GPU_CHUNK = 4096
 MIN_PART = 4
 # Object updates smaller than this run in the calling thread (a handoff costs ~50 µs).
@@ -70,6 +70,8 @@ class Chunk:
     didx: Any  # the same on the device
     iy: np.ndarray  # (b,) integer corners (host)
     ix: np.ndarray
+    dy: Any  # the corners on the device (gather/scatter take these)
+    dx: Any
     ramp: Any  # (b, M, M) complex64 exp(-2πi k·δ_j) (an owned copy), or None
 
 
@@ -83,7 +85,7 @@ class Core:
     """
 
     def __init__(self, data: PtychoData, state: ReconState, backend: ArrayBackend,
-                 consume: bool = False):
+                 consume: bool = False, reserved_bytes: int = 0):
         self.backend = backend
         self.xp = backend.xp
         # No reference to data is kept: after this the caller may free the intensities.
@@ -96,30 +98,29 @@ class Core:
         # Measured amplitudes with invalid pixels zeroed (they may hold NaN). Far field:
         # ifftshifted once, so the FFT's output needs no shift; near field: the hologram is
         # in real space and stays as recorded. Consuming (CPU): written over the
-        # intensities, block by block.
+        # intensities, block by block. ``reserved_bytes``: the algorithm's own device memory
+        # (DM's exit waves), for the memory plan.
         def to_engine(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
             return a.copy() if self.near_field else np.fft.ifftshift(a, axes=axes)
 
         mask_s = to_engine(data.mask, (0, 1))
-        in_place = consume and not backend.is_gpu
-        sq = data.intensities if in_place else np.empty(data.intensities.shape, np.float32)
-        norm = 0.0
-        for s in range(0, self.N, DATA_BLOCK):
-            blk = to_engine(data.intensities[s : s + DATA_BLOCK], (-2, -1))
-            blk[:, ~mask_s] = 0.0
-            norm += float(blk.sum(dtype=np.float64))
-            np.sqrt(blk, out=sq[s : s + DATA_BLOCK])
-        self.sqrt_data = backend.to_device(sq)
-        del sq
+        counts = backend.compact_frames and frames_are_counts(data.intensities, data.mask)
+        self.chunk_size = GPU_CHUNK if backend.is_gpu else max(1, CPU_CHUNK_PX // (m * m))
+        resident = self._plan_memory(m * m * (2 if counts else 4), reserved_bytes)
+        self.frames, norm, max_amp = load_frames(
+            data.intensities, mask_s, backend, lambda a: to_engine(a, (-2, -1)), counts,
+            resident, in_place=consume and not backend.is_gpu)
         if consume:
             data.consume()
         self.mask = backend.to_device(mask_s.astype(np.float32))
         self.full_mask = bool(mask_s.all())
         self.norm = max(norm, float(np.finfo(np.float64).tiny))
-        max_amp = float(backend.to_host(self.sqrt_data.max()))
+        # The mean measured intensity of a valid pixel (a scale for noise floors).
+        self.mean_intensity = self.norm / (self.N * max(1, int(mask_s.sum())))
         # Guards 0/0 in the modulus constraint; far below any measured amplitude.
         self.eps = np.float32(1e-6 * max(max_amp, 1e-30))
         self.kfreq = np.fft.fftfreq(m)  # cycles per pixel, FFT order
+        self._dkfreq = backend.to_device(self.kfreq)
         h = propagation.transfer(m)
         self.transfer = None if h is None else backend.to_device(h)
         self.obj = backend.to_device(np.array(state.object, np.complex64, copy=True))
@@ -128,12 +129,35 @@ class Core:
         cache = (not backend.is_gpu) and self.N * m * m * 8 <= RAMP_CACHE_BYTES
         self._ramps: np.ndarray | None = np.empty((self.N, m, m), np.complex64) if cache else None
         self._ramp_frac = np.full((self.N, 2), np.nan)
-        self.chunk_size = GPU_CHUNK if backend.is_gpu else max(1, CPU_CHUNK_PX // (m * m))
         self._pool: ThreadPoolExecutor | None = None
         self._acc: list[tuple[Any, Any]] = []
         self._probe_hat = None
         self._probe_int = None
         self.set_positions(np.array(state.positions_px, np.float64, copy=True))
+
+    # -- memory -----------------------------------------------------------------------------
+    def _plan_memory(self, frame_bytes: int, reserved_bytes: int) -> bool:
+        """Whether the frames fit on the device beside everything else; if not, they are
+        streamed and the chunk shrinks until a chunk's working arrays fit.
+
+        An estimate: the object with one accumulator pair per thread and a spare, the object
+        gradient (position correction), the algorithm's reservation, and per position in a
+        chunk about 6K+2 complex64 frames of work (shifted probe, exit and detector waves,
+        patches, temporaries) plus its frame."""
+        be = self.backend
+        limit = be.memory_limit_bytes
+        if limit is None:
+            return True
+        m2 = self.M * self.M
+        fixed = reserved_bytes + self.H * self.W * (8 + 12 * (be.threads + 1) + 16)
+        per_position = m2 * 8 * (6 * self.K + 2) + frame_bytes
+        if fixed + self.N * frame_bytes + self.chunk_size * per_position <= limit:
+            return True
+        be.check_fits(fixed + per_position,
+                      f"a reconstruction of a {self.H} x {self.W} object with {self.M}x{self.M} "
+                      "frames streamed one at a time")
+        self.chunk_size = max(1, min(self.chunk_size, (limit - fixed) // per_position))
+        return False
 
     # -- positions --------------------------------------------------------------------------
     def set_positions(self, pos: np.ndarray) -> None:
@@ -149,6 +173,8 @@ class Core:
         self.corner = corner.astype(np.int64)
         self.frac = frac
         self.subpixel = bool(np.any(frac != 0.0))
+        if self.backend.is_gpu:  # the chunks' ramps are made on the device from these
+            self._dfrac = self.backend.to_device(frac)
         if self._ramps is not None and self.subpixel:
             stale = np.flatnonzero(np.any(self._ramp_frac != frac, axis=1))
             for s in range(0, len(stale), 256):
@@ -156,24 +182,28 @@ class Core:
                 self._ramps[j] = self._outer_ramps(frac[j], np)
             self._ramp_frac[stale] = frac[stale]
 
-    def _outer_ramps(self, d: np.ndarray, xp: Any) -> Any:
-        """exp(−2πi (k_y δy + k_x δx)) for each row of d (b, 2) → (b, M, M) complex64."""
-        ey = np.exp(-2j * np.pi * np.outer(d[:, 0], self.kfreq)).astype(np.complex64)
-        ex = np.exp(-2j * np.pi * np.outer(d[:, 1], self.kfreq)).astype(np.complex64)
-        if xp is not np:
-            ey, ex = self.backend.to_device(ey), self.backend.to_device(ex)
+    def _outer_ramps(self, d: Any, xp: Any) -> Any:
+        """exp(−2πi (k_y δy + k_x δx)) for each row of d (b, 2) → (b, M, M) complex64, made
+        where ``d`` lives (``xp``)."""
+        kf = self.kfreq if xp is np else self._dkfreq
+        ey = xp.exp(-2j * np.pi * xp.outer(d[:, 0], kf)).astype(np.complex64)
+        ex = xp.exp(-2j * np.pi * xp.outer(d[:, 1], kf)).astype(np.complex64)
         return ey[:, :, None] * ex[:, None, :]
 
     # -- chunks and threads -----------------------------------------------------------------
     def chunk(self, idx: np.ndarray) -> Chunk:
         idx = np.asarray(idx, np.int64)
         ramp = None
-        if self.subpixel:
+        if self.subpixel and not self.backend.is_gpu:
             ramp = self._ramps[idx] if self._ramps is not None else self._outer_ramps(
-                self.frac[idx], self.xp)
-        didx = self.backend.to_device(idx) if self.backend.is_gpu else idx
-        return Chunk(idx=idx, didx=didx, iy=self.corner[idx, 0], ix=self.corner[idx, 1],
-                     ramp=ramp)
+                self.frac[idx], np)
+        iy, ix = self.corner[idx, 0], self.corner[idx, 1]
+        didx, dy, dx = idx, iy, ix
+        if self.backend.is_gpu:  # one upload per chunk: indices and corners together
+            didx, dy, dx = self.backend.to_device(np.stack([idx, iy, ix]))
+            if self.subpixel:
+                ramp = self._outer_ramps(self._dfrac[didx], self.xp)
+        return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp)
 
     def split(self, idx: np.ndarray) -> list[np.ndarray]:
         """Split a batch into one contiguous part per thread (deterministic).
@@ -255,7 +285,7 @@ class Core:
         slabs = [(slice(int(r[0]), int(r[-1]) + 1), bb[1]) for r in rows if len(r)]
         combined = self.map_list(lambda _t, sl: self.combine(accs, sl), slabs)
         xp = self.xp
-        dmax = float(self.backend.to_host(xp.stack([d.max() for _, d in combined]).max()))
+        dmax = self.backend.scalar(xp.stack([d.max() for _, d in combined]).max())
 
         def apply(t: int, sl: tuple[slice, slice]) -> None:
             num, den = combined[t]
@@ -318,7 +348,7 @@ class Core:
 
     def object_patches(self, c: Chunk, obj: Any = None) -> Any:
         """(b, M, M) copies of the object windows."""
-        return self.backend.gather(self.obj if obj is None else obj, c.iy, c.ix, self.M)
+        return self.backend.gather(self.obj if obj is None else obj, c.dy, c.dx, self.M)
 
     def to_detector(self, pd: Any, oj: Any, c: Chunk) -> Any:
         """The wave at the detector for the chunk's positions, a new (b, K, M, M) array.
@@ -360,7 +390,7 @@ class Core:
             amp = xp.square(big_psi.real).sum(axis=1)
             amp += xp.square(big_psi.imag).sum(axis=1)
             xp.sqrt(amp, out=amp)
-        d = self.sqrt_data[c.didx]
+        d = self.frames.amplitudes(c.idx, c.didx)
         xp.subtract(d, amp, out=d)
         if not self.full_mask:
             d *= self.mask
@@ -375,6 +405,10 @@ class Core:
 
         Ψ' = Ψ·√I/√(Σ_k|Ψ_k|²) on valid pixels; invalid pixels are left free (χ̂ = 0).
         """
+        be = self.backend
+        if be.fused and big_psi.shape[1] == 1:
+            return be.modulus_correction(big_psi[:, 0], self.frames.raw(c.idx, c.didx),
+                                         self.mask, self.eps)
         amp, d, loss = self.amplitude_residual(big_psi, c)
         amp += self.eps
         d /= amp  # (√I − |Ψ|)/|Ψ| on valid pixels, 0 elsewhere
@@ -419,13 +453,13 @@ class Core:
         |P_j|² per position.
         """
         be, xp = self.backend, self.xp
-        be.scatter_add(acc[0], num, c.iy, c.ix)
+        be.scatter_add(acc[0], num, c.dy, c.dx)
         if pd is not None and c.ramp is not None:
             inten = (xp.square(pd.real) + xp.square(pd.imag)).sum(axis=1)
         else:
             inten = self.probe_intensity()
             inten = xp.broadcast_to(inten, (len(c.idx),) + inten.shape)
-        be.scatter_add(acc[1], inten, c.iy, c.ix)
+        be.scatter_add(acc[1], inten, c.dy, c.dx)
 
     def probe_terms(self, oj: Any, chi: Any, c: Chunk, out_num: Any, out_den: Any) -> None:
         """Accumulate Σ_j S_j^H[conj(O_j)·χ_jk] and Σ_j |O_j|².
@@ -471,12 +505,13 @@ class Core:
         when the centroid is within ``threshold_px``."""
         xp, m = self.xp, self.M
         w = self.probe_intensity()
-        tot = float(w.sum())
+        grid = xp.arange(m, dtype=np.float32)
+        # One read of the device for the three sums.
+        tot, sy, sx = (float(v) for v in self.backend.to_host(xp.stack([
+            w.sum(), (w.sum(axis=1) * grid).sum(), (w.sum(axis=0) * grid).sum()])))
         if tot <= 0:
             return None
-        grid = xp.arange(m, dtype=np.float32)
-        cy = float((w.sum(axis=1) * grid).sum()) / tot
-        cx = float((w.sum(axis=0) * grid).sum()) / tot
+        cy, cx = sy / tot, sx / tot
         s = (cy - (m - 1) / 2, cx - (m - 1) / 2)
         if max(abs(s[0]), abs(s[1])) < threshold_px:
             return None

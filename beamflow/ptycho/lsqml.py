@@ -7,8 +7,9 @@ Per batch:
 
 1. Far-field update from the likelihood (section 2.2): Gaussian (amplitude) noise gives the
    modulus projection, χ̂ = Ψ(√I/|Ψ| − 1); Poisson noise gives χ̂ = −a_j ξ Ψ with
-   ξ = 1 − I/Î, and the per-position step a_j ∈ [0, 1] from a few fixed-point iterations of
-   ∂/∂a of the Poisson likelihood along that direction (as PtychoShelves/Pty-Chi do).
+   ξ = 1 − I/(Î + δ) (δ: a floor, :data:`POISSON_FLOOR`), and the per-position step
+   a_j ∈ [0, 1] from a few fixed-point iterations of ∂/∂a of the Poisson likelihood along
+   that direction (as PtychoShelves/Pty-Chi do).
 2. Preconditioned search directions accumulated over the batch (eq. 24–25):
    ΔO = Σ_j conj(P_j)χ_j / (Σ_j|P_j|² + δ_O),  ΔP = Σ_j S_j^H[conj(O_j)χ_j] / (Σ_j|O_j|² + δ_P),
    δ = alpha × the largest denominator.
@@ -31,6 +32,16 @@ from .forward import Chunk
 
 __all__ = ["LSQML"]
 
+# The Poisson correction −ξΨ = (I/Î − 1)Ψ is singular where the model is dark (Î → 0, I > 0):
+# there it grows like I/|Ψ| along the phase of a near-zero Ψ, which is float32 rounding
+# noise, so two devices (or FFT libraries, or summation orders) that round Ψ differently
+# take visibly different steps and drift apart (0.4 % in the loss after 5 iterations,
+# 10 % after 30; float64 sums do not help: the sums are not where the error is made).
+# Î is floored at this fraction of the mean measured intensity: it removes the drift (to
+# ~1e-7 after 5 iterations, 3e-4 after 30) and leaves the reconstruction's quality alone
+# (docs/performance.md, "LSQ-ML on two devices").
+POISSON_FLOOR = 1e-3
+
 
 def _rdot(a: Any, b: Any) -> Any:
     """Re Σ conj(a)·b over all axes but the first → (b,)."""
@@ -45,8 +56,8 @@ class LSQML(Algorithm):
         core, xp = self.core, self.core.xp
         amp, _, loss = core.amplitude_residual(big, c)
         imod = xp.square(amp)
-        meas = xp.square(core.sqrt_data[c.idx])
-        xi = 1.0 - meas / (imod + core.eps**2)
+        meas = xp.square(core.frames.amplitudes(c.idx, c.didx))
+        xi = 1.0 - meas / (imod + np.float32(POISSON_FLOOR * core.mean_intensity))
         xi *= core.mask
         den = (xp.square(xi) * imod).sum(axis=(1, 2)) + 1e-30
         a = xp.full((len(c.idx),), 0.5, np.float32)
@@ -57,6 +68,11 @@ class LSQML(Algorithm):
         xi *= -a[:, None, None]
         big *= xi[:, None]
         return loss
+
+    @classmethod
+    def device_bytes(cls, params: Any, n: int, k: int, m: int) -> int:
+        # The batch's kept P_j, O_j and χ_j for the step-length systems.
+        return params.batch_size_for(n) * (2 * k + 1) * m * m * 8
 
     def fourier_constraint(self, big: Any, c: Chunk) -> Any:
         if self.params.noise_model == "poisson":
@@ -90,7 +106,7 @@ class LSQML(Algorithm):
         d_probe = d_probe_hat = None
         if upd_probe:
             pnum, pden = self.probe_sums(sums)
-            d_probe = core.probe_from_terms(pnum) / (pden + alpha * float(pden.max()))
+            d_probe = core.probe_from_terms(pnum) / (pden + alpha * be.scalar(pden.max()))
             d_probe = d_probe.astype(np.complex64)
             if core.subpixel:
                 d_probe_hat = core.spectrum(d_probe)
@@ -98,7 +114,7 @@ class LSQML(Algorithm):
         def systems(t: int, _part: np.ndarray) -> Any:
             rows = []
             for c, pd, oj, chi in sums[t].kept:
-                a_o = pd * be.gather(d_obj, c.iy, c.ix, m)[:, None] if upd_obj else None
+                a_o = pd * be.gather(d_obj, c.dy, c.dx, m)[:, None] if upd_obj else None
                 if upd_probe:
                     if c.ramp is None:
                         sp = d_probe[None]
@@ -117,7 +133,8 @@ class LSQML(Algorithm):
             return xp.concatenate(rows) if rows else None
 
         if upd_obj or upd_probe:
-            sys = np.concatenate([be.to_host(r) for r in core.map_list(systems, sw.parts)
+            # Solved on the device, in float64: no copy to the host inside the iteration.
+            sys = xp.concatenate([r for r in core.map_list(systems, sw.parts)
                                   if r is not None]).astype(np.float64)
             a11, a12, a22, b1, b2 = sys.T
             lam = 1e-6 * (a11 + a22) + 1e-30
@@ -130,9 +147,9 @@ class LSQML(Algorithm):
                 beta_p = b2 / (a22 + lam)
             damp = self.params.beta_value
             if upd_obj:
-                step = damp * float(np.mean(np.clip(beta_o, 0.0, None)))
+                step = damp * be.scalar(xp.mean(xp.maximum(beta_o, 0.0)))
                 core.obj[bb] += step * d_obj[bb]
             if upd_probe:
-                step = damp * float(np.mean(np.clip(beta_p, 0.0, None)))
+                step = damp * be.scalar(xp.mean(xp.maximum(beta_p, 0.0)))
                 core.probe += step * d_probe
                 core.probe_changed()

@@ -26,7 +26,8 @@ class PIEFamily(Algorithm):
 
     def object_step(self, num: Any, den: Any, den_max: float) -> Any:  # pragma: no cover
         """The object increment from Σconj(P)χ, Σ|P|² and its maximum (may overwrite
-        ``num``/``den``; in sparse mode ``den`` is the shared probe intensity — read only)."""
+        ``num``/``den``; in sparse mode ``den`` is the shared probe intensity — read only).
+        ``den_max`` is a :meth:`ArrayBackend.scalar`: a float, or a 0-d array on a GPU."""
         raise NotImplementedError
 
     def probe_step(self, num: Any, den: Any, den_max: float) -> Any:  # pragma: no cover
@@ -43,7 +44,7 @@ class PIEFamily(Algorithm):
         sw = super().begin_batch(idx, it)
         # Sparse batches step each window with the unshifted probe intensity and its max.
         self._pint = self.core.probe_intensity()
-        self._pmax = float(self._pint.max()) if self.sparse else 0.0
+        self._pmax = self.core.backend.scalar(self._pint.max()) if self.sparse else 0.0
         return sw
 
     def chunk_update(self, sw: Sweep, sums: PartSums, c: Chunk, pd: Any, oj: Any, big: Any,
@@ -52,7 +53,7 @@ class PIEFamily(Algorithm):
             core = self.core
             num = self.object_step(core.object_num(pd, chi, c), self._pint.copy(), self._pmax)
             num += oj
-            core.backend.scatter_set(core.obj, num, c.iy, c.ix)
+            core.backend.scatter_set(core.obj, num, c.dy, c.dx)
         super().chunk_update(sw, sums, c, pd, oj, big, chi)
 
     def update(self, sw: Sweep, sums: list[PartSums]) -> None:
@@ -63,5 +64,5 @@ class PIEFamily(Algorithm):
         if sw.update_probe:
             pnum, pden = self.probe_sums(sums)
             delta = core.probe_from_terms(pnum)
-            core.probe += self.probe_step(delta, pden, float(pden.max()))
+            core.probe += self.probe_step(delta, pden, core.backend.scalar(pden.max()))
             core.probe_changed()
