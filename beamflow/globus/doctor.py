@@ -10,6 +10,7 @@ are skipped rather than each waiting for the same timeout.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Literal
@@ -22,6 +23,7 @@ from beamflow.backend import BackendError
 from beamflow.config import Settings, environ_overrides, is_uuid
 from beamflow.globus import compute, transfer
 from beamflow.globus import flows as gflows
+from beamflow.globus import identity_mapping as idmap
 from beamflow.globus.auth import (
     INTERACTIVE,
     GlobusAuth,
@@ -77,7 +79,57 @@ def config_checks(settings: Settings) -> list[Check]:
     checks.append(
         Check(name="identity kind", outcome="ok", detail=f"{mode}; env overrides: {overridden}")
     )
+    checks.append(identity_mapping_check(settings))
     return checks
+
+
+def identity_mapping_check(settings: Settings) -> Check:
+    """Does the endpoint's identity mapping (a readable copy, ``cluster.identity_mapping``)
+    map the agent's client identity to a local account? Without it, every Reconstruct step
+    the agent starts is refused on a multi-user endpoint."""
+    name = "identity mapping"
+    path = settings.cluster.identity_mapping
+    client_id = settings.globus.client_id
+    if path is None:
+        return Check(
+            name=name,
+            outcome="skip",
+            detail="cluster.identity_mapping not set: the endpoint's mapping is not checked",
+            fix="point cluster.identity_mapping at a readable copy of the endpoint's "
+            "identity_mapping.json (deploy/compute-endpoint/<kind>/)",
+        )
+    if not settings.globus.client_secret or not is_uuid(client_id):
+        return Check(
+            name=name,
+            outcome="skip",
+            detail="no confidential client configured (the agent's identity is checked with "
+            "the agent's environment: BEAMFLOW_GLOBUS__CLIENT_ID and _CLIENT_SECRET)",
+        )
+    username = idmap.client_identity(client_id)
+    try:
+        accounts = idmap.mapped_accounts(path, username, client_id)
+    except idmap.MappingError as exc:
+        fix = "fix the file as the endpoint reads it (docs/deployment.md §4c)"
+        return Check(name=name, outcome="fail", detail=str(exc), fix=fix)
+    wanted = settings.cluster.service_account
+    rule = json.dumps(idmap.client_rule(client_id, wanted or "<service account>"))
+    if not accounts:
+        return Check(
+            name=name,
+            outcome="fail",
+            detail=f"{path} maps no local account to the agent's identity {username}: "
+            "the endpoint would refuse every run the agent starts",
+            fix=f"add the rule {rule} to the mappings in {path} (and on the endpoint)",
+        )
+    if wanted and accounts[0] != wanted:
+        return Check(
+            name=name,
+            outcome="fail",
+            detail=f"{path} maps {username} to {accounts[0]!r}, not the service account "
+            f"{wanted!r} (cluster.service_account)",
+            fix=f"put the rule {rule} first in the mappings of {path}",
+        )
+    return Check(name=name, outcome="ok", detail=f"{username} runs as {accounts[0]!r} ({path})")
 
 
 def run_checks(settings: Settings, *, network: NetworkPolicy = INTERACTIVE) -> list[Check]:
