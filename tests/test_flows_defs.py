@@ -100,7 +100,8 @@ def test_schemas_are_strict_json_schemas(name: str) -> None:
 
     for obj in objects(schema):
         assert obj["additionalProperties"] is False
-        assert obj["required"], obj.get("title")
+        # The endpoint's template variables are all optional ({}: the template's defaults).
+        assert obj["required"] or obj.get("title") == "Endpoint template variables", obj
 
 
 @pytest.mark.parametrize("name", ["ptycho_reconstruct", "ptycho_shared_fs"])
