@@ -30,6 +30,12 @@ from beamflow.globus.errors import globus_errors
 
 log = logging.getLogger(__name__)
 
+
+def refusal(name: str, check: gflows.ServiceValidation) -> str:
+    """Globus Flows' refusal of flows/NAME.json, every reason on its own line."""
+    reasons = "\n  ".join(check.problems)
+    return f"flows/{name}.json: Globus Flows refuses the definition:\n  {reasons}"
+
 BACKEND_NAME = "globus"
 
 
@@ -127,18 +133,26 @@ class GlobusBackend:
             self._require_login()
         client = self.flows_client if not dry_run else None
 
-        def create(name: str) -> str:
+        def accepted(name: str) -> globus_sdk.FlowsClient:
+            """The service's own validation first: its refusal, with its reasons, is
+            clearer than the one create/update would give."""
             assert client is not None
-            flow_id = gflows.create_flow(
+            check = gflows.validate_flow(
                 client, name, flow_files.load_definition(name), flow_files.load_schema(name)
             )
+            if not check.valid:
+                raise BackendError(refusal(name, check), step="register")
+            return client
+
+        def create(name: str) -> str:
+            flow_id = gflows.create_flow(accepted(name), name, flow_files.load_definition(name),
+                                         flow_files.load_schema(name))  # fmt: skip
             self.auth.add_flow(flow_id)
             return flow_id
 
         def update(name: str, flow_id: str) -> str:
-            assert client is not None
             return gflows.update_flow(
-                client,
+                accepted(name),
                 flow_id,
                 name,
                 flow_files.load_definition(name),
@@ -159,6 +173,13 @@ class GlobusBackend:
             )
         except reg.RegistryError as exc:
             raise BackendError(str(exc), step="register") from None
+
+    def validate_flow(
+        self, name: str, definition: dict[str, Any], input_schema: dict[str, Any] | None
+    ) -> gflows.ServiceValidation:
+        """What Globus Flows says of a definition (and schema), without deploying it."""
+        self._require_login()
+        return gflows.validate_flow(self.flows_client, name, definition, input_schema)
 
     # -- runs ----------------------------------------------------------------------------
     def flow_id(self, flow: str) -> str:

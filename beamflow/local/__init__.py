@@ -4,7 +4,7 @@ Compute action providers (one machine, no network). See :mod:`beamflow.local.bac
 The public API, all that code outside this package uses (tests/test_architecture.py checks
 it): ``LocalBackend`` (through ``beamflow.runs.get_backend``), and the offline flow tool of
 `beamflow flows validate|run` (:mod:`beamflow.local.flowtool`): ``check_flow``, ``run_flow``,
-``providers_for`` and ``FlowToolError``.
+``providers_for``, ``load_flow`` and ``FlowToolError``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from beamflow.local.flowtool import (
     FlowCheck,
     FlowToolError,
     check_flow,
+    load_flow,
     providers_for,
     run_flow,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "FlowToolError",
     "LocalBackend",
     "check_flow",
+    "load_flow",
     "providers_for",
     "run_flow",
 ]
