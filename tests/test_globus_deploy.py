@@ -275,7 +275,8 @@ def test_guide_covers_every_config_and_the_setup_steps():
         "beamflow login",
         "beamflow doctor",
         "systemd",
-        'pip install "beamflow[gpu]"',
+        "constraints-worker.txt",
+        "make dist",
         "user_config_template.yaml.j2",
         "--multi-user true",
     ):
