@@ -65,6 +65,14 @@ def endpoint_status(auth: GlobusAuth, endpoint_id: str) -> dict[str, Any]:
         return dict(client.get_endpoint_status(endpoint_id).data)
 
 
+def endpoint_metadata(auth: GlobusAuth, endpoint_id: str) -> dict[str, Any]:
+    """What the endpoint reported when it registered: ``endpoint_version`` (its
+    globus-compute-endpoint), ``python_version``, ``hostname``, ``local_user``..."""
+    client = auth.client(globus_sdk.ComputeClientV2)
+    with globus_errors(f"read Compute endpoint {endpoint_id}"):
+        return dict(client.get_endpoint(endpoint_id).data)
+
+
 def function_exists(auth: GlobusAuth, function_id: str) -> bool:
     """Whether the Compute service knows the function id (False on 404)."""
     client = auth.client(globus_sdk.ComputeClientV2)

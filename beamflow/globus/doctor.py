@@ -13,10 +13,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Literal
 
 import globus_sdk
-from pydantic import BaseModel
 
 from beamflow import registry as reg
 from beamflow.backend import BackendError
@@ -32,15 +30,7 @@ from beamflow.globus.auth import (
     expiry_warnings,
 )
 from beamflow.globus.errors import LoginRequired
-
-Outcome = Literal["ok", "warn", "fail", "skip"]
-
-
-class Check(BaseModel):
-    name: str
-    outcome: Outcome
-    detail: str
-    fix: str | None = None
+from beamflow.probe import Check
 
 
 def config_checks(settings: Settings) -> list[Check]:
