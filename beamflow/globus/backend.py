@@ -9,6 +9,7 @@ state of the flow's Transfer tasks attached to the transfer steps.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import globus_sdk
@@ -112,16 +113,7 @@ class GlobusBackend:
         def exists(function_id: str) -> bool:
             return compute.function_exists(self.auth, function_id)
 
-        try:
-            return reg.register_functions(
-                self.registry,
-                create=create,
-                update=update,
-                exists=None if dry_run else exists,
-                dry_run=dry_run,
-            )
-        except reg.RegistryError as exc:
-            raise BackendError(str(exc), step="register") from None
+        return self._register("function", create, update, exists, dry_run)
 
     def register_flows(self, *, dry_run: bool = False) -> list[RegistrationResult]:
         """Deploy each ``flows/NAME.json`` (with its schema) whose content changed, or that
@@ -163,14 +155,23 @@ class GlobusBackend:
             assert client is not None
             return gflows.flow_exists(client, flow_id)
 
+        return self._register("flow", create, update, exists, dry_run)
+
+    def _register(
+        self,
+        kind: reg.Kind,
+        create: Callable[[str], str],
+        update: Callable[[str, str], str | None],
+        exists: Callable[[str], bool],
+        dry_run: bool,
+    ) -> list[RegistrationResult]:
+        """The shared registry's decision for every shipped ``kind``, with this service's
+        calls; a dry run asks the service nothing (not even whether the items still exist)."""
         try:
-            return reg.register_flows(
-                self.registry,
-                create=create,
-                update=update,
-                exists=None if dry_run else exists,
-                dry_run=dry_run,
-            )
+            return reg.register_shipped(
+                self.registry, kind, create=create, update=update,
+                exists=None if dry_run else exists, dry_run=dry_run,
+            )  # fmt: skip
         except reg.RegistryError as exc:
             raise BackendError(str(exc), step="register") from None
 

@@ -15,7 +15,7 @@ from typing import Any
 import globus_sdk
 
 from beamflow.globus.auth import GlobusAuth
-from beamflow.globus.errors import BackendError, globus_errors
+from beamflow.globus.errors import BackendError, exists_on_service, globus_errors
 
 
 def function_source(function: Callable[..., Any]) -> str:
@@ -76,14 +76,8 @@ def endpoint_metadata(auth: GlobusAuth, endpoint_id: str) -> dict[str, Any]:
 def function_exists(auth: GlobusAuth, function_id: str) -> bool:
     """Whether the Compute service knows the function id (False on 404)."""
     client = auth.client(globus_sdk.ComputeClientV2)
-    with globus_errors(f"look up Compute function {function_id}"):
-        try:
-            client.get_function(function_id)
-        except globus_sdk.GlobusAPIError as exc:
-            if exc.http_status in (403, 404):
-                return False
-            raise
-    return True
+    return exists_on_service(f"look up Compute function {function_id}",
+                             lambda: client.get_function(function_id))  # fmt: skip
 
 
 def run_direct(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import globus_sdk
 
@@ -286,6 +287,31 @@ def _endpoint(auth: GlobusAuth, endpoint_id: str) -> Check:
     )
 
 
+class _Words(NamedTuple):
+    """What the doctor says of one kind of registered item."""
+
+    missing: str
+    present: str
+    gone: str
+    fix: str
+
+
+_REGISTERED = {
+    "function": _Words(
+        missing="not registered with Globus Compute",
+        present="{id}",
+        gone="{id} is not known to Globus Compute",
+        fix="run `beamflow register functions --backend globus`",
+    ),
+    "flow": _Words(
+        missing="not deployed to Globus Flows",
+        present="deployed: {id}",
+        gone="{id} is gone from Globus Flows (or not shared with you)",
+        fix="run `beamflow register flows --backend globus`, then `beamflow login`",
+    ),
+}
+
+
 def _registered_checks(
     auth: GlobusAuth,
     checks: list[Check],
@@ -293,52 +319,29 @@ def _registered_checks(
     flow_entries: dict[str, reg.Entry],
     function_entries: dict[str, reg.Entry],
 ) -> None:
-    for name in reg.function_names():
-        entry = function_entries.get(name)
-        if entry is None:
-            checks.append(
-                Check(
-                    name=f"function {name}",
-                    outcome="fail",
-                    detail="not registered with Globus Compute",
-                    fix="run `beamflow register functions --backend globus`",
-                )
-            )
-            continue
-
-        def function_check(name: str = name, fid: str = entry.id) -> Check:
-            if compute.function_exists(auth, fid):
-                return Check(name=f"function {name}", outcome="ok", detail=fid)
-            return Check(
-                name=f"function {name}",
-                outcome="fail",
-                detail=f"{fid} is not known to Globus Compute",
-                fix="run `beamflow register functions --backend globus`",
-            )
-
-        network_check(f"function {name}", function_check)
+    """Every shipped function and flow: registered here, and still on the service."""
     flows_client = auth.client(globus_sdk.FlowsClient)
-    for name in reg.flow_names():
-        entry = flow_entries.get(name)
-        if entry is None:
-            checks.append(
-                Check(
-                    name=f"flow {name}",
-                    outcome="fail",
-                    detail="not deployed to Globus Flows",
-                    fix="run `beamflow register flows --backend globus`, then `beamflow login`",
-                )
-            )
-            continue
+    kinds: list[tuple[str, list[str], dict[str, reg.Entry], Callable[[str], bool]]] = [
+        ("function", reg.function_names(), function_entries,
+         lambda fid: compute.function_exists(auth, fid)),
+        ("flow", reg.flow_names(), flow_entries,
+         lambda fid: gflows.flow_exists(flows_client, fid)),
+    ]  # fmt: skip
+    for kind, names, entries, exists in kinds:
+        words = _REGISTERED[kind]
+        for name in names:
+            label = f"{kind} {name}"
+            entry = entries.get(name)
+            if entry is None:
+                checks.append(Check(name=label, outcome="fail", detail=words.missing,
+                                    fix=words.fix))  # fmt: skip
+                continue
 
-        def flow_check(name: str = name, fid: str = entry.id) -> Check:
-            if gflows.flow_exists(flows_client, fid):
-                return Check(name=f"flow {name}", outcome="ok", detail=f"deployed: {fid}")
-            return Check(
-                name=f"flow {name}",
-                outcome="fail",
-                detail=f"{fid} is gone from Globus Flows (or not shared with you)",
-                fix="run `beamflow register flows --backend globus`, then `beamflow login`",
-            )
+            def on_service(label: str = label, fid: str = entry.id, exists=exists,  # noqa: ANN001
+                           words: _Words = words) -> Check:  # fmt: skip
+                if exists(fid):
+                    return Check(name=label, outcome="ok", detail=words.present.format(id=fid))
+                return Check(name=label, outcome="fail", detail=words.gone.format(id=fid),
+                             fix=words.fix)  # fmt: skip
 
-        network_check(f"flow {name}", flow_check)
+            network_check(label, on_service)

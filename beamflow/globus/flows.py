@@ -20,7 +20,7 @@ import globus_sdk
 from pydantic import BaseModel, Field
 
 from beamflow.backend import FlowRunInfo, StepInfo
-from beamflow.globus.errors import globus_errors
+from beamflow.globus.errors import exists_on_service, globus_errors
 from beamflow.registry import GoneOnService
 from beamflow.store import RunStatus
 
@@ -337,14 +337,8 @@ def service_problems(exc: globus_sdk.FlowsAPIError) -> list[str]:
 
 def flow_exists(client: globus_sdk.FlowsClient, flow_id: str) -> bool:
     """Whether the service still has the flow (False on 404 or 403: gone, or not ours)."""
-    with globus_errors(f"look up flow {flow_id} on Globus Flows"):
-        try:
-            client.get_flow(flow_id)
-        except globus_sdk.FlowsAPIError as exc:
-            if exc.http_status in (403, 404):
-                return False
-            raise
-    return True
+    return exists_on_service(f"look up flow {flow_id} on Globus Flows",
+                             lambda: client.get_flow(flow_id))  # fmt: skip
 
 
 def _subtitle(definition: Mapping[str, Any]) -> str:
