@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from endpoint_kit import DEPLOY, user_config
+from flow_kit import FUNCTION_ID, scan_workspace
 
 import flows
 from beamflow.config import ConfigError, load_config, local_workspace_toml
@@ -24,7 +25,6 @@ from beamflow.store import Store
 
 TRANSFER = "https://transfer.actions.globus.org/transfer"
 COMPUTE = "https://compute.actions.globus.org/v3"
-FUNCTION_ID = "44444444-4444-4444-8444-444444444444"
 PREVIEW = {"partition": "debug", "walltime": "00:20:00"}
 FINAL = {"partition": "gpu-long", "account": "ptycho_beam", "qos": "high", "walltime": "08:00:00"}
 
@@ -34,16 +34,9 @@ def _toml(table: dict[str, str]) -> str:
 
 
 @pytest.fixture
-def settings(tmp_path: Path, monkeypatch):  # noqa: ANN201
-    for key in [k for k in __import__("os").environ if k.startswith("BEAMFLOW_")]:
-        monkeypatch.delenv(key)
-    for sub in ("beamline/detector/s1", "beamline/previews", "hpc", "state"):
-        (tmp_path / sub).mkdir(parents=True)
-    (tmp_path / "beamline/detector/s1/s1_master.h5").write_bytes(b"")
-    config = tmp_path / "beamflow.toml"
-    config.write_text(local_workspace_toml() + "\n[cluster.preview]\n" + _toml(PREVIEW)
-                      + "\n[cluster.final]\n" + _toml(FINAL))  # fmt: skip
-    return load_config(config)
+def settings(tmp_path: Path):  # noqa: ANN201
+    return scan_workspace(tmp_path, "\n[cluster.preview]\n" + _toml(PREVIEW)
+                          + "\n[cluster.final]\n" + _toml(FINAL))  # fmt: skip
 
 
 def body_for(settings, flow: str, fraction: float | None) -> dict[str, Any]:  # noqa: ANN001
@@ -60,12 +53,8 @@ def test_previews_and_final_runs_get_their_own_resources(settings, flow: str) ->
     assert validate_input(body_for(settings, flow, 0.5), flows.load_schema(flow)) == []
 
 
-def test_nothing_configured_sends_an_empty_config(tmp_path: Path, monkeypatch) -> None:
-    (tmp_path / "beamline/detector/s1").mkdir(parents=True)
-    config = tmp_path / "beamflow.toml"
-    config.write_text(local_workspace_toml())
-    settings = load_config(config)
-    body = body_for(settings, "ptycho_reconstruct", 0.5)
+def test_nothing_configured_sends_an_empty_config(tmp_path: Path) -> None:
+    body = body_for(scan_workspace(tmp_path), "ptycho_reconstruct", 0.5)
     assert body["compute"]["user_endpoint_config"] == {}  # the template's defaults
     assert validate_input(body, flows.load_schema("ptycho_reconstruct")) == []
 

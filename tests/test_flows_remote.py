@@ -5,12 +5,11 @@ and show its messages; answered by globus-sdk's recorded responses."""
 from __future__ import annotations
 
 import json
-import os
 
 import globus_sdk
 import pytest
 from globus_sdk.testing import get_last_request, load_response
-from globus_testkit import NO_RETRY, make_settings, register, store_tokens, write_config
+from globus_testkit import NO_RETRY, globus_workspace, make_settings, register, store_tokens
 from typer.testing import CliRunner
 
 import flows
@@ -26,12 +25,7 @@ SCOPE = "urn:globus:auth:scope:transfer.api.globus.org:all"
 
 @pytest.fixture
 def workspace(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    for key in list(os.environ):
-        if key.startswith("BEAMFLOW_"):
-            monkeypatch.delenv(key)
-    write_config(tmp_path)
-    return tmp_path
+    return globus_workspace(tmp_path, monkeypatch)
 
 
 def cli(*args: str):

@@ -7,25 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from flow_kit import FUNCTION_ID, scan_workspace
 
 import flows
-from beamflow.config import load_config, local_workspace_toml
 from beamflow.local.interpreter import FlowRunner
 from beamflow.local.transfer import LocalTransferProvider
 from beamflow.runs import flow_input_for
 from functions.reconstruct import reconstruct
 
-FUNCTION_ID = "44444444-4444-4444-8444-444444444444"
-
 
 @pytest.fixture
 def settings(tmp_path: Path):  # noqa: ANN201
-    for sub in ("beamline/detector/s1", "beamline/previews", "hpc", "state"):
-        (tmp_path / sub).mkdir(parents=True)
-    (tmp_path / "beamline/detector/s1/s1_master.h5").write_bytes(b"raw")
-    config = tmp_path / "beamflow.toml"
-    config.write_text(local_workspace_toml())
-    return load_config(config)
+    return scan_workspace(tmp_path, master=b"raw")
 
 
 def no_preview_reconstruction(monkeypatch) -> None:  # noqa: ANN001
