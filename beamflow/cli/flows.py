@@ -1,7 +1,7 @@
 """`beamflow flows validate|run`: the offline flow tool, on the local backend's interpreter
 (its public API, ``beamflow.local``, imported inside the commands: it loads jsonschema and the
-interpreter, which no other command needs). `validate --remote` also asks Globus Flows, through
-the Globus backend."""
+interpreter, which no other command needs). `validate --remote` also asks Globus Flows (the
+public API of ``beamflow.globus``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from beamflow.cli.common import (
     JsonOption,
     console,
     fail,
-    open_backend,
     settings_from,
     warn,
 )
@@ -66,14 +65,12 @@ def flows_validate(
 
 def _service_accepts(file: Path, definition: Any, schema: Any, config: Path | None) -> bool:
     """Globus Flows' own validation of the definition; prints its messages."""
-    settings = settings_from(config)
-    backend = open_backend(settings, "globus")
+    from beamflow.globus import validate_with_service
+
     try:
-        check = backend.validate_flow(file.name, definition, schema)  # type: ignore[attr-defined]
+        check = validate_with_service(settings_from(config), file.name, definition, schema)
     except BackendError as exc:
         fail(str(exc))
-    finally:
-        backend.close()
     for problem in check.problems:
         print(f"Globus Flows: {problem}")
     if check.valid:

@@ -22,6 +22,7 @@ from beamflow.globus import compute, transfer
 from beamflow.globus import flows as gflows
 from beamflow.globus.auth import (
     AGENT,
+    INTERACTIVE,
     GlobusAuth,
     NetworkPolicy,
     data_access_collections,
@@ -252,3 +253,17 @@ class GlobusBackend:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def validate_with_service(
+    settings: Settings,
+    name: str,
+    definition: dict[str, Any],
+    input_schema: dict[str, Any] | None,
+    *,
+    network: NetworkPolicy = INTERACTIVE,
+) -> gflows.ServiceValidation:
+    """Globus Flows' verdict on a definition (`beamflow flows validate --remote`), as the
+    configured identity; raises :class:`LoginRequired` when nobody is logged in."""
+    with GlobusBackend(settings, network=network) as backend:
+        return backend.validate_flow(name, definition, input_schema)
