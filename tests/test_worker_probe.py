@@ -17,6 +17,7 @@ from pathlib import Path
 
 import globus_sdk
 import pytest
+from endpoint_kit import DEPLOY
 from globus_compute_sdk.serialize import ComputeSerializer
 from globus_sdk.testing import load_response
 from globus_testkit import make_settings, register, store_tokens
@@ -24,6 +25,7 @@ from typer.testing import CliRunner
 
 from beamflow import __version__
 from beamflow.cli import app
+from beamflow.config import load_config
 from beamflow.globus.probe import PROBE, probe_endpoint
 from beamflow.probe import Reference, WorkerReport, judge, probe_worker
 from beamflow.registry import Registry
@@ -126,18 +128,20 @@ def test_python_gpus_and_account() -> None:
 
 # -- Globus Compute, at the SDK boundary ----------------------------------------------------------
 
-def globus_setup(tmp_path: Path, *, endpoint_version: str = GCE):
+def globus_setup(tmp_path: Path, *, endpoint_version: str = GCE, resources: str = ""):
     meta = load_response(globus_sdk.ComputeClientV3.submit).metadata
     load_response(globus_sdk.ComputeClientV3.register_function)
     settings = make_settings(tmp_path)
     config = settings.source
     config.write_text(config.read_text().replace(settings.compute.endpoint_id,
-                                                 meta["endpoint_id"]))  # fmt: skip
-    settings.compute.endpoint_id = meta["endpoint_id"]
+                                                 meta["endpoint_id"]) + resources)  # fmt: skip
+    settings = load_config(config)
     store_tokens(settings)
+    schema = json.loads((DEPLOY / "slurm-gpu" / "user_config_schema.json").read_text())
     register("compute", f"/v2/endpoints/{meta['endpoint_id']}",
              {"uuid": meta["endpoint_id"], "endpoint_version": endpoint_version,
-              "python_version": platform.python_version(), "multi_user": True})  # fmt: skip
+              "python_version": platform.python_version(), "multi_user": True,
+              "user_config_schema": schema})  # fmt: skip
     # The worker's answer: this machine's real report, as the service hands results back.
     answer = probe_worker(str(settings.hpc.scratch_dir))
     register("compute", f"/v2/tasks/{meta['task_id']}",
@@ -204,3 +208,15 @@ def test_a_probe_that_never_answers_says_where_to_look(tmp_path: Path, monkeypat
     (probe,) = checks
     assert probe.outcome == "fail" and "no result within" in probe.detail
     assert "endpoint.log" in probe.fix
+
+
+@pytest.mark.usefixtures("mocked")
+def test_resources_the_endpoint_template_refuses_fail_the_probe(tmp_path: Path) -> None:
+    settings, _config, _meta = globus_setup(
+        tmp_path, resources='\n[cluster.preview]\nqueue = "debug"\n'
+        '[cluster.final]\npartition = "long"\nwalltime = "08:00:00"\n')  # fmt: skip
+    checks = by_name(probe_endpoint(settings, timeout=5, poll_seconds=0))
+    preview = checks["cluster.preview"]  # a PBS variable sent to a Slurm endpoint
+    assert preview.outcome == "fail" and "'queue'" in preview.detail
+    assert "partition" in preview.fix and "walltime" in preview.fix
+    assert checks["cluster.final"].outcome == "ok"

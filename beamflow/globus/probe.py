@@ -82,4 +82,33 @@ def probe_endpoint(
     )
     ran = Check(name="worker probe", outcome="ok",
                 detail=f"ran on {report.host} through endpoint {endpoint}")  # fmt: skip
-    return [ran, *judge(report, reference)]
+    return [ran, *judge(report, reference), *resources_checks(settings, about)]
+
+
+def resources_checks(settings: Settings, about: dict) -> list[Check]:
+    """``[cluster.preview]`` and ``[cluster.final]`` against the template schema the endpoint
+    published: a variable it does not take fails every such run at Reconstruct."""
+    import jsonschema
+
+    schema = about.get("user_config_schema")
+    checks = []
+    for kind in ("preview", "final"):
+        config = getattr(settings.cluster, kind).endpoint_config()
+        name = f"cluster.{kind}"
+        if not config:
+            continue
+        if not isinstance(schema, dict) or not schema:
+            checks.append(Check(name=name, outcome="warn", detail=f"{config}: the endpoint "
+                                "published no template schema to check them against"))  # fmt: skip
+            continue
+        problems = [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(config)]
+        if problems:
+            allowed = ", ".join(sorted(schema.get("properties", {}))) or "none"
+            checks.append(Check(
+                name=name, outcome="fail",
+                detail=f"the endpoint's template refuses {config}: {'; '.join(problems)}",
+                fix=f"use only variables its user_config_schema.json allows ({allowed})",
+            ))  # fmt: skip
+        else:
+            checks.append(Check(name=name, outcome="ok", detail=f"{config} fit the template"))
+    return checks
