@@ -369,7 +369,8 @@ def run_direct(
                            result={"run_name": run_name, "input": body, "direct": True})
     store.record_step(run.id, "Reconstruct", "ACTIVE", started_at=started)
     try:
-        summary = submit("reconstruct", kwargs, timeout=timeout)
+        summary = submit("reconstruct", kwargs, timeout=timeout,
+                         user_endpoint_config=compute["user_endpoint_config"])
     except BackendError as exc:
         store.record_step(run.id, "Reconstruct", "FAILED", finished_at=time.time())
         return store.update_run(run.id, status=RunStatus.FAILED, error=str(exc),

@@ -232,9 +232,15 @@ class GlobusBackend:
         gflows.resume_run(self._flow_client(flow_id), backend_run_id)
 
     def run_direct(
-        self, function: str, kwargs: dict[str, Any], *, timeout: float | None = None
+        self,
+        function: str,
+        kwargs: dict[str, Any],
+        *,
+        timeout: float | None = None,
+        user_endpoint_config: dict[str, Any] | None = None,
     ) -> Any:
-        """Run a registered function on the configured endpoint without a flow."""
+        """Run a registered function on the configured endpoint without a flow (with the
+        run's resources as the endpoint template's variables)."""
         self._require_login()
         try:
             function_id = self.registry.require_id("function", function)
@@ -243,7 +249,8 @@ class GlobusBackend:
         endpoint = self.settings.compute.endpoint_id
         if not endpoint:
             raise BackendError("compute.endpoint_id is not set in beamflow.toml", step="compute")
-        return compute.run_direct(self.auth, endpoint, function_id, kwargs, timeout=timeout)
+        return compute.run_direct(self.auth, endpoint, function_id, kwargs, timeout=timeout,
+                                  user_endpoint_config=user_endpoint_config)  # fmt: skip
 
     def close(self) -> None:
         self.auth.close()

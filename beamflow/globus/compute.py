@@ -88,6 +88,7 @@ def run_direct(
     *,
     timeout: float | None = None,
     poll_seconds: float = 5.0,
+    user_endpoint_config: dict[str, Any] | None = None,
 ) -> Any:
     """Run a registered function on the endpoint without a flow (no transfers) and wait for
     its result.
@@ -101,7 +102,7 @@ def run_direct(
     try:
         with globus_errors(action, step="compute"):
             return _submit_and_wait(client, endpoint_id, function_id, kwargs, timeout,
-                                    poll_seconds)  # fmt: skip
+                                    poll_seconds, user_endpoint_config)  # fmt: skip
     except TaskExecutionFailed as exc:  # the function raised on the endpoint
         raise BackendError(
             f"the function failed on endpoint {endpoint_id}: {exc}", step="compute"
@@ -115,9 +116,11 @@ def _submit_and_wait(
     kwargs: dict[str, Any],
     timeout: float | None,
     poll_seconds: float,
+    user_endpoint_config: dict[str, Any] | None = None,
 ) -> Any:
-    """Submit one task and poll it until it is no longer pending (or ``timeout``)."""
-    batch = client.create_batch()
+    """Submit one task and poll it until it is no longer pending (or ``timeout``); the
+    endpoint renders its template with ``user_endpoint_config`` (None or {}: its defaults)."""
+    batch = client.create_batch(user_endpoint_config=user_endpoint_config or None)
     batch.add(function_id, kwargs=kwargs)
     submitted = client.batch_run(endpoint_id, batch)
     task_id = submitted["tasks"][function_id][0]
