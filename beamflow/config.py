@@ -460,6 +460,15 @@ host = "127.0.0.1"
 port = 8765
 # token: set BEAMFLOW_STATUS__TOKEN before using --host 0.0.0.0; off loopback, viewing
 # needs it too unless public_viewing = true (unpublished data: think twice)
+
+[cluster]
+# identity_mapping = "/srv/beamflow/identity_mapping.json"  # a copy of the endpoint's: doctor
+# service_account = "beamflow"                               # checks the agent is mapped to it
+# [cluster.preview]                    # batch jobs of progressive runs (Slurm: partition, qos;
+# partition = "debug"                  # PBS Pro: queue; both: account, walltime)
+# walltime = "00:20:00"
+# [cluster.final]                      # batch jobs of whole-scan runs
+# walltime = "08:00:00"
 """
 
 
