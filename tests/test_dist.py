@@ -109,7 +109,8 @@ SHIPPED = ROOT / "deploy" / "constraints-worker.txt"
 
 def test_the_constraints_pin_what_the_tests_run_with() -> None:
     """Regenerate with `make constraints` when the environment changes."""
-    assert SHIPPED.read_text() == constraints_text(runtime_pins(extras=("gpu",)))
+    expected = constraints_text(runtime_pins(extras=("gpu",)))
+    assert SHIPPED.read_text() == expected, "run `make constraints` and commit the file"
 
 
 def test_the_constraints_pin_every_runtime_dependency_within_pyproject() -> None:
@@ -118,7 +119,7 @@ def test_the_constraints_pin_every_runtime_dependency_within_pyproject() -> None
     for text in project["dependencies"]:
         req = Requirement(text)
         name = req.name.lower()
-        assert name in pins, f"{name} is not pinned"
+        assert name in pins, f"{name} is not pinned: run `make constraints`"
         assert req.specifier.contains(pins[name], prereleases=True), (text, pins[name])
     for name in ("parsl", "globus-compute-endpoint", "globus-compute-sdk", "pyzmq", "dill"):
         assert name in pins, name  # what must match between the endpoint and its workers
