@@ -196,6 +196,48 @@ class Status(_Section):
         )
 
 
+# Endpoint template variables a run may set: the same patterns as the templates' schemas
+# (deploy/compute-endpoint/*/user_config_schema.json), so the endpoint never refuses them.
+_SCHEDULER_NAME = r"^[A-Za-z0-9_.+-]{1,64}$"
+_WALLTIME = r"^([0-9]{1,2}-)?[0-9]{1,3}:[0-5][0-9]:[0-5][0-9]$"
+
+
+class RunResources(_Section):
+    """Where one kind of run's batch job goes: Globus Compute's ``user_endpoint_config`` of
+    the Reconstruct step. Unset keys keep the endpoint template's defaults. Slurm templates
+    take ``partition`` and ``qos``, PBS Pro templates ``queue``; both ``account`` and
+    ``walltime``."""
+
+    account: str | None = Field(default=None, pattern=_SCHEDULER_NAME)
+    partition: str | None = Field(default=None, pattern=_SCHEDULER_NAME)
+    qos: str | None = Field(default=None, pattern=_SCHEDULER_NAME)
+    queue: str | None = Field(default=None, pattern=_SCHEDULER_NAME)
+    walltime: str | None = Field(default=None, pattern=_WALLTIME, description="[D-]HH:MM:SS")
+
+    def endpoint_config(self) -> dict[str, str]:
+        return self.model_dump(exclude_none=True)
+
+
+class Cluster(_Section):
+    """The cluster's Compute endpoint as the beamline sees it: per-run resources, and the
+    identity mapping `beamflow doctor` checks the agent's client identity against."""
+
+    identity_mapping: Path | None = Field(
+        default=None,
+        description="a readable copy of the endpoint's identity_mapping.json (doctor checks "
+        "that the confidential client's identity is mapped)",
+    )
+    service_account: str | None = Field(
+        default=None, description="the local account the client identity should map to"
+    )
+    preview: RunResources = Field(
+        default_factory=RunResources, description="progressive runs (part of a scan)"
+    )
+    final: RunResources = Field(
+        default_factory=RunResources, description="runs of the whole scan"
+    )
+
+
 class Settings(BaseSettings):
     """Everything beamflow is configured with. Load it with :func:`load_config`."""
 
@@ -212,6 +254,7 @@ class Settings(BaseSettings):
     reconstruction: Reconstruction = Field(default_factory=Reconstruction)
     agent: Agent = Field(default_factory=Agent)
     status: Status = Field(default_factory=Status)
+    cluster: Cluster = Field(default_factory=Cluster)
 
     # Where the settings came from; not a setting.
     source: Path | None = Field(default=None, exclude=True)
@@ -297,7 +340,8 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
         return p if p.is_absolute() else (base / p)
 
     settings.state_dir = absolute(settings.state_dir)
-    for section in (settings.beamline, settings.hpc, settings.globus, settings.compute):
+    for section in (settings.beamline, settings.hpc, settings.globus, settings.compute,
+                    settings.cluster):
         for name, field in type(section).model_fields.items():
             value = getattr(section, name)
             if isinstance(value, Path) or (value is None and "Path" in str(field.annotation)):
@@ -420,6 +464,15 @@ host = "127.0.0.1"
 port = 8765
 # token: set BEAMFLOW_STATUS__TOKEN before using --host 0.0.0.0; off loopback, viewing
 # needs it too unless public_viewing = true (unpublished data: think twice)
+
+[cluster]
+# identity_mapping = "/srv/beamflow/identity_mapping.json"  # a copy of the endpoint's: doctor
+# service_account = "beamflow"                               # checks the agent is mapped to it
+# [cluster.preview]                    # batch jobs of progressive runs (Slurm: partition, qos;
+# partition = "debug"                  # PBS Pro: queue; both: account, walltime)
+# walltime = "00:20:00"
+# [cluster.final]                      # batch jobs of whole-scan runs
+# walltime = "08:00:00"
 """
 
 

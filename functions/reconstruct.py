@@ -159,7 +159,9 @@ def reconstruct(
         with contextlib.suppress(OSError):  # progress is a courtesy; the reconstruction goes on
             atomic_write_json(progress_file, record, durable=False)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    # The flow's results transfer copies previews/ recursively: it must exist (empty when no
+    # preview could be drawn) or the whole run would fail at its last step.
+    (out_dir / "previews").mkdir(parents=True, exist_ok=True)
     started = time.time()
     try:
         summary = run_reconstruction(job, progress)
