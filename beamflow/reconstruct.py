@@ -63,6 +63,7 @@ from beamflow.reconstruct_job import (
     ReconstructSummary,
     check_out_dir,
     plain_words,
+    settings_used,
 )
 from beamflow.reconstruct_resume import (
     LoadedData,
@@ -476,6 +477,7 @@ def _finish(job: ReconstructJob, inputs: _Inputs, start: _Start, given: _EngineI
         verdict=verdict.verdict,
         verdict_reasons=verdict.reasons,
         verdict_metrics=verdict.metrics,
+        parameters=settings_used(inputs.params, inputs.n),
     )
 
 
@@ -504,7 +506,8 @@ def _write_product(job: ReconstructJob, inputs: _Inputs, start: _Start, final: R
     write_product(product_path, Product(
         name=job.name or scan.name,
         comments=f"beamflow {inputs.params.algorithm}, {final.iteration} iterations, {n} "
-                 f"frames, initial probe from {start.initial_probe}",
+                 f"frames, initial probe from {start.initial_probe}; settings: "
+                 + ", ".join(f"{k}={v}" for k, v in settings_used(inputs.params, n).items()),
         detector_object_distance_m=scan.geometry.distance_m,
         photon_energy_eV=scan.geometry.energy_eV,
         probe_photon_count=float(np.sum(np.abs(final.probe) ** 2)),

@@ -206,6 +206,7 @@ def reconstruct(
             "focus_distance_m": data.get("focus_distance_m"),
             "verdict": data.get("verdict"),
             "verdict_reasons": data.get("verdict_reasons") or [],
+            "parameters": data.get("parameters") or {},
         }
 
     request = checked_request()

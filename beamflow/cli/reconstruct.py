@@ -3,13 +3,18 @@ verified checkpoint)."""
 
 from __future__ import annotations
 
+import enum
+import inspect
 import json
 import logging
+import types
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Literal, get_args, get_origin
 
+import annotated_types
 import typer
 from pydantic import ValidationError
+from pydantic.fields import FieldInfo
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -20,6 +25,7 @@ from rich.progress import (
 )
 
 from beamflow.cli.common import ConfigOption, console, err_console, fail, settings_from
+from beamflow.config import ENGINE_SETTINGS, RENAMED_SETTINGS, Reconstruction
 from beamflow.validation_text import validation_text
 
 
@@ -30,20 +36,10 @@ def reconstruct(
     out: Annotated[
         Path, typer.Option("--out", "-o", help="Output directory (product, previews, checkpoints).")
     ] = ...,  # type: ignore[assignment]
-    algorithm: Annotated[
-        str | None, typer.Option(help="rpie, epie, dm or lsqml (default: config).")
-    ] = None,
-    iterations: Annotated[
-        int | None,
-        typer.Option(min=0, help="Iterations over the current frames (default: config)."),
-    ] = None,
-    batch: Annotated[int | None, typer.Option(min=1, help="Positions per mini-batch.")] = None,
-    probe_modes: Annotated[int | None, typer.Option(min=1, help="Incoherent probe modes.")] = None,
     probe: Annotated[
         Path | None, typer.Option(help="Initial probe: .npy (complex) or a product .h5.")
     ] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: config).")] = None,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of the batch order.")] = 0,
     propagation: Annotated[
         str | None,
         typer.Option(help="far-field or near-field (default: the scan file's, else config, "
@@ -78,11 +74,13 @@ def reconstruct(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line (summary).")] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "WARNING",
     config: ConfigOption = None,
+    **engine: Any,
 ) -> None:
     """Reconstruct a scan: DIR/product.h5, DIR/previews/*.png, DIR/checkpoints/.
 
     A compatible checkpoint in DIR is resumed (also with more frames of the same scan); an
     incompatible one is refused unless --no-resume. SIGTERM saves a checkpoint and exits.
+    The engine's settings default to [reconstruction] in beamflow.toml (same names).
     """
     from beamflow.checkpoint import IncompatibleCheckpoint
     from beamflow.formats import ScanFormatError
@@ -94,12 +92,12 @@ def reconstruct(
     settings = settings_from(config)
     rc = settings.reconstruction
     node_local = settings.hpc.node_local_dir
+    # The engine's settings: those given here, else [reconstruction]'s.
+    given = {name: value.value if isinstance(value, enum.Enum) else value
+             for name, value in engine.items() if value is not None}
     try:
         job = ReconstructJob(
-            scan=scan, out=out, algorithm=algorithm or rc.algorithm,
-            iterations=rc.iterations if iterations is None else iterations,
-            batch=batch if batch is not None else rc.batch,
-            probe_modes=probe_modes or rc.probe_modes, seed=seed, probe=probe,
+            scan=scan, out=out, **{**rc.engine_settings(), **given}, probe=probe,
             device=device or rc.device,
             checkpoint_every=rc.checkpoint_every if checkpoint_every is None else checkpoint_every,
             checkpoint_seconds=checkpoint_seconds, l1_dir=l1_dir or node_local, resume=resume,
@@ -162,6 +160,49 @@ def reconstruct(
     for e in summary.checkpoint_errors[:3]:
         err_console.print(f"[yellow]warning:[/] {e}", highlight=False)
 
+
+
+# --------------------------------------------------------------------------- engine options
+
+
+def _engine_option(name: str, field: FieldInfo) -> inspect.Parameter:
+    """``--NAME`` for one engine setting, from its field: the type, the choices, the limits
+    and the help; None (the default) leaves it to [reconstruction]."""
+    flag = "--" + name.replace("_", "-")
+    kind = field.annotation
+    if isinstance(kind, types.UnionType) or get_origin(kind) is not None and \
+            get_origin(kind) is not Literal:
+        kind = next(a for a in get_args(kind) if a is not type(None))
+    about = (field.description or "").replace("None:", "unset:")
+    options: dict[str, Any] = {"help": f"{about} [config: {name}]"}
+    decls = [flag, *(f"--{old}" for old, new in RENAMED_SETTINGS.items() if new == name)]
+    if get_origin(kind) is Literal:  # typer's choices are an Enum's values
+        kind = enum.Enum(name, [(str(v), str(v)) for v in get_args(kind)], type=str)
+    elif kind is bool:
+        decls = [f"{flag}/--no-{flag[2:]}"]
+    for limit in field.metadata:
+        if isinstance(limit, annotated_types.Ge):
+            options["min"] = limit.ge
+        elif isinstance(limit, annotated_types.Le):
+            options["max"] = limit.le
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=Annotated[kind | None, typer.Option(*decls, **options)])
+
+
+def _with_engine_options(command: Any) -> Any:
+    """``command`` with one option per engine setting (:data:`ENGINE_SETTINGS`), placed
+    after --out; they arrive in its ``**engine``."""
+    signature = inspect.signature(command, eval_str=True)
+    fixed = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    at = [p.name for p in fixed].index("out") + 1
+    fields = Reconstruction.model_fields
+    added = [_engine_option(name, fields[name]) for name in ENGINE_SETTINGS]
+    keyword = [p.replace(kind=p.KEYWORD_ONLY) for p in fixed]
+    command.__signature__ = signature.replace(parameters=[*keyword[:at], *added, *keyword[at:]])
+    return command
+
+
+reconstruct = _with_engine_options(reconstruct)
 
 def previews(
     checkpoints: Annotated[
