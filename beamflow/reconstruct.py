@@ -52,7 +52,7 @@ from beamflow.ptycho.engine import Reconstructor, initial_state, mean_pattern
 from beamflow.ptycho.propagation import Propagation, near_field_geometry
 from beamflow.ptycho.scan_geometry import ScanFrame, scan_extent
 from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
-from beamflow.ptycho.verdict import DataRegime, Verdict, judge, measure_data
+from beamflow.ptycho.verdict import DataRegime, Verdict, judge, measure_data, regime_findings
 from beamflow.reconstruct_job import (
     PROBE_FROM_DATA,
     PROBE_FROM_FILE,
@@ -62,6 +62,7 @@ from beamflow.reconstruct_job import (
     ReconstructJob,
     ReconstructSummary,
     check_out_dir,
+    length_text,
     plain_words,
     settings_used,
 )
@@ -101,7 +102,13 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
     inputs = _load(job)
     start = _starting_point(job, inputs)
     engine_input = _prepare(job, inputs, start)
-    result = _iterate(job, inputs, start, engine_input, progress, live)
+    try:
+        result = _iterate(job, inputs, start, engine_input, progress, live)
+    except FloatingPointError as e:  # diverged: say what the data and geometry suggest
+        causes = regime_findings(inputs.propagation, engine_input.regime) + inputs.notes
+        if not causes:
+            raise
+        raise FloatingPointError(" ".join([str(e) + ".", *causes])) from e
     return _finish(job, inputs, start, engine_input, result, t_start)
 
 
@@ -116,6 +123,8 @@ class _Inputs:
     params: ReconParams  # the job's, with the propagation model of this scan's geometry
     focus_distance_m: float | None
     loaded: LoadedData | None
+    #: what the geometry asks the user to check (said with any failure and a suspect result)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def propagation(self) -> Propagation:
@@ -135,7 +144,8 @@ def _load(job: ReconstructJob) -> _Inputs:
     propagation, focus_distance = _propagation(job, scan)
     params = job.params.model_copy(update={"propagation": propagation})
     return _Inputs(scan=scan, params=params, focus_distance_m=focus_distance,
-                   loaded=LoadedData(scan, _read_frames(scan)))
+                   loaded=LoadedData(scan, _read_frames(scan)),
+                   notes=_geometry_notes(scan, propagation, focus_distance))
 
 
 def _read_frames(scan: Scan) -> np.ndarray:
@@ -162,10 +172,26 @@ def _propagation(job: ReconstructJob, scan: Scan) -> tuple[Propagation, float | 
         return Propagation(), None
     focus = job.focus_distance_m or scan.focus_distance_m
     dx, z_eff, mag = near_field_geometry(g.detector_pixel_size_m, g.distance_m, focus)
-    log.info("near field: %s, magnification %.4g, object pixel %.4g nm, effective distance "
-             "%.4g mm", "cone beam" if focus else "parallel beam", mag, dx * 1e9, z_eff * 1e3)
+    log.info("near field: %s, magnification %.4g, object pixel %s, effective distance %s",
+             "cone beam" if focus else "parallel beam", mag, length_text(dx),
+             length_text(z_eff))
     return Propagation(model="near-field", wavelength_m=g.wavelength_m, distance_m=z_eff,
                        pixel_size_m=dx), focus
+
+
+def _geometry_notes(scan: Scan, propagation: Propagation, focus: float | None) -> list[str]:
+    """What the user should check of the geometry: a near field without a focus distance
+    reconstructs at the detector's pixel, right only for a parallel beam."""
+    if not propagation.near_field or focus is not None:
+        return []
+    pixel = length_text(scan.geometry.detector_pixel_size_m)
+    note = (f"Near field without a focus distance: the object pixel is the detector pixel "
+            f"({pixel}), as for a parallel beam. If a zone plate or mirrors focus the beam "
+            "before the sample, give --focus-distance (focus-to-sample, in metres): the cone "
+            "beam magnifies the sample (z1 + z2)/z1 times onto the detector, and the object "
+            "pixel is the detector pixel divided by that.")
+    log.warning("%s: %s", scan.source, note)
+    return [note]
 
 
 # --------------------------------------------------------------------------- 2. start
@@ -442,15 +468,16 @@ def _finish(job: ReconstructJob, inputs: _Inputs, start: _Start, given: _EngineI
             run: _Iterated, t_start: float) -> ReconstructSummary:
     """Previews, the verdict and the product of the final state; the summary."""
     final, scan = run.final, inputs.scan
-    previews = dict(run.live_previews)
-    previews.update(_final_previews(job, inputs, start.frame, given.extent, final))
     verdict = judge(obj=final.object, probe=final.probe, positions_px=final.positions_px,
                     loss_history=final.loss_history, propagation=inputs.propagation,
                     data=given.regime)
     if verdict.verdict == "suspect":
+        verdict.reasons += inputs.notes
         log.warning("%s: the result is SUSPECT: %s", scan.source, " ".join(verdict.reasons))
     else:
         log.info("%s: the result is trusted", scan.source)
+    previews = dict(run.live_previews)
+    previews.update(_final_previews(job, inputs, start.frame, given.extent, final))
     product_path = _write_product(job, inputs, start, final, verdict)
     times = run.times
     return ReconstructSummary(
@@ -477,6 +504,7 @@ def _finish(job: ReconstructJob, inputs: _Inputs, start: _Start, given: _EngineI
         verdict=verdict.verdict,
         verdict_reasons=verdict.reasons,
         verdict_metrics=verdict.metrics,
+        notes=inputs.notes,
         parameters=settings_used(inputs.params, inputs.n),
     )
 

@@ -58,6 +58,15 @@ def plain_words(message: str) -> str:
     return message
 
 
+def length_text(metres: float) -> str:
+    """A length in the unit a person reads it in: ``12 nm``, ``55 µm``, ``3.65 mm``, ``1.12 m``."""
+    for unit, scale in (("nm", 1e-9), ("µm", 1e-6), ("mm", 1e-3)):
+        shown = f"{metres / scale:.3g}"
+        if abs(float(shown)) < 1000:  # as shown: 999.7 nm reads "1 µm", not "1e+03 nm"
+            return f"{shown} {unit}"
+    return f"{metres:.3g} m"
+
+
 def check_out_dir(out: Path) -> None:
     """Refuse an output path that cannot become a directory, naming it, before any work."""
     out = Path(out)
@@ -253,6 +262,9 @@ class ReconstructSummary(BaseModel):
                                        "trusted)")
     verdict_metrics: dict[str, float | None] = Field(
         description="the numbers the verdict was computed from")
+    notes: list[str] = Field(
+        default_factory=list, description="what the geometry asks the user to check (e.g. "
+        "near field without a focus distance)")
     parameters: dict[str, Any] = Field(
         default_factory=dict, description="the engine's settings this run used, the "
         "algorithm's defaults resolved (alpha, beta, batch_size, center_probe)")

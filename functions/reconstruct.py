@@ -206,6 +206,7 @@ def reconstruct(
             "focus_distance_m": data.get("focus_distance_m"),
             "verdict": data.get("verdict"),
             "verdict_reasons": data.get("verdict_reasons") or [],
+            "notes": data.get("notes") or [],
             "parameters": data.get("parameters") or {},
         }
 

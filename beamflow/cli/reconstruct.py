@@ -9,7 +9,7 @@ import json
 import logging
 import types
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
 
 import annotated_types
 import typer
@@ -27,6 +27,9 @@ from rich.progress import (
 from beamflow.cli.common import ConfigOption, console, err_console, fail, settings_from
 from beamflow.config import ENGINE_SETTINGS, RENAMED_SETTINGS, Reconstruction
 from beamflow.validation_text import validation_text
+
+if TYPE_CHECKING:
+    from beamflow.reconstruct_job import ReconstructSummary
 
 
 def reconstruct(
@@ -71,6 +74,10 @@ def reconstruct(
     preview_every: Annotated[
         int | None, typer.Option(min=0, help="Refresh previews every N iterations (0: at end).")
     ] = None,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Exit with status 2 when the result is suspect "
+                                            "(the product is still written).")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line (summary).")] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "WARNING",
     config: ConfigOption = None,
@@ -137,7 +144,15 @@ def reconstruct(
             bar.stop()
     if as_json:
         print(json.dumps(summary.model_dump(mode="json")))
-        return
+    else:
+        _print_summary(scan, summary)
+    if strict and summary.verdict == "suspect":
+        raise typer.Exit(2)
+
+
+def _print_summary(scan: Path, summary: ReconstructSummary) -> None:
+    from beamflow.reconstruct_job import length_text
+
     spi = summary.seconds_per_iteration
     resumed = summary.resumed_from_iteration
     console.print(f"[green]reconstructed[/] {scan} ({summary.n_frames} frames) on {summary.device}")
@@ -147,7 +162,10 @@ def reconstruct(
     if summary.final_loss is not None:
         console.print(f"  final loss  {summary.final_loss:.4g}")
     console.print(f"  model       {summary.propagation}, object pixel "
-                  f"{summary.object_pixel_size_m * 1e9:.4g} nm")
+                  f"{length_text(summary.object_pixel_size_m)}")
+    for note in summary.notes:
+        if note not in summary.verdict_reasons:  # a suspect result lists it below
+            console.print(f"  [yellow]note[/]        {note}", highlight=False)
     if summary.verdict == "trusted":
         console.print("  verdict     [green]trusted[/]")
     else:
@@ -159,7 +177,6 @@ def reconstruct(
         console.print(f"  preview     {p}")
     for e in summary.checkpoint_errors[:3]:
         err_console.print(f"[yellow]warning:[/] {e}", highlight=False)
-
 
 
 # --------------------------------------------------------------------------- engine options
