@@ -434,7 +434,8 @@ def _iterate(job: ReconstructJob, inputs: _Inputs, start: _Start, given: _Engine
                     st = snapshot()  # the checkpoint's, when one is due now too
                     live.submit(st.object, st.probe, st.loss_history, inputs.title(it),
                                 frame.pixel_size_m, scan_extent_px=given.extent,
-                                positions_px=st.positions_px)
+                                positions_px=st.positions_px,
+                                noise_floor=given.regime.noise_floor)
                     last_preview[0] = time.monotonic()
                 if progress is not None:
                     progress(it, target, float(info["loss"]))
@@ -477,7 +478,8 @@ def _finish(job: ReconstructJob, inputs: _Inputs, start: _Start, given: _EngineI
     else:
         log.info("%s: the result is trusted", scan.source)
     previews = dict(run.live_previews)
-    previews.update(_final_previews(job, inputs, start.frame, given.extent, final))
+    previews.update(_final_previews(job, inputs, start.frame, given, final,
+                                    suspect=verdict.verdict == "suspect"))
     product_path = _write_product(job, inputs, start, final, verdict)
     times = run.times
     return ReconstructSummary(
@@ -510,15 +512,17 @@ def _finish(job: ReconstructJob, inputs: _Inputs, start: _Start, given: _EngineI
 
 
 def _final_previews(job: ReconstructJob, inputs: _Inputs, frame: ScanFrame,
-                    extent: tuple[int, int, int, int], final: ReconState) -> dict[str, Path]:
-    """The previews of the final state (none of a diverged one: it is reported instead)."""
+                    given: _EngineInput, final: ReconState, suspect: bool) -> dict[str, Path]:
+    """The previews of the final state, marked SUSPECT when the verdict is (none of a
+    diverged state: it is reported instead)."""
     from beamflow.ptycho.previews import write_previews
 
     try:
         return write_previews(
             job.out / "previews", final.object, final.probe, frame.pixel_size_m,
-            final.loss_history, scan_extent_px=extent,
-            title=inputs.title(final.iteration), positions_px=final.positions_px)
+            final.loss_history, scan_extent_px=given.extent,
+            title=inputs.title(final.iteration), positions_px=final.positions_px,
+            noise_floor=given.regime.noise_floor, suspect=suspect)
     except ValueError as e:  # a diverged state: report, do not draw it
         log.warning("previews not written: %s", e)
         return {}

@@ -132,6 +132,10 @@ def test_strict_exits_2_on_a_suspect_result_and_still_writes_the_product(hologra
     summary = json.loads(strict.output.strip().splitlines()[-1])
     assert summary["verdict"] == "suspect"
     assert read_product(tmp_path / "b" / "product.h5").verdict == "suspect"
+    # ... and every preview of it says so in its title
+    assert len(summary["previews"]) == 5
+    for path in summary["previews"]:
+        assert _png_text(Path(path))["Title"].startswith("SUSPECT"), path
 
 
 def test_strict_exits_0_on_a_trusted_result(holograms, tmp_path):
@@ -143,3 +147,14 @@ def test_strict_exits_0_on_a_trusted_result(holograms, tmp_path):
     summary = json.loads(result.output.strip().splitlines()[-1])
     assert summary["verdict"] == "trusted", summary["verdict_reasons"]
     assert result.exit_code == 0
+    previews = {Path(p).stem: _png_text(Path(p)) for p in summary["previews"]}
+    assert not any("SUSPECT" in t["Title"] for t in previews.values())
+    floor = summary["verdict_metrics"]["noise_floor"]
+    assert f"noise floor {floor:.4g}" in previews["convergence"]["Description"]
+
+
+def _png_text(path: Path) -> dict[str, str]:
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return dict(img.text)
