@@ -327,6 +327,10 @@ def _explain(found: Path | None, exc: ValidationError) -> str:
         elif err["type"] == "value_error" and OLD_VIEWING_KEY in err["msg"]:
             lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
             continue
+        elif err["type"] == "value_error" and isinstance(err.get("input"), dict):
+            # A check of a section's settings together: its message names them.
+            lines.append(f"  {key}: {err['msg'].removeprefix('Value error, ')}")
+            continue
         else:
             fix = err["msg"]
         env = "BEAMFLOW_" + "__".join(str(p) for p in err["loc"]).upper()

@@ -116,7 +116,9 @@ def test_the_config_section_takes_every_setting_and_the_engines_checks(tmp_path:
     with pytest.raises(ConfigError) as exc:
         load_config(path)
     assert str(path) in str(exc.value)
-    assert "alpha=1.5 is out of range for algorithm 'rpie'" in str(exc.value)
+    assert ("reconstruction: alpha=1.5 is out of range for algorithm 'rpie': expected 0.0 < "
+            "alpha <= 1.0") in str(exc.value)
+    assert "Value error" not in str(exc.value) and "'batch_size'" not in str(exc.value)
 
     path.write_text("[reconstruction]\nbatch = 8\n")  # the old name of batch_size
     assert load_config(path).reconstruction.batch_size == 8
@@ -185,7 +187,8 @@ def test_the_cli_refuses_what_the_engine_refuses(tmp_path):
             str(path)]
     result = runner.invoke(app, [*base, "--alpha", "1.5"])
     assert result.exit_code == 2
-    assert "alpha=1.5 is out of range for algorithm 'rpie'" in result.output
+    assert ("invalid reconstruction settings: alpha=1.5 is out of range for algorithm "
+            "'rpie': expected 0.0 < alpha <= 1.0") in " ".join(result.output.split())
     result = runner.invoke(app, [*base, "--noise-model", "poisson"])
     assert result.exit_code == 2 and "only implemented by algorithm 'lsqml'" in result.output
     result = runner.invoke(app, [*base, "--probe-modes", "65"])
