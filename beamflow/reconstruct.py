@@ -98,6 +98,8 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
 
 def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
                         live: LivePreviews) -> ReconstructSummary:
+    """The job's steps: load the scan, find where to start, prepare the engine's input,
+    iterate, finish. A divergence is told with the cause the data and geometry point to."""
     t_start = time.perf_counter()
     inputs = _load(job)
     start = _starting_point(job, inputs)
@@ -243,7 +245,6 @@ class _EngineInput:
     state: ReconState | None
     regime: DataRegime
     fingerprint: dict[str, Any]
-    run_params: ReconParams
     extent: tuple[int, int, int, int]
 
 
@@ -277,7 +278,6 @@ def _prepare(job: ReconstructJob, inputs: _Inputs, start: _Start) -> _EngineInpu
     inputs.loaded = None  # the frames stay referenced by `data` only (and the engine's copy)
     _release_freed_memory()
     return _EngineInput(data=data, state=state, regime=regime, fingerprint=prints,
-                        run_params=run_params,
                         extent=scan_extent(data.positions_px, start.frame.frame_size))
 
 
