@@ -10,7 +10,9 @@ Environment variables override the file, with ``__`` between nested keys:
 
 from __future__ import annotations
 
+import copy
 import os
+import textwrap
 import tomllib
 import uuid
 from pathlib import Path
@@ -22,11 +24,13 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from beamflow.ptycho.state import ReconParams
 from beamflow.validation_text import field_path
 
 CONFIG_NAME = "beamflow.toml"
@@ -110,20 +114,65 @@ class Globus(_Section):
     )
 
 
-class Reconstruction(_Section):
-    """Defaults for reconstructions started by the agent and `runs start`."""
+#: The engine's settings a user sets, under the engine's own names and limits: every field of
+#: ``beamflow.ptycho.state.ReconParams`` but the propagation model, which the job builds from
+#: ``propagation`` and ``focus_distance_m`` below. A field added to ReconParams is a key of
+#: ``[reconstruction]``, a run parameter (flows, compute function), a ``beamflow
+#: reconstruct`` option and a line on the run page, with no other change
+#: (docs/reconstruction.md, "Adding a setting").
+ENGINE_SETTINGS: tuple[str, ...] = tuple(n for n in ReconParams.model_fields if n != "propagation")
 
-    algorithm: Literal["rpie", "epie", "dm", "lsqml"] = "rpie"
-    iterations: int = Field(default=100, ge=1)
-    batch: int | None = Field(default=None, ge=1)
-    probe_modes: int = Field(default=1, ge=1, le=16)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    checkpoint_every: int = Field(default=10, ge=0)
-    preview_every: int = Field(default=10, ge=0)
+#: Keys that were renamed: old name -> the engine's name (accepted, for old files and runs).
+RENAMED_SETTINGS = {"batch": "batch_size"}
+
+
+def _engine_fields() -> dict[str, Any]:
+    """The engine's fields (type, default, limits, description), copied from ReconParams."""
+    fields = ReconParams.model_fields
+    return {name: (fields[name].annotation, copy.copy(fields[name])) for name in ENGINE_SETTINGS}
+
+
+_EngineSettings = create_model("_EngineSettings", __base__=_Section, **_engine_fields())
+
+
+class Reconstruction(_EngineSettings):  # type: ignore[misc, valid-type]
+    """Defaults for reconstructions started by the agent and `runs start`: the engine's
+    settings (:data:`ENGINE_SETTINGS`) and the job's."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="auto picks the GPU the endpoint pinned, else the CPU")
+    checkpoint_every: int = Field(
+        default=10, ge=0, description="iterations between checkpoints (0: only at the end)")
+    preview_every: int = Field(
+        default=10, ge=0, description="iterations between preview images (0: only at the end)")
     propagation: Literal["far-field", "near-field"] | None = Field(
-        default=None, description="None: as the scan file says, else far-field")
+        default=None, description="propagation model (None: as the scan file says, else "
+        "far-field)")
     focus_distance_m: float | None = Field(
-        default=None, gt=0, description="near field, cone beam: focus-to-sample distance z1")
+        default=None, gt=0, description="near field, cone beam: focus-to-sample distance z1 "
+        "in metres (None: as the scan file says, else a parallel beam)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for old, new in RENAMED_SETTINGS.items():
+            if old in data:  # only an old file or run names it: its value is the one meant
+                data[new] = data.pop(old)
+        return data
+
+    @model_validator(mode="after")
+    def _engine_accepts(self) -> Reconstruction:
+        # The limits that depend on other settings (alpha's range per algorithm, Poisson
+        # for lsqml only, ...) are the engine's: ask it.
+        ReconParams(**self.engine_settings())
+        return self
+
+    def engine_settings(self) -> dict[str, Any]:
+        """The engine's settings of this section, by name."""
+        return {name: getattr(self, name) for name in ENGINE_SETTINGS}
 
 
 # The one source of each reconstruction default: whoever builds a reconstruction (CLI,
@@ -325,6 +374,10 @@ def _explain(found: Path | None, exc: ValidationError) -> str:
         elif err["type"] == "value_error" and OLD_VIEWING_KEY in err["msg"]:
             lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
             continue
+        elif err["type"] == "value_error" and isinstance(err.get("input"), dict):
+            # A check of a section's settings together: its message names them.
+            lines.append(f"  {key}: {err['msg'].removeprefix('Value error, ')}")
+            continue
         else:
             fix = err["msg"]
         env = "BEAMFLOW_" + "__".join(str(p) for p in err["loc"]).upper()
@@ -353,6 +406,9 @@ def _reconstruction_toml(**overrides: Any) -> str:
     """The [reconstruction] section of a new workspace: the model's defaults (the one source
     of each default), with ``overrides``."""
     r = Reconstruction(**overrides)
+    shown = ("algorithm", "iterations", "probe_modes")
+    others = textwrap.fill(", ".join(n for n in ENGINE_SETTINGS if n not in shown), 88,
+                           initial_indent="#   ", subsequent_indent="#   ")
     return f"""[reconstruction]
 algorithm = "{r.algorithm}"                     # rpie | epie | dm | lsqml
 iterations = {r.iterations}
@@ -360,6 +416,9 @@ probe_modes = {r.probe_modes}
 device = "{r.device}"                        # auto | cpu | cuda
 checkpoint_every = {r.checkpoint_every}
 preview_every = {r.preview_every}
+# The engine's other settings, by the same names as the options of `beamflow reconstruct`
+# (docs/reconstruction.md#parameters):
+{others}
 """
 
 

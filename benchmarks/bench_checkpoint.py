@@ -64,8 +64,9 @@ from beamflow.ground_truth import read_ground_truth, score_product
 from beamflow.ptycho.arrays import array_backend, cpu_count
 from beamflow.ptycho.engine import Reconstructor, initial_state
 from beamflow.ptycho.metrics import compare
+from beamflow.ptycho.scan_geometry import ScanFrame
 from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
-from beamflow.reconstruct import _Frame, _read_frames, run_reconstruction
+from beamflow.reconstruct import _read_frames, run_reconstruction
 from beamflow.reconstruct_job import ReconstructJob
 from beamflow.simulate import simulate_scan
 
@@ -102,7 +103,8 @@ def _rpie_job(args, root: Path, name: str) -> tuple[PtychoData, ReconState]:
     """A simulated scan's data and an rPIE state from the true probe (one mode)."""
     master = make_scan(root, name, args.positions, args.size, 3e5)
     scan = load_scan(master)
-    frame = _Frame.for_scan(scan, 8)
+    frame = ScanFrame.for_positions(scan.positions_m, scan.planned_positions_m,
+                                    scan.frame_shape[0], 8, scan.object_pixel_size_m)
     data = PtychoData(intensities=_read_frames(scan), positions_px=frame.corners(scan.positions_m),
                       object_shape=frame.object_shape, mask=scan.mask)
     params = ReconParams(algorithm="rpie", iterations=10**6, probe_modes=1)
@@ -326,7 +328,7 @@ def _nrmse_of_checkpoints(ckdir: Path, gt, scan_geometry) -> dict[int, float]:
     out = {}
     for it, path in sorted(list_checkpoints(ckdir)):
         ck = read_checkpoint(path)
-        frame = _Frame.model_validate(ck.meta["job"]["frame"])
+        frame = ScanFrame.model_validate(ck.meta["job"]["frame"])
         obj = ck.arrays["object"]
         pos = frame.to_metres(ck.arrays["positions_px"])
         h, w = obj.shape
@@ -471,7 +473,8 @@ def bench_memory(args, root: Path) -> None:
 def _bench_memory_one(args, root: Path, n_positions: int) -> None:
     master = make_scan(root, f"mem{n_positions}", n_positions, args.mem_size, 1e6)
     scan = load_scan(master)
-    frame = _Frame.for_scan(scan, 8)
+    frame = ScanFrame.for_positions(scan.positions_m, scan.planned_positions_m,
+                                    scan.frame_shape[0], 8, scan.object_pixel_size_m)
     frames_mb = scan.n_frames * scan.frame_shape[0] * scan.frame_shape[1] * 4 / 2**20
     obj_mb = frame.object_shape[0] * frame.object_shape[1] * 8 / 2**20
     probe_mb = scan.frame_shape[0] ** 2 * 8 / 2**20

@@ -12,6 +12,7 @@ from flow_kit import FUNCTION_ID, scan_workspace
 import flows
 from beamflow.local.interpreter import FlowRunner
 from beamflow.local.transfer import LocalTransferProvider
+from beamflow.reconstruct_job import ReconstructSummary
 from beamflow.runs import flow_input_for
 from functions.reconstruct import reconstruct
 
@@ -26,7 +27,12 @@ def no_preview_reconstruction(monkeypatch) -> None:  # noqa: ANN001
 
     def run_reconstruction(job, progress):  # noqa: ANN001, ANN202
         (job.out / "product.h5").write_bytes(b"product")
-        return {"product": str(job.out / "product.h5"), "previews": [], "iterations": 1}
+        return ReconstructSummary(
+            iterations=1, iterations_this_run=1, seconds_per_iteration=None, final_loss=0.1,
+            device="cpu", fft="pocketfft", product=str(job.out / "product.h5"), previews=[],
+            resumed_from_iteration=None, continuation=False, checkpoint=None,
+            checkpoint_errors=[], n_frames=1, algorithm="rpie", seconds=0.1,
+            object_pixel_size_m=1e-8, verdict="trusted", verdict_reasons=[], verdict_metrics={})
 
     monkeypatch.setattr("beamflow.reconstruct.run_reconstruction", run_reconstruction)
 
