@@ -4,12 +4,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench browser slurm clean
+DIST_DIR ?= dist
+CONSTRAINTS := deploy/constraints-worker.txt
 
-$(STAMP): pyproject.toml
+.PHONY: demo test lint bench browser slurm dist constraints clean
+
+# The runtime dependencies at the versions pinned for the cluster's workers, so the tests
+# run what a facility installs.
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,fftw]'
+	$(BIN)/python -m pip install -q -e '.[dev,fftw]' -c $(CONSTRAINTS)
 	# Ptychodus is the judge of our product files (tests only); its api modules import
 	# scikit-image, and its own pins are not ours, hence --no-deps.
 	$(BIN)/python -m pip install -q --no-deps ptychodus==1.7.0
@@ -53,5 +58,15 @@ demo: $(STAMP)
 bench: $(STAMP)
 	@for b in benchmarks/bench_*.py; do $(BIN)/python $$b; done
 
+# The install artifact: wheel and sdist of beamflow, the edge agent, the compute functions and
+# the flow definitions (docs/deployment.md, "Install from the wheel"), built offline with
+# the venv's hatchling.
+dist: $(STAMP)
+	$(BIN)/python -m hatchling build --directory $(DIST_DIR)
+
+# deploy/constraints-worker.txt from the environment the tests pass in.
+constraints: $(STAMP)
+	$(BIN)/python -m beamflow.constraints > $(CONSTRAINTS)
+
 clean:
-	rm -rf $(VENV) demo-workspace .pytest_cache .ruff_cache
+	rm -rf $(VENV) demo-workspace .pytest_cache .ruff_cache dist

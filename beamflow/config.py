@@ -10,7 +10,9 @@ Environment variables override the file, with ``__`` between nested keys:
 
 from __future__ import annotations
 
+import copy
 import os
+import textwrap
 import tomllib
 import uuid
 from pathlib import Path
@@ -22,11 +24,13 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from beamflow.ptycho.state import ReconParams
 from beamflow.validation_text import field_path
 
 CONFIG_NAME = "beamflow.toml"
@@ -110,20 +114,65 @@ class Globus(_Section):
     )
 
 
-class Reconstruction(_Section):
-    """Defaults for reconstructions started by the agent and `runs start`."""
+#: The engine's settings a user sets, under the engine's own names and limits: every field of
+#: ``beamflow.ptycho.state.ReconParams`` but the propagation model, which the job builds from
+#: ``propagation`` and ``focus_distance_m`` below. A field added to ReconParams is a key of
+#: ``[reconstruction]``, a run parameter (flows, compute function), a ``beamflow
+#: reconstruct`` option and a line on the run page, with no other change
+#: (docs/reconstruction.md, "Adding a setting").
+ENGINE_SETTINGS: tuple[str, ...] = tuple(n for n in ReconParams.model_fields if n != "propagation")
 
-    algorithm: Literal["rpie", "epie", "dm", "lsqml"] = "rpie"
-    iterations: int = Field(default=100, ge=1)
-    batch: int | None = Field(default=None, ge=1)
-    probe_modes: int = Field(default=1, ge=1, le=16)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    checkpoint_every: int = Field(default=10, ge=0)
-    preview_every: int = Field(default=10, ge=0)
+#: Keys that were renamed: old name -> the engine's name (accepted, for old files and runs).
+RENAMED_SETTINGS = {"batch": "batch_size"}
+
+
+def _engine_fields() -> dict[str, Any]:
+    """The engine's fields (type, default, limits, description), copied from ReconParams."""
+    fields = ReconParams.model_fields
+    return {name: (fields[name].annotation, copy.copy(fields[name])) for name in ENGINE_SETTINGS}
+
+
+_EngineSettings = create_model("_EngineSettings", __base__=_Section, **_engine_fields())
+
+
+class Reconstruction(_EngineSettings):  # type: ignore[misc, valid-type]
+    """Defaults for reconstructions started by the agent and `runs start`: the engine's
+    settings (:data:`ENGINE_SETTINGS`) and the job's."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="auto picks the GPU the endpoint pinned, else the CPU")
+    checkpoint_every: int = Field(
+        default=10, ge=0, description="iterations between checkpoints (0: only at the end)")
+    preview_every: int = Field(
+        default=10, ge=0, description="iterations between preview images (0: only at the end)")
     propagation: Literal["far-field", "near-field"] | None = Field(
-        default=None, description="None: as the scan file says, else far-field")
+        default=None, description="propagation model (None: as the scan file says, else "
+        "far-field)")
     focus_distance_m: float | None = Field(
-        default=None, gt=0, description="near field, cone beam: focus-to-sample distance z1")
+        default=None, gt=0, description="near field, cone beam: focus-to-sample distance z1 "
+        "in metres (None: as the scan file says, else a parallel beam)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for old, new in RENAMED_SETTINGS.items():
+            if old in data:  # only an old file or run names it: its value is the one meant
+                data[new] = data.pop(old)
+        return data
+
+    @model_validator(mode="after")
+    def _engine_accepts(self) -> Reconstruction:
+        # The limits that depend on other settings (alpha's range per algorithm, Poisson
+        # for lsqml only, ...) are the engine's: ask it.
+        ReconParams(**self.engine_settings())
+        return self
+
+    def engine_settings(self) -> dict[str, Any]:
+        """The engine's settings of this section, by name."""
+        return {name: getattr(self, name) for name in ENGINE_SETTINGS}
 
 
 # The one source of each reconstruction default: whoever builds a reconstruction (CLI,
@@ -171,6 +220,10 @@ class Status(_Section):
         description="off loopback: anyone who reaches the page may view runs, previews and "
         "products without the token (unpublished data!); actions still need it",
     )
+    session_hours: float = Field(
+        default=12.0, gt=0, le=24 * 30,
+        description="how long a login to the exposed page lasts; logout ends it sooner",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -192,6 +245,48 @@ class Status(_Section):
         )
 
 
+# Endpoint template variables a run may set: the same patterns as the templates' schemas
+# (deploy/compute-endpoint/*/user_config_schema.json), so the endpoint never refuses them.
+_SCHEDULER_NAME = r"^[A-Za-z0-9_.+-]{1,64}$"
+_WALLTIME = r"^([0-9]{1,2}-)?[0-9]{1,3}:[0-5][0-9]:[0-5][0-9]$"
+
+
+class RunResources(_Section):
+    """Where one kind of run's batch job goes: Globus Compute's ``user_endpoint_config`` of
+    the Reconstruct step. Unset keys keep the endpoint template's defaults. Slurm templates
+    take ``partition`` and ``qos``, PBS Pro templates ``queue``; both ``account`` and
+    ``walltime``."""
+
+    account: str | None = Field(default=None, pattern=_SCHEDULER_NAME)
+    partition: str | None = Field(default=None, pattern=_SCHEDULER_NAME)
+    qos: str | None = Field(default=None, pattern=_SCHEDULER_NAME)
+    queue: str | None = Field(default=None, pattern=_SCHEDULER_NAME)
+    walltime: str | None = Field(default=None, pattern=_WALLTIME, description="[D-]HH:MM:SS")
+
+    def endpoint_config(self) -> dict[str, str]:
+        return self.model_dump(exclude_none=True)
+
+
+class Cluster(_Section):
+    """The cluster's Compute endpoint as the beamline sees it: per-run resources, and the
+    identity mapping `beamflow doctor` checks the agent's client identity against."""
+
+    identity_mapping: Path | None = Field(
+        default=None,
+        description="a readable copy of the endpoint's identity_mapping.json (doctor checks "
+        "that the confidential client's identity is mapped)",
+    )
+    service_account: str | None = Field(
+        default=None, description="the local account the client identity should map to"
+    )
+    preview: RunResources = Field(
+        default_factory=RunResources, description="progressive runs (part of a scan)"
+    )
+    final: RunResources = Field(
+        default_factory=RunResources, description="runs of the whole scan"
+    )
+
+
 class Settings(BaseSettings):
     """Everything beamflow is configured with. Load it with :func:`load_config`."""
 
@@ -208,6 +303,7 @@ class Settings(BaseSettings):
     reconstruction: Reconstruction = Field(default_factory=Reconstruction)
     agent: Agent = Field(default_factory=Agent)
     status: Status = Field(default_factory=Status)
+    cluster: Cluster = Field(default_factory=Cluster)
 
     # Where the settings came from; not a setting.
     source: Path | None = Field(default=None, exclude=True)
@@ -278,6 +374,10 @@ def _explain(found: Path | None, exc: ValidationError) -> str:
         elif err["type"] == "value_error" and OLD_VIEWING_KEY in err["msg"]:
             lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
             continue
+        elif err["type"] == "value_error" and isinstance(err.get("input"), dict):
+            # A check of a section's settings together: its message names them.
+            lines.append(f"  {key}: {err['msg'].removeprefix('Value error, ')}")
+            continue
         else:
             fix = err["msg"]
         env = "BEAMFLOW_" + "__".join(str(p) for p in err["loc"]).upper()
@@ -293,7 +393,8 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
         return p if p.is_absolute() else (base / p)
 
     settings.state_dir = absolute(settings.state_dir)
-    for section in (settings.beamline, settings.hpc, settings.globus, settings.compute):
+    for section in (settings.beamline, settings.hpc, settings.globus, settings.compute,
+                    settings.cluster):
         for name, field in type(section).model_fields.items():
             value = getattr(section, name)
             if isinstance(value, Path) or (value is None and "Path" in str(field.annotation)):
@@ -305,6 +406,9 @@ def _reconstruction_toml(**overrides: Any) -> str:
     """The [reconstruction] section of a new workspace: the model's defaults (the one source
     of each default), with ``overrides``."""
     r = Reconstruction(**overrides)
+    shown = ("algorithm", "iterations", "probe_modes")
+    others = textwrap.fill(", ".join(n for n in ENGINE_SETTINGS if n not in shown), 88,
+                           initial_indent="#   ", subsequent_indent="#   ")
     return f"""[reconstruction]
 algorithm = "{r.algorithm}"                     # rpie | epie | dm | lsqml
 iterations = {r.iterations}
@@ -312,6 +416,9 @@ probe_modes = {r.probe_modes}
 device = "{r.device}"                        # auto | cpu | cuda
 checkpoint_every = {r.checkpoint_every}
 preview_every = {r.preview_every}
+# The engine's other settings, by the same names as the options of `beamflow reconstruct`
+# (docs/reconstruction.md#parameters):
+{others}
 """
 
 
@@ -416,6 +523,15 @@ host = "127.0.0.1"
 port = 8765
 # token: set BEAMFLOW_STATUS__TOKEN before using --host 0.0.0.0; off loopback, viewing
 # needs it too unless public_viewing = true (unpublished data: think twice)
+
+[cluster]
+# identity_mapping = "/srv/beamflow/identity_mapping.json"  # a copy of the endpoint's: doctor
+# service_account = "beamflow"                               # checks the agent is mapped to it
+# [cluster.preview]                    # batch jobs of progressive runs (Slurm: partition, qos;
+# partition = "debug"                  # PBS Pro: queue; both: account, walltime)
+# walltime = "00:20:00"
+# [cluster.final]                      # batch jobs of whole-scan runs
+# walltime = "08:00:00"
 """
 
 

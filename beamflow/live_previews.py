@@ -70,11 +70,12 @@ class LivePreviews:
     def submit(self, obj: np.ndarray, probe: np.ndarray, loss_history: Sequence[float],
                title: str, pixel_size_m: float,
                scan_extent_px: Sequence[int] | None = None,
-               positions_px: np.ndarray | None = None) -> None:
+               positions_px: np.ndarray | None = None,
+               noise_floor: float | None = None) -> None:
         """Hand over a state to draw (the arrays are written out at once; no wait).
 
-        ``pixel_size_m``, ``scan_extent_px``, ``title`` and ``positions_px`` (the probe
-        windows' corners, for the illuminated region) are those of
+        ``pixel_size_m``, ``scan_extent_px``, ``title``, ``positions_px`` (the probe
+        windows' corners, for the illuminated region) and ``noise_floor`` are those of
         :func:`beamflow.ptycho.previews.write_previews`.
         """
         if self._proc is None and self._starts >= self.MAX_STARTS:
@@ -92,9 +93,11 @@ class LivePreviews:
             self.errors.append(f"live preview not handed over: {e}")
             log.warning("%s", self.errors[-1])
             return
+        floor = None if noise_floor is None or not np.isfinite(noise_floor) else noise_floor
         self._pending = {"title": title, "pixel_size_m": float(pixel_size_m),
                          "scan_extent_px": None if scan_extent_px is None
-                         else [int(v) for v in scan_extent_px]}
+                         else [int(v) for v in scan_extent_px],
+                         "noise_floor": None if floor is None else float(floor)}
         self._collect(0.0)
         self._send_pending()
 
@@ -210,7 +213,8 @@ def main(argv: Sequence[str]) -> None:
                                                for _ in range(4))
             files = write_previews(out_dir, obj, probe, request["pixel_size_m"], losses,
                                    scan_extent_px=request["scan_extent_px"],
-                                   title=request["title"], positions_px=corners)
+                                   title=request["title"], positions_px=corners,
+                                   noise_floor=request.get("noise_floor"))
             reply = {"files": {k: str(v) for k, v in files.items()}}
         except Exception as e:  # a refused state, a vanished bundle: report, keep serving
             reply = {"error": f"{type(e).__name__}: {e}"[:2000]}

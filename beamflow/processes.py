@@ -21,16 +21,6 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def pid_running(pid: int) -> bool:
-    """Whether ``pid`` is a live process: one that exited but was not reaped yet (a zombie,
-    e.g. an orphan under a PID 1 that does not reap) counts as ended. Linux only."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 def die_with_parent(parent: int) -> None:
     """Be killed when the parent process (more exactly: the thread that started us) ends."""
     if sys.platform.startswith("linux"):

@@ -18,7 +18,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from beamflow.checkpoint import CheckpointPolicy, LevelConfig
-from beamflow.config import RECONSTRUCTION_DEFAULTS, Reconstruction
+from beamflow.config import (
+    ENGINE_SETTINGS,
+    RECONSTRUCTION_DEFAULTS,
+    RENAMED_SETTINGS,
+    Reconstruction,
+)
 from beamflow.error_kinds import ErrorKind
 from beamflow.ptycho.propagation import PropagationModel
 from beamflow.ptycho.state import ReconParams
@@ -57,6 +62,15 @@ def plain_words(message: str) -> str:
     return message
 
 
+def length_text(metres: float) -> str:
+    """A length in the unit a person reads it in: ``12 nm``, ``55 µm``, ``3.65 mm``, ``1.12 m``."""
+    for unit, scale in (("nm", 1e-9), ("µm", 1e-6), ("mm", 1e-3)):
+        shown = f"{metres / scale:.3g}"
+        if abs(float(shown)) < 1000:  # as shown: 999.7 nm reads "1 µm", not "1e+03 nm"
+            return f"{shown} {unit}"
+    return f"{metres:.3g} m"
+
+
 def check_out_dir(out: Path) -> None:
     """Refuse an output path that cannot become a directory, naming it, before any work."""
     out = Path(out)
@@ -79,9 +93,9 @@ def check_out_dir(out: Path) -> None:
         )
 
 
-#: flat keys accepted as shorthands for `params` fields (CLI, compute function kwargs)
-_PARAM_SHORTHANDS = {"algorithm": "algorithm", "iterations": "iterations",
-                     "probe_modes": "probe_modes", "batch": "batch_size", "seed": "seed"}
+#: flat keys accepted as shorthands for `params` fields (CLI, compute function kwargs): the
+#: engine's settings by their names, and the old names of renamed ones
+_PARAM_SHORTHANDS = {**{name: name for name in ENGINE_SETTINGS}, **RENAMED_SETTINGS}
 
 
 class RunParameters(Reconstruction):
@@ -89,17 +103,48 @@ class RunParameters(Reconstruction):
     beamflow.toml plus the choices that belong to a single run. The run path validates them
     when a run is created, and the compute function again on the endpoint."""
 
-    resume: bool = True
-    max_frames: int | None = Field(default=None, ge=1)
-    aborted: bool = False
+    resume: bool = Field(default=True, description="continue from the scan's latest "
+                         "checkpoint when one fits")
+    max_frames: int | None = Field(default=None, ge=1, description="read only the first N "
+                                   "frames (progressive runs)")
+    aborted: bool = Field(default=False, description="the scan stopped early: reconstruct "
+                          "the frames there are")
+
+
+#: The run parameters a flow's input must carry (the rest take their defaults).
+FLOW_REQUIRED_PARAMETERS = ("algorithm", "iterations")
+
+
+def flow_parameters_schema() -> dict[str, Any]:
+    """The ``reconstruction`` part of the flows' input schemas (``flows/*.schema.json``),
+    derived from :class:`RunParameters`: the same names, limits and descriptions as the
+    engine and ``[reconstruction]``. tests/test_flows_defs.py checks that the shipped
+    schemas hold exactly this; ``python -m beamflow.reconstruct_job`` prints it."""
+    source = RunParameters.model_json_schema()
+    properties = {}
+    for name, spec in source["properties"].items():
+        branches = spec.get("anyOf", [spec])
+        types = [b["type"] for b in branches]
+        out: dict[str, Any] = {"type": types[0] if len(types) == 1 else types}
+        enum = [v for b in branches for v in b.get("enum", [])]
+        if enum:
+            out["enum"] = enum + ([None] if "null" in types else [])
+        for b in branches:
+            out.update({k: v for k, v in b.items()
+                        if k not in ("type", "enum", "title", "default", "description")})
+        out["default"] = spec.get("default")
+        out["description"] = spec.get("description", "").replace("None", "null")
+        properties[name] = out
+    return {"type": "object", "additionalProperties": False, "properties": properties,
+            "required": list(FLOW_REQUIRED_PARAMETERS), "title": "Reconstruction parameters"}
 
 
 class ReconstructJob(BaseModel):
     """One reconstruction: which scan, where to, how, and how to checkpoint.
 
-    `algorithm`, `iterations`, `probe_modes`, `batch` and `seed` may be given flat (they go
-    into `params`); `node_local_dir` is `l1_dir`; `aborted` (the scan stopped early) implies
-    `allow_partial`.
+    The engine's settings (``ENGINE_SETTINGS``: `algorithm`, `iterations`, `batch_size`, ...)
+    may be given flat (they go into `params`; a flat None means the configured default);
+    `node_local_dir` is `l1_dir`; `aborted` (the scan stopped early) implies `allow_partial`.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -150,12 +195,12 @@ class ReconstructJob(BaseModel):
         values = dict(values)
         params = values.get("params", {})
         params = params.model_dump() if isinstance(params, ReconParams) else dict(params)
-        for field in ("algorithm", "iterations", "probe_modes"):
+        for field in ENGINE_SETTINGS:
             params.setdefault(field, getattr(RECONSTRUCTION_DEFAULTS, field))
         for key, field in _PARAM_SHORTHANDS.items():
             if key in values:
                 value = values.pop(key)
-                if value is not None or field == "batch_size":
+                if value is not None:
                     params[field] = value
         values["params"] = params
         if "node_local_dir" in values:
@@ -221,6 +266,22 @@ class ReconstructSummary(BaseModel):
                                        "trusted)")
     verdict_metrics: dict[str, float | None] = Field(
         description="the numbers the verdict was computed from")
+    notes: list[str] = Field(
+        default_factory=list, description="what the geometry asks the user to check (e.g. "
+        "near field without a focus distance)")
+    parameters: dict[str, Any] = Field(
+        default_factory=dict, description="the engine's settings this run used, the "
+        "algorithm's defaults resolved (alpha, beta, batch_size, center_probe)")
+
+
+def settings_used(params: ReconParams, n_positions: int) -> dict[str, Any]:
+    """The engine's settings (``ENGINE_SETTINGS``) of ``params`` as the engine applies them
+    to ``n_positions`` positions: an unset alpha, beta, batch size or probe centring is
+    replaced by the algorithm's value."""
+    used = params.model_dump(mode="json", include=set(ENGINE_SETTINGS))
+    used.update(alpha=params.alpha_value, beta=params.beta_value,
+                batch_size=params.batch_size_for(n_positions), center_probe=params.centering)
+    return used
 
 
 class FunctionSummary(BaseModel):
@@ -250,3 +311,9 @@ class FunctionSummary(BaseModel):
 
 #: progress(iterations_done, target, loss)
 Progress = Callable[[int, int, float | None], None]
+
+
+if __name__ == "__main__":  # the flows' schemas' "reconstruction" part, for flows/*.schema.json
+    import json
+
+    print(json.dumps(flow_parameters_schema(), indent=2, ensure_ascii=False))

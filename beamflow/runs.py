@@ -185,12 +185,15 @@ def flow_input_for(
     *,
     flow: str = DEFAULT_FLOW,
     function_id: str | None = None,
+    fraction: float | None = None,
 ) -> dict[str, Any]:
     """The input of ``flow`` for one run of the scan at ``scan_path`` (a local path on the
     beamline machine: a scan directory, a ``*_master.h5`` file or a ``.cxi`` file).
 
     ``function_id`` defaults to the ``reconstruct`` function registered for the configured
-    backend (raises :class:`RunInputError` saying how to register it when it is not)."""
+    backend (raises :class:`RunInputError` saying how to register it when it is not).
+    ``fraction`` below 1 marks a progressive run: its batch job gets ``cluster.preview``'s
+    resources, a run of the whole scan ``cluster.final``'s."""
     if flow not in FLOWS:
         raise RunInputError(f"no input recipe for flow {flow!r} (known: {', '.join(FLOWS)})")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}", run_name):
@@ -239,6 +242,7 @@ def flow_input_for(
         "checkpoint_dir": str(work / "checkpoints"),
         "node_local_dir": str(settings.hpc.node_local_dir) if settings.hpc.node_local_dir else None,
         "allowed_roots": allowed,
+        "user_endpoint_config": run_resources(settings, fraction),
     }
     if flow == SHARED_FS_FLOW:
         # One file system: the function reads the scan in place and writes the results
@@ -278,6 +282,15 @@ def flow_input_for(
     }
 
 
+def run_resources(settings: Settings, fraction: float | None) -> dict[str, str]:
+    """The Reconstruct step's ``user_endpoint_config``: the preview resources for a part of
+    a scan, the final ones for all of it (a short queue for early images, a long one for
+    the full reconstruction)."""
+    progressive = fraction is not None and fraction < 1.0
+    cluster = settings.cluster
+    return (cluster.preview if progressive else cluster.final).endpoint_config()
+
+
 # -- creating and starting runs ----------------------------------------------------------------
 def create_scan_run(settings: Settings, store: Store, request: RunRequest) -> Run:
     """Record a QUEUED run of the scan (raises DuplicateRun for a taken ``dedupe_key``,
@@ -308,7 +321,8 @@ def launch_run(settings: Settings, store: Store, backend: Backend, run: Run) -> 
         raise BackendError(f"run {run.id} is {run.status.value}, not QUEUED", step="Start")
     run_name = run_name_for(run)
     try:
-        body = flow_input_for(settings, run.scan_path, run.parameters, run_name, flow=run.flow)
+        body = flow_input_for(settings, run.scan_path, run.parameters, run_name, flow=run.flow,
+                              fraction=run.fraction)
     except RunInputError as exc:  # often the configuration: fixed, a retry goes through
         raise BackendError(str(exc), step="Start") from None
     label = (run.label or f"beamflow {run.scan_name} {run_name}")[:128]
@@ -367,7 +381,8 @@ def run_direct(
                            result={"run_name": run_name, "input": body, "direct": True})
     store.record_step(run.id, "Reconstruct", "ACTIVE", started_at=started)
     try:
-        summary = submit("reconstruct", kwargs, timeout=timeout)
+        summary = submit("reconstruct", kwargs, timeout=timeout,
+                         user_endpoint_config=compute["user_endpoint_config"])
     except BackendError as exc:
         store.record_step(run.id, "Reconstruct", "FAILED", finished_at=time.time())
         return store.update_run(run.id, status=RunStatus.FAILED, error=str(exc),

@@ -53,6 +53,15 @@ class DuplicateRun(StoreError):
         self.run_id = run_id
 
 
+# list_runs(sort=...): the ORDER BY terms; runs without the time sort last either way
+# (duration: of unfinished runs, until now).
+_SORT_KEYS = {
+    "created": "created_at {order}",
+    "finished": "finished_at IS NULL, finished_at {order}",
+    "duration": "started_at IS NULL, COALESCE(finished_at, {now}) - started_at {order}",
+}
+
+
 def _iso(t: float | None) -> str | None:
     if t is None:
         return None
@@ -423,11 +432,19 @@ class Store:
         limit: int | None = 50,
         offset: int = 0,
         oldest_first: bool = False,
+        since: float | None = None,
+        sort: str = "created",
     ) -> list[Run]:
-        """Runs, newest first; ``scan`` matches a substring of the scan name."""
-        where, args = self._filters(status, scan)
+        """Runs, newest first; ``scan`` matches a substring of the scan name; ``since`` keeps
+        the runs that ended at or after that time or have not ended; ``sort`` orders by
+        ``created``, ``finished`` (unfinished last) or ``duration`` (longest first)."""
+        where, args = self._filters(status, scan, since)
         order = "ASC" if oldest_first else "DESC"
-        sql = f"SELECT * FROM runs {where} ORDER BY created_at {order}, rowid {order}"
+        key = _SORT_KEYS.get(sort)
+        if key is None:
+            raise StoreError(f"unknown sort {sort!r}; use one of {', '.join(_SORT_KEYS)}")
+        terms = key.format(order=order, now=f"{time.time():.3f}")
+        sql = f"SELECT * FROM runs {where} ORDER BY {terms}, rowid {order}"
         if limit is not None:
             sql += " LIMIT ? OFFSET ?"
             args += [limit, offset]
@@ -442,9 +459,11 @@ class Store:
         where, args = self._filters(status, scan)
         return self._connect().execute(f"SELECT COUNT(*) FROM runs {where}", args).fetchone()[0]
 
-    def count_by_status(self, *, scan: str | None = None) -> dict[str, int]:
+    def count_by_status(
+        self, *, scan: str | None = None, since: float | None = None
+    ) -> dict[str, int]:
         """Runs per status (every status present, zeros included), in one query."""
-        where, args = self._filters(None, scan)
+        where, args = self._filters(None, scan, since)
         rows = self._connect().execute(
             f"SELECT status, COUNT(*) FROM runs {where} GROUP BY status", args
         )
@@ -584,7 +603,8 @@ class Store:
     # -- helpers -----------------------------------------------------------------------
     @staticmethod
     def _filters(
-        status: RunStatus | str | Sequence[RunStatus | str] | None, scan: str | None
+        status: RunStatus | str | Sequence[RunStatus | str] | None, scan: str | None,
+        since: float | None = None,
     ) -> tuple[str, list[Any]]:
         clauses: list[str] = []
         args: list[Any] = []
@@ -598,6 +618,9 @@ class Store:
             clauses.append("(scan_name LIKE ? ESCAPE '\\' OR scan_path LIKE ? ESCAPE '\\')")
             escaped = scan.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             args += [f"%{escaped}%", f"%{escaped}%"]
+        if since is not None:  # ended in the window, or not ended: what happened since
+            clauses.append("(finished_at IS NULL OR finished_at >= ?)")
+            args.append(since)
         return ("WHERE " + " AND ".join(clauses)) if clauses else "", args
 
     @staticmethod

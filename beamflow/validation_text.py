@@ -28,12 +28,19 @@ def validation_text(
     first_only: bool = False,
 ) -> str:
     """``field: problem`` for each error (``(got X)`` with ``show_input``), joined by ``; ``.
-    ``skip`` hides wrapper fields the user never wrote (e.g. ``params``)."""
+    ``skip`` hides wrapper fields the user never wrote (e.g. ``params``). A check of several
+    fields together (a model's validator) names its fields in its own words: it is told
+    without a field, and without pydantic's "Value error, " prefix."""
     skip = tuple(skip)
     errors = exc.errors()[:1] if first_only else exc.errors()
     parts = []
     for error in errors:
-        text = f"{field_path(error, skip=skip, root=root)}: {error['msg']}"
+        problem = error["msg"].removeprefix("Value error, ")
+        path = field_path(error, skip=skip, root="")
+        if not path and error["type"] == "value_error":
+            text = problem
+        else:
+            text = f"{path or root}: {problem}"
         if show_input and "input" in error:
             text += f" (got {error['input']!r})"
         parts.append(text)

@@ -61,11 +61,12 @@ from beamflow.checkpoint import Checkpointer, CheckpointPolicy, LevelConfig
 from beamflow.checkpoint.store import list_checkpoints, read_checkpoint
 from beamflow.formats import Product, load_scan
 from beamflow.ground_truth import read_ground_truth, score_product
-from beamflow.ptycho.backend import cpu_count, get_backend
+from beamflow.ptycho.arrays import array_backend, cpu_count
 from beamflow.ptycho.engine import Reconstructor, initial_state
 from beamflow.ptycho.metrics import compare
+from beamflow.ptycho.scan_geometry import ScanFrame
 from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
-from beamflow.reconstruct import _Frame, _read_frames, run_reconstruction
+from beamflow.reconstruct import _read_frames, run_reconstruction
 from beamflow.reconstruct_job import ReconstructJob
 from beamflow.simulate import simulate_scan
 
@@ -102,7 +103,8 @@ def _rpie_job(args, root: Path, name: str) -> tuple[PtychoData, ReconState]:
     """A simulated scan's data and an rPIE state from the true probe (one mode)."""
     master = make_scan(root, name, args.positions, args.size, 3e5)
     scan = load_scan(master)
-    frame = _Frame.for_scan(scan, 8)
+    frame = ScanFrame.for_positions(scan.positions_m, scan.planned_positions_m,
+                                    scan.frame_shape[0], 8, scan.object_pixel_size_m)
     data = PtychoData(intensities=_read_frames(scan), positions_px=frame.corners(scan.positions_m),
                       object_shape=frame.object_shape, mask=scan.mask)
     params = ReconParams(algorithm="rpie", iterations=10**6, probe_modes=1)
@@ -112,7 +114,7 @@ def _rpie_job(args, root: Path, name: str) -> tuple[PtychoData, ReconState]:
 
 def bench_overhead(args, root: Path) -> None:
     data, state = _rpie_job(args, root, "ovh")
-    backend = get_backend("cpu")
+    backend = array_backend("cpu")
     l1_base = Path(tempfile.mkdtemp(prefix="bench-l1-", dir=args.l1_dir))
     # "control" is a second no-checkpoint setting: its "overhead" is the noise floor.
     # (every N iterations, CPU budget): the default 4 % budget, and every iteration unthrottled
@@ -246,7 +248,7 @@ def bench_placement(args, root: Path) -> None:
     spawn = multiprocessing.get_context("spawn")
     times: dict[str, list[float]] = {"none": [], "thread": [], "process": []}
     rng = random.Random(3)
-    with Reconstructor(data, state, get_backend("cpu")) as rec:
+    with Reconstructor(data, state, array_backend("cpu")) as rec:
         rec.run(3)
         t = time.perf_counter()
         rec.run(5)
@@ -326,7 +328,7 @@ def _nrmse_of_checkpoints(ckdir: Path, gt, scan_geometry) -> dict[int, float]:
     out = {}
     for it, path in sorted(list_checkpoints(ckdir)):
         ck = read_checkpoint(path)
-        frame = _Frame.model_validate(ck.meta["job"]["frame"])
+        frame = ScanFrame.model_validate(ck.meta["job"]["frame"])
         obj = ck.arrays["object"]
         pos = frame.to_metres(ck.arrays["positions_px"])
         h, w = obj.shape
@@ -471,7 +473,8 @@ def bench_memory(args, root: Path) -> None:
 def _bench_memory_one(args, root: Path, n_positions: int) -> None:
     master = make_scan(root, f"mem{n_positions}", n_positions, args.mem_size, 1e6)
     scan = load_scan(master)
-    frame = _Frame.for_scan(scan, 8)
+    frame = ScanFrame.for_positions(scan.positions_m, scan.planned_positions_m,
+                                    scan.frame_shape[0], 8, scan.object_pixel_size_m)
     frames_mb = scan.n_frames * scan.frame_shape[0] * scan.frame_shape[1] * 4 / 2**20
     obj_mb = frame.object_shape[0] * frame.object_shape[1] * 8 / 2**20
     probe_mb = scan.frame_shape[0] ** 2 * 8 / 2**20

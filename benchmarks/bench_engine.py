@@ -52,10 +52,10 @@ from beamflow.ptycho import (  # noqa: E402
     PtychoData,
     ReconParams,
     Reconstructor,
-    get_backend,
+    array_backend,
     initial_state,
 )
-from beamflow.ptycho.backend import cpu_ffts  # noqa: E402
+from beamflow.ptycho.arrays import cpu_ffts  # noqa: E402
 
 PTYCHI_SECONDS_PER_ITERATION = 0.23  # issue 3: Pty-Chi rPIE, 400 x 64 px, CPU torch, 2 cores
 
@@ -140,7 +140,7 @@ class FFTFloor:
         import scipy.fft as sfft  # noqa: PLC0415 - benchmarks may use scipy.fft directly
 
         self.sfft = sfft
-        self.workers = get_backend("cpu").threads
+        self.workers = array_backend("cpu").threads
         rng = np.random.default_rng(1)
         self.x = np.exp(2j * np.pi * rng.random((n_waves, m, m))).astype(np.complex64)
         self.wall: list[float] = []
@@ -164,7 +164,7 @@ class FFTWFloor(FFTFloor):
     reported beside the issue's scipy.fft floor."""
 
     def __init__(self, n_waves: int, m: int):
-        self.backend = get_backend("cpu", fft="fftw")
+        self.backend = array_backend("cpu", fft="fftw")
         self.parts = np.array_split(np.arange(n_waves), self.backend.threads)
         # One pool for every measurement: starting threads is not the transforms' cost.
         self.pool = ThreadPoolExecutor(len(self.parts))
@@ -190,7 +190,7 @@ def time_algorithm(sim: dict, params: ReconParams, iterations: int, floors: list
     alternated and the floors measured between them, so a load that comes and goes on a
     shared machine hits all alike."""
     data = PtychoData(sim["intensities"], sim["positions"], sim["shape"])
-    recs = {f: Reconstructor(data, initial_state(data, params), get_backend("cpu", fft=f))
+    recs = {f: Reconstructor(data, initial_state(data, params), array_backend("cpu", fft=f))
             for f in ffts}
     times: dict[str, tuple[list[float], list[float]]] = {f: ([], []) for f in ffts}
     try:
@@ -341,7 +341,7 @@ def bench_stages(sim: dict, iterations: int) -> list[dict]:
     thread and with all, the two engines' iterations alternated. The FFT stages are
     ``shifted_probe`` (the sub-pixel shift), ``to_detector``, ``to_sample`` and
     ``probe_terms`` (the adjoint shift), each with one or two elementwise passes."""
-    from beamflow.ptycho.core import Core  # noqa: PLC0415 - instrumented here only
+    from beamflow.ptycho.forward import Core  # noqa: PLC0415 - instrumented here only
 
     spent: dict[str, float] = {}
     lock = threading.Lock()
@@ -362,8 +362,8 @@ def bench_stages(sim: dict, iterations: int) -> list[dict]:
     try:
         data = PtychoData(sim["intensities"], sim["positions"], sim["shape"])
         params = ReconParams(algorithm="rpie", iterations=10**6)
-        threads = get_backend("cpu").threads
-        recs = {t: Reconstructor(data, initial_state(data, params), get_backend("cpu", threads=t))
+        threads = array_backend("cpu").threads
+        recs = {t: Reconstructor(data, initial_state(data, params), array_backend("cpu", threads=t))
                 for t in sorted({1, threads})}
         totals = {t: {name: 0.0 for name in (*STAGES, "iteration")} for t in recs}
         for rec in recs.values():
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         # The engine skips the probe's Fourier shifts (2 of its 4 FFTs per position) when
         # no position has a fractional part; the data stay those of the sub-pixel scan.
         sim["positions"] = np.rint(sim["positions"])
-    threads = get_backend("cpu").threads
+    threads = array_backend("cpu").threads
     common = {"positions": n, "probe_px": m, "modes": args.modes, "device": "cpu",
               "subpixel": not args.integer_positions,
               "threads": threads, "cpus": os.cpu_count()}
@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
             params = ReconParams(algorithm=alg, iterations=100)
             state = initial_state(data, params, probe=guess)
             t0 = time.perf_counter()
-            with Reconstructor(data, state, get_backend("cpu")) as rec:
+            with Reconstructor(data, state, array_backend("cpu")) as rec:
                 final = rec.run()
             region = region_of_illumination(sim)
             print(json.dumps({

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from beamflow.ptycho import PtychoData, ReconParams, Reconstructor, get_backend, initial_state
+from beamflow.ptycho import PtychoData, ReconParams, Reconstructor, array_backend, initial_state
 from beamflow.ptycho.propagation import Propagation
 from beamflow.simulate import detector_frames, make_near_field_ground_truth
 
@@ -32,7 +32,7 @@ def main() -> None:
     args = ap.parse_args()
     gt = make_near_field_ground_truth(positions=args.positions, probe_size=args.size, seed=0)
     frames = detector_frames(gt, 0, gt.n_positions, np.random.default_rng(1)).astype(np.float32)
-    backend = get_backend("cpu")
+    backend = array_backend("cpu")
     for algorithm in args.algorithms.split(","):
         recs = {}
         for name, prop in (("far", Propagation()), ("near", gt.propagation)):

@@ -236,7 +236,7 @@ def run_beamflow(d: dict, alg: str, args) -> tuple[dict, np.ndarray]:
         PtychoData,
         ReconParams,
         Reconstructor,
-        get_backend,
+        array_backend,
         initial_state,
     )
 
@@ -258,7 +258,7 @@ def run_beamflow(d: dict, alg: str, args) -> tuple[dict, np.ndarray]:
         seconds.append(info["seconds"])
         cpu_marks.append(time.process_time())
 
-    backend = get_backend("cpu")
+    backend = array_backend("cpu")
     t0 = time.perf_counter()
     with Reconstructor(data, state, backend) as rec:
         final = rec.run(callback=on_iteration)

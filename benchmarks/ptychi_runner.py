@@ -106,7 +106,8 @@ def _options(api, alg: str, d: dict, args) -> tuple[object, dict]:
 
     options.reconstructor_options.batch_size = args.batch
     options.reconstructor_options.num_epochs = args.iterations
-    options.reconstructor_options.default_device = api.Devices.CPU
+    options.reconstructor_options.default_device = (
+        api.Devices.GPU if args.device == "cuda" else api.Devices.CPU)
     options.reconstructor_options.random_seed = args.seed
     task_data = {
         "diffraction_data": d["intensities"],
@@ -131,6 +132,8 @@ def main() -> None:
     parser.add_argument("--step", type=float, default=1.0, help="PIE step size (gamma)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--blocks", type=int, default=4, help="timed blocks after warm-up")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="Pty-Chi's device (bench_gpu.py runs it beside beamflow's)")
     args = parser.parse_args()
 
     t_import = time.perf_counter()
@@ -162,13 +165,19 @@ def main() -> None:
         # 60 positions), which timing one epoch per call would charge to every epoch; with
         # blocks of ~25 epochs it is ~1 %. The block means give a median and a minimum per
         # epoch; the minimum is the least disturbed by other work on a shared machine.
+        def sync() -> None:  # queued GPU work belongs to the epochs that queued it
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+
         t = time.perf_counter()
         task.run(1)
+        sync()
         first_s = time.perf_counter() - t
         block_s, block_cpu = [], []
         for n in block_sizes(args.iterations - 1, args.blocks):
             t, c = time.perf_counter(), time.process_time()
             task.run(n)
+            sync()
             block_s.append((time.perf_counter() - t) / n)
             block_cpu.append((time.process_time() - c) / n)
         losses: list[float] = []

@@ -4,6 +4,7 @@ with ``responses``: an unmatched one raises ConnectionError inside the SDK."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,17 @@ endpoint_id = "{ENDPOINT}"
 """
     )
     return path
+
+
+def globus_workspace(directory: Path, monkeypatch: Any) -> Path:
+    """``directory`` as the working directory, holding a complete Globus beamflow.toml, with
+    no BEAMFLOW_* variable in effect (for tests of the commands)."""
+    monkeypatch.chdir(directory)
+    for key in list(os.environ):
+        if key.startswith("BEAMFLOW_"):
+            monkeypatch.delenv(key)
+    write_config(directory)
+    return directory
 
 
 def make_settings(directory: Path) -> Settings:

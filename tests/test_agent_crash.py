@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from process_kit import pid_running
 from typer.testing import CliRunner
 
 from beamflow.cli import app
-from beamflow.processes import pid_running
 from beamflow.simulate import simulate_scan
 from beamflow.store import Run, RunStatus, Store
 

@@ -233,3 +233,22 @@ def test_the_rules_see_the_cli_package_and_the_backend_roots():
     reached = {t for m in cli for t in GRAPH[m]}
     assert set(BACKEND_PACKAGES) <= reached
     assert _public_names("beamflow.local") and _public_names("beamflow.globus")
+
+
+def _external_imports(module: str) -> set[str]:
+    """The top-level names of the packages ``module`` imports (absolute imports only)."""
+    tree = ast.parse(MODULES[module].read_text(), str(MODULES[module]))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_only_the_array_backend_imports_cupy():
+    """The engine is one code path over an array module: the GPU's array library is reached
+    through beamflow/ptycho/arrays.py (ArrayBackend) only."""
+    users = sorted(m for m in MODULES if _external_imports(m) & {"cupy", "cupyx"})
+    assert users == ["beamflow.ptycho.arrays"]

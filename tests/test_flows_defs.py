@@ -11,9 +11,9 @@ from typing import Any
 
 import jsonschema
 import pytest
+from flow_kit import FUNCTION_ID, scan_workspace
 
 import flows
-from beamflow.config import load_config, local_workspace_toml
 from beamflow.local.actions import ActionStatus, RunContext
 from beamflow.local.clock import ManualClock
 from beamflow.local.interpreter import FlowRunner
@@ -27,17 +27,11 @@ from beamflow.runs import flow_input_for
 
 TRANSFER = "https://transfer.actions.globus.org/transfer"
 COMPUTE = "https://compute.actions.globus.org/v3"
-FUNCTION_ID = "44444444-4444-4444-8444-444444444444"
 
 
 @pytest.fixture
 def settings(tmp_path: Path):  # noqa: ANN201
-    for sub in ("beamline/detector/s1", "beamline/previews", "hpc", "state"):
-        (tmp_path / sub).mkdir(parents=True)
-    (tmp_path / "beamline/detector/s1/s1_master.h5").write_bytes(b"")
-    config = tmp_path / "beamflow.toml"
-    config.write_text(local_workspace_toml())
-    return load_config(config)
+    return scan_workspace(tmp_path)
 
 
 def inputs(settings, flow: str) -> dict[str, Any]:  # noqa: ANN001
@@ -100,7 +94,8 @@ def test_schemas_are_strict_json_schemas(name: str) -> None:
 
     for obj in objects(schema):
         assert obj["additionalProperties"] is False
-        assert obj["required"], obj.get("title")
+        # The endpoint's template variables are all optional ({}: the template's defaults).
+        assert obj["required"] or obj.get("title") == "Endpoint template variables", obj
 
 
 @pytest.mark.parametrize("name", ["ptycho_reconstruct", "ptycho_shared_fs"])
@@ -133,9 +128,12 @@ BAD = [
     ("compute.output_dir", "/x/.."),
     ("compute.allowed_roots", []),
     ("reconstruction.algorithm", "magic"),
-    ("reconstruction.iterations", 0),
+    ("reconstruction.iterations", -1),
     ("reconstruction.device", "tpu"),
-    ("reconstruction.probe_modes", 17),
+    ("reconstruction.probe_modes", 65),
+    ("reconstruction.batch", 8),  # the old name of batch_size
+    ("reconstruction.noise_model", "magic"),
+    ("reconstruction.position_correction", "yes"),
     ("run_name", "a/b"),
     ("run_name", ""),
     ("scan_is_directory", "yes"),

@@ -52,7 +52,10 @@ def test_the_body_is_self_contained() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"parameters": {"iterations": 0}}, "parameters.iterations"),
+        ({"parameters": {"iterations": -1}}, "parameters.iterations"),
+        ({"parameters": {"probe_modes": 65}}, "parameters.probe_modes"),
+        ({"parameters": {"alpha": 1.5}}, "alpha=1.5 is out of range for algorithm 'rpie'"),
+        ({"parameters": {"noise_model": "poisson"}}, "only implemented by algorithm 'lsqml'"),
         ({"parameters": {"algorithm": "magic"}}, "parameters.algorithm"),
         ({"parameters": {"colour": "blue"}}, "parameters.colour"),
         ({"allowed_roots": []}, "allowed_roots"),

@@ -24,11 +24,11 @@ from globus_testkit import (
     HPC,
     IDENTITY,
     NO_RETRY,
+    globus_workspace,
     make_settings,
     register,
     store_tokens,
     userinfo,
-    write_config,
 )
 from typer.testing import CliRunner
 
@@ -52,12 +52,7 @@ pytestmark = pytest.mark.usefixtures("mocked")
 
 @pytest.fixture
 def workspace(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    for key in list(os.environ):
-        if key.startswith("BEAMFLOW_"):
-            monkeypatch.delenv(key)
-    write_config(tmp_path)
-    return tmp_path
+    return globus_workspace(tmp_path, monkeypatch)
 
 
 def cli(*args: str, input: str | None = None):

@@ -59,9 +59,11 @@ def test_flows_are_created_with_definition_and_schema_unchanged(settings, mocked
     ids = [f"0000000{i}-0000-4000-8000-000000000000" for i in range(len(names))]
     for fid in ids:  # responses answers same-URL registrations in order
         register("flows", "/flows", {"id": fid, "title": "x"}, method="POST")
+    register("flows", "/flows/validate", {"scopes": {}}, method="POST")
     with backend_for(settings) as backend:
         results = backend.register_flows()
     assert [r.action for r in results] == ["created"] * len(names)
+    assert len(bodies(mocked, "POST", "/flows/validate")) == len(names)  # validated first
     sent = bodies(mocked, "POST", "/flows")
     for name, body, fid in zip(names, sent, ids, strict=True):
         assert body["definition"] == flows.load_definition(name)
@@ -83,6 +85,7 @@ def test_flow_registration_unchanged_then_updated_on_content_change(settings, mo
         assert bodies(mocked, "PUT", FLOW_ID) == [] and bodies(mocked, "POST", "/flows") == []
         reg.record("flow", FLOW, FLOW_ID, "an older checksum")
         load_response(globus_sdk.FlowsClient.update_flow)  # PUT /flows/FLOW_ID
+        register("flows", "/flows/validate", {"scopes": {}}, method="POST")
         results = {r.name: r for r in backend.register_flows()}
     assert results[FLOW].action == "updated" and results[FLOW].id == FLOW_ID
     (put,) = bodies(mocked, "PUT", f"/flows/{FLOW_ID}")
@@ -102,6 +105,7 @@ def test_flow_deleted_on_the_service_is_created_again(settings):
             register("flows", f"/flows/{fid}", {"id": fid})
     register("flows", f"/flows/{gone}", {"error": {"code": "NOT_FOUND"}}, status=404)
     register("flows", "/flows", {"id": FLOW_ID}, method="POST")
+    register("flows", "/flows/validate", {"scopes": {}}, method="POST")
     with backend_for(settings) as backend:
         results = {r.name: r for r in backend.register_flows()}
     assert results[FLOW].action == "created" and reg.require_id("flow", FLOW) == FLOW_ID

@@ -48,10 +48,15 @@ def loaded():
         config.engine.shutdown()
 
 
+# The clusters' extra files: who runs as whom (multi-user, root), and the no-root form.
+CLUSTER_FILES = {"identity_mapping.json", "config.single-user.yaml"}
+
+
 def test_the_three_kinds_are_there():
     assert {p.name for p in DEPLOY.iterdir() if p.is_dir()} == set(KINDS)
     for name in KINDS:
-        assert {p.name for p in (DEPLOY / name).iterdir()} == FILES_OF_A_KIND, name
+        extra = CLUSTER_FILES if name in CLUSTERS else set()
+        assert {p.name for p in (DEPLOY / name).iterdir()} == FILES_OF_A_KIND | extra, name
 
 
 @pytest.mark.parametrize("name", KINDS)
@@ -131,6 +136,22 @@ def test_template_loads_with_no_variables(name, loaded):
         assert htex.provider.walltime == "01:00:00"
 
 
+def test_slurm_template_states_partition_and_account_once(loaded):
+    """One #SBATCH line each: the provider writes them from its own settings, so the
+    template must not repeat them in scheduler_options or the launcher."""
+    opts = {**example(DEPLOY / "slurm-gpu"), "qos": "normal"}
+    config = user_config(DEPLOY / "slurm-gpu", opts)
+    loaded.append(config)
+    provider = config.engine.executor.provider
+    script = provider.scheduler_options
+    for option in ("partition", "account", "qos"):
+        assert script.count(f"#SBATCH --{option}=") == 1, script
+        assert f"--{option}" not in provider.launcher.overrides
+    assert f"#SBATCH --partition={opts['partition']}" in script
+    template = (DEPLOY / "slurm-gpu" / "user_config_template.yaml.j2").read_text()
+    assert template.count("partition:") == template.count("account:") == 1
+
+
 def test_slurm_template_on_cpu_nodes_asks_for_no_gpu(loaded):
     config = user_config(DEPLOY / "slurm-gpu", {"gpus_per_node": 0, "cpu_workers_per_node": 2})
     loaded.append(config)
@@ -208,6 +229,39 @@ def test_the_documented_configure_and_render_commands_work(name, tmp_path, loade
     loaded.append(rendered)
 
 
+@pytest.mark.parametrize("name", CLUSTERS)
+def test_the_no_root_form_is_a_single_user_endpoint_of_the_same_engine(name, tmp_path, loaded):
+    """config.single-user.yaml: the endpoint the service account runs without root, no
+    identity mapping; configured with the endpoint's own CLI and loaded with its loader, it
+    renders the same template as the multi-user form."""
+    kind = DEPLOY / name
+    single = kind / "config.single-user.yaml"
+    config = load_config_yaml(single.read_text())
+    assert isinstance(config, CoreEndpointConfig)
+    assert config.identity_mapping_config_path is None and config.amqp_port == 443
+    assert "service account" in config.display_name
+    env = {**os.environ, "HOME": str(tmp_path), "GLOBUS_COMPUTE_USER_DIR": str(tmp_path / "gc")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    configure = ["globus-compute-endpoint", "configure", "beamflow", "--multi-user", "false"]
+    configure += ["--core-config", str(single)]
+    configure += ["--template-config", str(kind / "user_config_template.yaml.j2")]
+    configure += ["--schema-config", str(kind / "user_config_schema.json")]
+    done = subprocess.run(configure, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    installed = core_config(tmp_path / "gc" / "beamflow")
+    assert installed.identity_mapping_config_path is None
+    assert not installed.public and installed.email is None
+    render = ["globus-compute-endpoint", "render-user-config", "-e", "beamflow"]
+    done = subprocess.run(render, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rendered = load_config_yaml(done.stdout)
+    loaded.append(rendered)
+    assert isinstance(rendered.engine, GlobusComputeEngine)
+    assert done.stdout == render_user_config(kind, {}) + "\n"
+    guide = (ROOT / "docs" / "deployment.md").read_text()
+    assert f"deploy/compute-endpoint/{name}/config.single-user.yaml" in guide
+
+
 def test_guide_covers_every_config_and_the_setup_steps():
     guide = (DEPLOY.parent / "README.md").read_text()
     deployment = (ROOT / "docs" / "deployment.md").read_text()
@@ -221,7 +275,8 @@ def test_guide_covers_every_config_and_the_setup_steps():
         "beamflow login",
         "beamflow doctor",
         "systemd",
-        'pip install "beamflow[gpu]"',
+        "constraints-worker.txt",
+        "make dist",
         "user_config_template.yaml.j2",
         "--multi-user true",
     ):

@@ -99,3 +99,18 @@ def test_direct_needs_the_globus_backend(tmp_path):
     out = runner.invoke(app, ["runs", "start", str(tmp_path), "--direct", "-c",
                               str(tmp_path / "ws" / "beamflow.toml")])
     assert out.exit_code == 2 and "globus" in out.output
+
+
+def test_a_direct_run_sends_the_final_resources_to_the_endpoint(tmp_path, mocked):
+    settings, config, master, meta = setup(tmp_path)
+    config.write_text(config.read_text() + '\n[cluster.final]\npartition = "long"\n'
+                      'walltime = "08:00:00"\n')  # fmt: skip
+    register("compute", f"/v2/tasks/{meta['task_id']}",
+             task_doc(meta["task_id"], status="success", completion_t="1.0",
+                      result=ComputeSerializer().serialize({"iterations": 1, "previews": []})))
+    out = runner.invoke(app, ["runs", "start", str(master.parent), "--direct", "--json",
+                              "-c", str(config)])
+    assert out.exit_code == 0, out.output
+    (submit,) = [c for c in mocked.calls if c.request.url.endswith("/submit")]
+    body = json.loads(submit.request.body)
+    assert body["user_endpoint_config"] == {"partition": "long", "walltime": "08:00:00"}

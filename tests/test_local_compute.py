@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from process_kit import pid_running
 
 from beamflow.config import ConfigError
 from beamflow.local.actions import ActionUnableToRunError
@@ -35,7 +36,6 @@ from beamflow.local.engine import (
     parse_error,
     worker_pids,
 )
-from beamflow.processes import pid_running
 
 ENDPOINT = "33333333-3333-4333-8333-333333333333"
 GPUS = ["4", "7"]

@@ -281,8 +281,10 @@ def test_bad_requests_are_refused(roots: tuple[Path, Path]) -> None:
         p.start(body(item("/a", "/a"), sync_level="sometimes"), None)
     with pytest.raises(ActionUnableToRunError, match="Extra inputs|extra"):
         p.start(body(item("/a", "/a"), colour="blue"), None)
-    with pytest.raises(ActionUnableToRunError, match="DATA"):
+    with pytest.raises(ActionUnableToRunError, match="invalid transfer request: DATA") as bad:
         p.start(body(), None)
+    # The structured error the flow's Catch sees, as Globus's providers answer.
+    assert bad.value.details == {"code": "BadRequest", "description": str(bad.value)}
 
 
 def test_missing_source_and_wrong_recursive_fail_with_codes(roots: tuple[Path, Path]) -> None:

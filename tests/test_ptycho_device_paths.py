@@ -16,8 +16,8 @@ import pytest
 import scipy.fft
 from test_ptycho_engine import DEVICE_SETUP_IDS, DEVICE_SETUPS, data_of, simulate
 
-from beamflow.ptycho import ReconParams, Reconstructor, get_backend, initial_state
-from beamflow.ptycho.backend import Backend
+from beamflow.ptycho import ReconParams, Reconstructor, array_backend, initial_state
+from beamflow.ptycho.arrays import ArrayBackend
 
 
 def _fake_cupy() -> types.SimpleNamespace:
@@ -34,8 +34,8 @@ def _fake_cupy() -> types.SimpleNamespace:
 
 
 @pytest.fixture
-def device(monkeypatch: pytest.MonkeyPatch) -> Backend:
-    """A Backend that takes the GPU branches, on numpy."""
+def device(monkeypatch: pytest.MonkeyPatch) -> ArrayBackend:
+    """An ArrayBackend that takes the GPU branches, on numpy."""
 
     def fft2(a, axes=(-2, -1), overwrite_x=False, norm="backward"):
         return scipy.fft.fft2(a, axes=axes, overwrite_x=overwrite_x, norm=norm, workers=1)
@@ -52,14 +52,14 @@ def device(monkeypatch: pytest.MonkeyPatch) -> Backend:
     monkeypatch.setitem(sys.modules, "cupyx", cupyx)
     monkeypatch.setitem(sys.modules, "cupyx.scipy", scipy_mod)
     monkeypatch.setitem(sys.modules, "cupyx.scipy.fft", fft_mod)
-    backend = Backend(name="cuda:0", xp=np, threads=1, _cupy=_fake_cupy())
+    backend = ArrayBackend(name="cuda:0", xp=np, threads=1, _cupy=_fake_cupy())
     assert backend.is_gpu
     return backend
 
 
-def test_gather_and_scatter_agree_with_the_cpu_path(device: Backend) -> None:
+def test_gather_and_scatter_agree_with_the_cpu_path(device: ArrayBackend) -> None:
     rng = np.random.default_rng(3)
-    cpu = get_backend("cpu", threads=1)
+    cpu = array_backend("cpu", threads=1)
     m, iy, ix = 8, np.array([0, 3, 3, 10, 12]), np.array([1, 1, 9, 0, 12])
     for tail in ((), (2,)):
         shape = (20, 21, *tail)
@@ -85,13 +85,13 @@ def test_gather_and_scatter_agree_with_the_cpu_path(device: Backend) -> None:
 
 
 @pytest.mark.parametrize("extra", DEVICE_SETUPS, ids=DEVICE_SETUP_IDS)
-def test_device_path_matches_the_cpu_path(device: Backend, extra: dict) -> None:
+def test_device_path_matches_the_cpu_path(device: ArrayBackend, extra: dict) -> None:
     sim = simulate()
     params = ReconParams(iterations=6, **extra)
     out = {}
     # The CPU reference uses pocketfft, like the stand-in's FFTs: Poisson LSQ-ML amplifies
     # the rounding differences between FFT libraries (see test_cpu_fft_implementations_agree).
-    cpu_backend = get_backend("cpu", threads=1, fft="pocketfft")
+    cpu_backend = array_backend("cpu", threads=1, fft="pocketfft")
     for name, backend in (("cpu", cpu_backend), ("device", device)):
         data = data_of(sim, intensities=sim["intensities"].copy())
         # consume_data on a device copies the frames to it and must leave them alone

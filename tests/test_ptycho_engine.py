@@ -15,16 +15,16 @@ import pydantic
 import pytest
 
 from beamflow.ptycho import (
-    BackendError,
+    ArrayBackendError,
     PtychoData,
     ReconParams,
     ReconState,
     Reconstructor,
-    get_backend,
+    array_backend,
     initial_state,
 )
-from beamflow.ptycho.backend import cpu_ffts
-from beamflow.ptycho.core import overlap_neighbours, sparse_batches
+from beamflow.ptycho.arrays import cpu_ffts
+from beamflow.ptycho.batches import overlap_neighbours, sparse_batches
 from beamflow.ptycho.engine import counter_rng
 from beamflow.ptycho.modes import orthogonalize_modes
 
@@ -122,7 +122,7 @@ def nrmse(rec, true, where):
 def reconstruct(data, iterations, **kw):
     params = ReconParams(iterations=iterations, **kw)
     state = initial_state(data, params)
-    with Reconstructor(data, state, get_backend("cpu")) as rec:
+    with Reconstructor(data, state, array_backend("cpu")) as rec:
         return rec.run()
 
 
@@ -357,24 +357,24 @@ def test_bad_data_fails_clearly(scan):
 
 
 def test_backend_selection(monkeypatch):
-    cpu = get_backend("cpu")
+    cpu = array_backend("cpu")
     assert cpu.name == "cpu" and cpu.xp is np and cpu.threads >= 1
-    with pytest.raises(BackendError, match="unknown device"):
-        get_backend("tpu")
+    with pytest.raises(ArrayBackendError, match="unknown device"):
+        array_backend("tpu")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     # "auto" falls back to the CPU when no device is visible; "cuda" says why it cannot.
-    from beamflow.ptycho import backend as bmod
+    from beamflow.ptycho import arrays as bmod
 
     if not bmod.cuda_available():
-        assert get_backend("auto").name == "cpu"
-        with pytest.raises(BackendError, match="cuda"):
-            get_backend("cuda")
+        assert array_backend("auto").name == "cpu"
+        with pytest.raises(ArrayBackendError, match="cuda"):
+            array_backend("cuda")
 
 
 def test_gather_and_scatter_match_naive():
     """The CPU scatter adds overlapping patches exactly like a naive loop, in patch order,
     for complex and real accumulators, broadcast patches and a trailing axis."""
-    be = get_backend("cpu")
+    be = array_backend("cpu")
     rng = np.random.default_rng(0)
     obj = (rng.random((50, 60)) + 1j * rng.random((50, 60))).astype(np.complex64)
     iy, ix = rng.integers(0, 50 - 8, 20), rng.integers(0, 60 - 8, 20)
@@ -403,7 +403,7 @@ def test_shifted_probe_and_probe_adjoint_match_naive(scan, fft, modes):
     even frame, where the Nyquist row and column are where shortcuts go wrong."""
     data = data_of(scan)
     params = ReconParams(iterations=1, probe_modes=modes)
-    with Reconstructor(data, initial_state(data, params), get_backend("cpu", fft=fft)) as rec:
+    with Reconstructor(data, initial_state(data, params), array_backend("cpu", fft=fft)) as rec:
         core = rec.core
         c = core.chunk(np.arange(7))
         assert c.ramp is not None
@@ -473,7 +473,7 @@ def test_threads_agree_with_single_thread(scan):
     out = []
     for threads in (1, 3):
         with Reconstructor(data, initial_state(data, params),
-                           get_backend("cpu", threads=threads)) as rec:
+                           array_backend("cpu", threads=threads)) as rec:
             out.append(rec.run())
     np.testing.assert_allclose(out[0].object, out[1].object, rtol=0, atol=2e-4)
     np.testing.assert_allclose(out[0].loss_history, out[1].loss_history, rtol=1e-4)
@@ -481,7 +481,7 @@ def test_threads_agree_with_single_thread(scan):
 
 def test_center_probe_moves_probe_and_object_together(scan):
     """Re-centring shifts probe and object alike: the model's far field does not change."""
-    from beamflow.ptycho.core import Core
+    from beamflow.ptycho.forward import Core
 
     data = data_of(scan)
     params = ReconParams(algorithm="dm", object_update_start=99, probe_update_start=99)
@@ -491,7 +491,7 @@ def test_center_probe_moves_probe_and_object_together(scan):
     shift = (1.3, -0.8)  # move the probe off centre by (+1.3, -0.8) px
     ramp = np.exp(-2j * np.pi * (k[:, None] * shift[0] + k[None] * shift[1]))
     state.probe[0] = np.fft.ifft2(np.fft.fft2(p) * ramp).astype(np.complex64)
-    core = Core(data, state, get_backend("cpu"))
+    core = Core(data, state, array_backend("cpu"))
     s = core.center_probe()
     assert s is not None and abs(s[0] - shift[0]) < 0.1 and abs(s[1] - shift[1]) < 0.1
     assert core.center_probe() is None  # now centred
@@ -534,14 +534,14 @@ def test_fft_and_dct_without_the_private_binding_match(monkeypatch):
     """The engine's FFTs and the previews' DCT give the same results through scipy's private
     pocketfft binding (loaded without the scipy.fft package) and through scipy.fft's public
     functions, which take over if the binding cannot be loaded."""
-    from beamflow.ptycho import backend as bmod
+    from beamflow.ptycho import arrays as bmod
 
     assert bmod._pocketfft() is not None, "the binding no longer loads: check _pocketfft"
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((3, 16, 16)) + 1j * rng.standard_normal((3, 16, 16))).astype(
         np.complex64)
     r = rng.standard_normal((9, 12))
-    be = get_backend("cpu", threads=2, fft="pocketfft")
+    be = array_backend("cpu", threads=2, fft="pocketfft")
     fast = (be.fft2(x.copy()), be.ifft2(x.copy()), be.ifft2(x.copy(), scale=False),
             bmod.dct2(r), bmod.dct2(r, inverse=True))
     monkeypatch.setattr(bmod, "_pocketfft", lambda: None)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from test_ptycho_engine import DEVICE_SETUP_IDS, DEVICE_SETUPS, data_of, nrmse, region, simulate
 
-from beamflow.ptycho import ReconParams, Reconstructor, get_backend, initial_state
-from beamflow.ptycho.backend import cuda_available
+from beamflow.ptycho import ReconParams, Reconstructor, array_backend, initial_state
+from beamflow.ptycho.arrays import cuda_available
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,11 +22,11 @@ def test_cuda_matches_numpy(extra):
     params = ReconParams(iterations=6, **extra)
     out = {}
     for device in ("cpu", "cuda"):
-        backend = get_backend(device, threads=1) if device == "cpu" else get_backend(device)
+        backend = array_backend(device, threads=1) if device == "cpu" else array_backend(device)
         with Reconstructor(data, initial_state(data, params), backend) as rec:
             out[device] = rec.run()
     cpu, gpu = out["cpu"], out["cuda"]
-    assert get_backend("cuda").name.startswith("cuda:")
+    assert array_backend("cuda").name.startswith("cuda:")
     assert isinstance(gpu.object, np.ndarray) and gpu.object.dtype == np.complex64
     # Same algorithm, same batches; only float32 rounding differs between the devices.
     np.testing.assert_allclose(gpu.loss_history, cpu.loss_history, rtol=2e-3)
@@ -44,3 +44,43 @@ def test_cuda_converges():
         state = rec.run()
     assert state.loss_history[-1] < state.loss_history[0] / 10
     assert nrmse(state.object, sim["object"], region(sim)) < 0.1
+
+
+def test_fused_modulus_kernel_matches_the_plain_expression():
+    backend = array_backend("cuda")
+    assert backend.fused
+    rng = np.random.default_rng(1)
+    shape = (6, 32, 32)
+    psi = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
+    counts = rng.poisson(4.0, shape).astype(np.uint16)
+    mask = (rng.random(shape[1:]) > 0.1).astype(np.float32)
+    eps = np.float32(1e-6)
+    amp = np.sqrt(counts.astype(np.float32))
+    d = (amp - np.abs(psi)) * mask
+    expected = psi * (d / (np.abs(psi) + eps))
+    for data in (amp, counts):  # float32 amplitudes, or uint16 counts
+        got = backend.to_device(psi)
+        loss = backend.modulus_correction(got, backend.to_device(data),
+                                          backend.to_device(mask), eps)
+        np.testing.assert_allclose(backend.to_host(got), expected, rtol=1e-5, atol=1e-6)
+        assert float(loss) == pytest.approx(float((d.astype(np.float64) ** 2).sum()), rel=1e-5)
+
+
+def test_cuda_streams_frames_and_snapshots_without_changing_the_result():
+    import dataclasses
+
+    sim = simulate()
+    params = ReconParams(iterations=4, algorithm="rpie")
+    cuda = array_backend("cuda")
+    runs = {}
+    for name, backend in (("resident", cuda),
+                          ("streamed", dataclasses.replace(cuda, memory_limit_bytes=2 * 2**20))):
+        data = data_of(sim)
+        with Reconstructor(data, initial_state(data, params), backend) as rec:
+            runs[name] = rec.run()
+            assert rec.core.frames.resident == (name == "resident")
+            pending = rec.snapshot_async()
+            rec.iterate()
+            assert pending.result().iteration == 4
+    np.testing.assert_allclose(runs["streamed"].loss_history, runs["resident"].loss_history,
+                               rtol=1e-4)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from test_ptycho_engine import data_of, simulate
 
-from beamflow.ptycho import ReconParams, Reconstructor, fftw, get_backend, initial_state
-from beamflow.ptycho import backend as bmod
-from beamflow.ptycho.backend import BackendError
+from beamflow.ptycho import ReconParams, Reconstructor, array_backend, fftw, initial_state
+from beamflow.ptycho import arrays as bmod
+from beamflow.ptycho.arrays import ArrayBackendError
 
 FFTW = bmod._fftw()
 needs_fftw = pytest.mark.skipif(FFTW is None, reason="no libfftw3f (pip install 'beamflow[fftw]')")
@@ -102,16 +102,16 @@ def test_no_usable_library_means_pocketfft(monkeypatch):
     assert fftw.load() is None
     monkeypatch.setattr(bmod, "_fftw", lambda: None)
     assert bmod.cpu_ffts() == ("pocketfft",)
-    assert get_backend("cpu").fft == "pocketfft"
-    with pytest.raises(BackendError, match=r"beamflow\[fftw\]"):
-        get_backend("cpu", fft="fftw")
-    with pytest.raises(BackendError, match="expected one of pocketfft"):
-        get_backend("cpu", fft="mkl")
+    assert array_backend("cpu").fft == "pocketfft"
+    with pytest.raises(ArrayBackendError, match=r"beamflow\[fftw\]"):
+        array_backend("cpu", fft="fftw")
+    with pytest.raises(ArrayBackendError, match="expected one of pocketfft"):
+        array_backend("cpu", fft="mkl")
 
 
 @needs_fftw
 def test_fftw_is_the_default_and_backends_agree():
-    be_fftw, be_pocket = get_backend("cpu"), get_backend("cpu", fft="pocketfft")
+    be_fftw, be_pocket = array_backend("cpu"), array_backend("cpu", fft="pocketfft")
     assert be_fftw.fft == "fftw" and be_pocket.fft == "pocketfft"
     x = _stack((3, 1, 24, 24))
     _close(be_fftw.fft2(x.copy()), be_pocket.fft2(x.copy()))
@@ -142,7 +142,7 @@ def test_reconstructions_agree_across_fft_libraries(extra):
     for impl in ("fftw", "pocketfft"):
         data = data_of(sim)
         with Reconstructor(data, initial_state(data, params),
-                           get_backend("cpu", threads=2, fft=impl)) as rec:
+                           array_backend("cpu", threads=2, fft=impl)) as rec:
             out[impl] = rec.run()
     a, b = out["fftw"], out["pocketfft"]
     np.testing.assert_allclose(a.loss_history, b.loss_history, rtol=1e-4)
@@ -152,27 +152,27 @@ def test_reconstructions_agree_across_fft_libraries(extra):
 
 @needs_fftw
 def test_poisson_lsqml_converges_alike_on_both_libraries():
-    """Poisson LSQ-ML divides by the model intensity, which in dark pixels is rounding noise:
-    the two libraries' trajectories drift apart (~1 % in the loss after 30 iterations), but
-    both converge to the same quality."""
+    """Poisson LSQ-ML divides by the model intensity, which in dark pixels is rounding noise;
+    without its floor (lsqml.POISSON_FLOOR) the two libraries' trajectories drifted apart
+    (~2-10 % in the loss after 30 iterations). With it they agree to rounding."""
     sim = simulate()
     params = ReconParams(iterations=30, algorithm="lsqml", noise_model="poisson")
     final = {}
     for impl in ("fftw", "pocketfft"):
         data = data_of(sim)
         with Reconstructor(data, initial_state(data, params),
-                           get_backend("cpu", threads=1, fft=impl)) as rec:
+                           array_backend("cpu", threads=1, fft=impl)) as rec:
             state = rec.run()
         assert state.loss_history[-1] < 0.5 * state.loss_history[0]
         final[impl] = state.loss_history[-1]
-    assert abs(final["fftw"] / final["pocketfft"] - 1) < 0.1
+    assert abs(final["fftw"] / final["pocketfft"] - 1) < 1e-3
 
 
 @needs_fftw
 def test_fftw_loads_without_the_pyfftw_package_or_scipy_fft():
     """Only libfftw3f is loaded (1 MB): not pyFFTW's package, which imports scipy.fft."""
-    code = ("import sys, numpy as np; from beamflow.ptycho.backend import get_backend; "
-            "be = get_backend('cpu'); be.fft2(np.ones((2, 8, 8), np.complex64)); "
+    code = ("import sys, numpy as np; from beamflow.ptycho.arrays import array_backend; "
+            "be = array_backend('cpu'); be.fft2(np.ones((2, 8, 8), np.complex64)); "
             "print(be.fft, sorted(m for m in sys.modules if m.startswith("
             "('pyfftw', 'scipy.fft', 'scipy.special'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -335,3 +335,123 @@ def test_full_range_is_the_wrapped_circle():
     assert img.phase.min() >= -np.pi and img.phase.max() < np.pi
     windowed = V.phase_image(obj, illuminated=inside)
     assert np.allclose(np.exp(1j * img.phase), np.exp(1j * windowed.phase))
+
+
+# --------------------------------------------------------------------------- readable previews
+
+
+def _text_chunks(path: Path) -> dict[str, str]:
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return dict(img.text)
+
+
+@pytest.fixture
+def figures(monkeypatch) -> list:
+    """The matplotlib figures the renderers draw (captured as they are saved)."""
+    drawn = []
+    real = V._png_bytes
+
+    def capture(fig, *args, **kwargs):
+        data = real(fig, *args, **kwargs)  # saving draws it: tick labels are set now
+        drawn.append(fig)
+        return data
+
+    monkeypatch.setattr(V, "_png_bytes", capture)
+    return drawn
+
+
+def _texts(fig) -> list[str]:
+    from matplotlib.text import Text
+
+    return [t.get_text() for t in fig.findobj(Text) if t.get_text() and t.get_visible()]
+
+
+@pytest.mark.parametrize("losses", [
+    np.linspace(0.02, 0.016, 25),            # less than a decade: no power of ten inside
+    np.exp(-np.arange(200) / 20.0) + 1e-4,   # four decades
+])
+def test_convergence_has_labelled_ticks_and_a_dashed_noise_floor(figures, losses, tmp_path):
+    data = V.render_convergence(losses, title="s · rpie", noise_floor=2.5e-4)
+    (tmp_path / "c.png").write_bytes(data)
+    [fig] = figures
+    [ax] = fig.axes
+    lo, hi = ax.get_ylim()
+    labelled = [t.get_text() for t in ax.get_yticklabels()
+                if t.get_text() and lo <= t.get_position()[1] <= hi]
+    assert len(labelled) >= 3, labelled
+    assert all(float(v) > 0 for v in labelled)
+    xs = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert len(xs) >= 3 and all(v.lstrip("−-").isdigit() for v in xs), xs
+    assert ax.get_xlabel() == "iteration" and "loss" in ax.get_ylabel()
+    floors = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
+    assert len(floors) == 1 and np.allclose(floors[0].get_ydata(), 2.5e-4)
+    assert lo < 2.5e-4 < hi  # the floor is in view, even far below the losses
+    assert any("Poisson noise floor 0.00025" in t for t in _texts(fig))
+    assert "noise floor 0.00025" in _text_chunks(tmp_path / "c.png")["Description"]
+
+
+def test_convergence_without_a_floor_draws_no_dashed_line(figures):
+    V.render_convergence(np.linspace(1, 0.1, 10))
+    assert not [ln for ln in figures[0].axes[0].get_lines() if ln.get_linestyle() == "--"]
+
+
+def test_a_suspect_result_says_so_in_every_preview_title(tmp_path, figures):
+    probe, corners = _scan()
+    loss = np.exp(-np.arange(30) / 10.0)
+    out = V.write_previews(tmp_path / "bad", _object(), probe, PX, loss, title="s · it 30",
+                           positions_px=corners, suspect=True)
+    assert len(figures) == len(V.PREVIEW_NAMES)
+    for name, path in out.items():
+        title = _text_chunks(path)["Title"]
+        assert title.startswith("SUSPECT"), (name, title)
+        assert "s · it 30" in title
+    for fig in figures:
+        assert any(t.startswith("SUSPECT") for t in _texts(fig))
+    figures.clear()
+    good = V.write_previews(tmp_path / "good", _object(), probe, PX, loss, title="s · it 30",
+                            positions_px=corners)
+    for path in good.values():
+        assert "SUSPECT" not in _text_chunks(path)["Title"]
+    assert not any("SUSPECT" in t for fig in figures for t in _texts(fig))
+
+
+def _sample_in_empty_space(n: int = 128, scale: float = 0.6) -> np.ndarray:
+    """A few absorbing, phase-shifting discs in empty space, the whole scaled by ``scale``
+    (the scale a reconstruction may trade with its probe)."""
+    y, x = np.indices((n, n))
+    t = np.zeros((n, n))
+    for cy, cx, r in ((40, 40, 12), (80, 70, 16), (50, 95, 9)):
+        t += np.hypot(y - cy, x - cx) < r
+    return (scale * np.exp(t * (1.0j - 0.4))).astype(np.complex64)
+
+
+def test_the_amplitude_is_one_in_the_unscattered_region(tmp_path, figures):
+    obj = _sample_in_empty_space(scale=0.6)
+    view = V.object_view(obj)
+    level = V.unscattered_level(view)
+    assert level.value == pytest.approx(0.6, rel=1e-3)
+    assert level.share > 0.3
+    path = V.write_png_atomic(tmp_path / "a.png", V.render_object_amplitude(obj, PX))
+    chunks = _text_chunks(path)
+    assert "unscattered region = 1" in chunks["Title"]
+    assert "divided by 0.6" in chunks["Description"]
+    texts = _texts(figures[0])
+    assert "amplitude (unscattered = 1)" in texts
+    # The colour bar now spans the sample's transmission: its top is 1, not 0.6.
+    cbar = figures[0].axes[1]
+    assert cbar.get_ylim()[1] == pytest.approx(1.0, abs=0.02)
+
+
+def test_a_sample_that_fills_the_field_is_not_normalised_and_says_why(tmp_path, figures):
+    rng = np.random.default_rng(0)
+    texture = np.exp((0.5j - 0.3) * rng.random((128, 128)))  # no flat area anywhere
+    level = V.unscattered_level(V.object_view(texture))
+    assert level.value is None
+    data = V.render_object_amplitude(texture.astype(np.complex64), PX)
+    path = V.write_png_atomic(tmp_path / "t.png", data)
+    title = _text_chunks(path)["Title"]
+    assert "not normalised: " in title
+    assert level.reason in title
+    assert "amplitude" in _texts(figures[0])

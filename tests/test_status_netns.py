@@ -156,7 +156,7 @@ def test_beyond_loopback_everything_needs_the_token(link, store) -> None:
 
         # A failed login is logged with the client's address: the one in the namespace.
         lines = Lines()
-        logging.getLogger("beamflow.status.app").addHandler(lines)
+        logging.getLogger("beamflow.status").addHandler(lines)
         try:
             subprocess.run([IP, "netns", "exec", ns, sys.executable, "-c",
                             "import urllib.request, urllib.error\n"
@@ -166,7 +166,7 @@ def test_beyond_loopback_everything_needs_the_token(link, store) -> None:
                             "except urllib.error.HTTPError as e: assert e.code == 401"],
                            check=True, capture_output=True, timeout=60)
         finally:
-            logging.getLogger("beamflow.status.app").removeHandler(lines)
+            logging.getLogger("beamflow.status").removeHandler(lines)
         assert lines.lines == [f"status: failed login from {client}"]
 
 

@@ -25,7 +25,6 @@ are never read (they do not match the checkpoint name pattern).
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import logging
@@ -614,6 +613,3 @@ def clear_checkpoints(directory: Path | str) -> None:
         except OSError as e:
             log.warning("cannot remove old checkpoint %s: %s", p, e)
 
-
-def is_disk_full(e: BaseException) -> bool:
-    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)

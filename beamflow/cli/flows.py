@@ -1,18 +1,29 @@
 """`beamflow flows validate|run`: the offline flow tool, on the local backend's interpreter
 (its public API, ``beamflow.local``, imported inside the commands: it loads jsonschema and the
-interpreter, which no other command needs)."""
+interpreter, which no other command needs). `validate --remote` also asks Globus Flows (the
+public API of ``beamflow.globus``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from beamflow.cli.common import HELP, ConfigOption, JsonOption, console, fail, warn
+from beamflow.backend import BackendError
+from beamflow.cli.common import (
+    HELP,
+    ConfigOption,
+    JsonOption,
+    console,
+    fail,
+    settings_from,
+    warn,
+)
 
-app = typer.Typer(help="Validate and try flow definitions offline.", **HELP)
+app = typer.Typer(help="Validate and try flow definitions (offline; --remote asks Globus).",
+                  **HELP)
 
 FlowFile = Annotated[
     Path, typer.Argument(help="A flow definition (Globus Flows JSON).", dir_okay=False)
@@ -20,21 +31,53 @@ FlowFile = Annotated[
 
 
 @app.command("validate")
-def flows_validate(file: FlowFile) -> None:
-    """Check a definition as Globus Flows would: exit 0 and 'valid', or 1 and the reasons."""
-    from beamflow.local import FlowToolError, check_flow
+def flows_validate(
+    file: FlowFile,
+    remote: Annotated[
+        bool,
+        typer.Option(
+            "--remote",
+            help="Also ask Globus Flows (needs `beamflow login`) and print what it says.",
+        ),
+    ] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Check a definition as Globus Flows would: exit 0 and 'valid', or 1 and the reasons.
+    With --remote the Flows service checks it too (definition and sibling schema)."""
+    from beamflow.local import FlowToolError, check_flow, load_flow
 
     try:
         check = check_flow(file)
+        definition, schema = load_flow(file) if remote else (None, None)
     except FlowToolError as exc:
         fail(str(exc))
     for warning in check.warnings:
         warn(warning)
-    if check.problems:
-        for problem in check.problems:
-            print(problem)
+    for problem in check.problems:
+        print(problem)
+    refused = bool(check.problems)
+    if remote:
+        refused = not _service_accepts(file, definition, schema, config) or refused
+    if refused:
         raise typer.Exit(1)
     print("valid")
+
+
+def _service_accepts(file: Path, definition: Any, schema: Any, config: Path | None) -> bool:
+    """Globus Flows' own validation of the definition; prints its messages."""
+    from beamflow.globus import validate_with_service
+
+    try:
+        check = validate_with_service(settings_from(config), file.name, definition, schema)
+    except BackendError as exc:
+        fail(str(exc))
+    for problem in check.problems:
+        print(f"Globus Flows: {problem}")
+    if check.valid:
+        scopes = sorted({s for group in check.scopes.values() for s in group})
+        console.print(f"Globus Flows accepts it; runs will need: {', '.join(scopes) or '-'}",
+                      highlight=False, soft_wrap=True)  # fmt: skip
+    return check.valid
 
 
 @app.command("run")

@@ -1,4 +1,5 @@
-"""The Globus account tools: `beamflow login`, `logout`, `whoami` and `doctor`.
+"""The Globus account tools: `beamflow login`, `logout`, `whoami` and `doctor` (whose
+`--probe` runs on the local backend's engine when that backend is configured).
 
 They use the Globus package's public API (``beamflow.globus``), imported inside each command:
 the SDKs are not loaded for the commands that never talk to Globus.
@@ -94,12 +95,35 @@ def whoami(as_json: JsonOption = False, config: ConfigOption = None) -> None:
         warn(warning)
 
 
-def doctor(as_json: JsonOption = False, config: ConfigOption = None) -> None:
-    """Check the Globus setup (ids, login, collections, endpoint, flows) and say what to fix."""
-    from beamflow.globus import run_checks
-
+def doctor(
+    probe: Annotated[
+        bool,
+        typer.Option(
+            "--probe",
+            help="Also run a small task on a compute worker (Globus Compute, or the local "
+            "engine) and check its Python, Parsl, globus-compute-endpoint and beamflow "
+            "versions, user, GPUs and scratch directory.",
+        ),
+    ] = False,
+    probe_timeout: Annotated[
+        float, typer.Option(min=1, help="Seconds to wait for the probe (batch queues).")
+    ] = 600.0,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Check the Globus setup (ids, login, collections, endpoint, flows) and say what to fix;
+    with --probe, the compute workers too (on the local backend: only the workers)."""
     settings = settings_from(config)
-    checks = run_checks(settings)
+    if settings.backend == "local" and probe:
+        from beamflow.local import probe_local
+
+        checks = probe_local(settings, timeout=probe_timeout)
+    else:
+        from beamflow.globus import probe_endpoint, run_checks
+
+        checks = run_checks(settings)
+        if probe:
+            checks += probe_endpoint(settings, timeout=probe_timeout)
     failed = [c for c in checks if c.outcome == "fail"]
     if as_json:
         print(json.dumps([c.model_dump() for c in checks]))
@@ -118,4 +142,3 @@ def doctor(as_json: JsonOption = False, config: ConfigOption = None) -> None:
         console.print(("[red]" if failed else "[green]") + summary + "[/]")
     if failed:
         raise typer.Exit(1)
-

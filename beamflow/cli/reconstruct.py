@@ -3,13 +3,18 @@ verified checkpoint)."""
 
 from __future__ import annotations
 
+import enum
+import inspect
 import json
 import logging
+import types
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
 
+import annotated_types
 import typer
 from pydantic import ValidationError
+from pydantic.fields import FieldInfo
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -20,7 +25,11 @@ from rich.progress import (
 )
 
 from beamflow.cli.common import ConfigOption, console, err_console, fail, settings_from
+from beamflow.config import ENGINE_SETTINGS, RENAMED_SETTINGS, Reconstruction
 from beamflow.validation_text import validation_text
+
+if TYPE_CHECKING:
+    from beamflow.reconstruct_job import ReconstructSummary
 
 
 def reconstruct(
@@ -30,20 +39,10 @@ def reconstruct(
     out: Annotated[
         Path, typer.Option("--out", "-o", help="Output directory (product, previews, checkpoints).")
     ] = ...,  # type: ignore[assignment]
-    algorithm: Annotated[
-        str | None, typer.Option(help="rpie, epie, dm or lsqml (default: config).")
-    ] = None,
-    iterations: Annotated[
-        int | None,
-        typer.Option(min=0, help="Iterations over the current frames (default: config)."),
-    ] = None,
-    batch: Annotated[int | None, typer.Option(min=1, help="Positions per mini-batch.")] = None,
-    probe_modes: Annotated[int | None, typer.Option(min=1, help="Incoherent probe modes.")] = None,
     probe: Annotated[
         Path | None, typer.Option(help="Initial probe: .npy (complex) or a product .h5.")
     ] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: config).")] = None,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of the batch order.")] = 0,
     propagation: Annotated[
         str | None,
         typer.Option(help="far-field or near-field (default: the scan file's, else config, "
@@ -75,18 +74,24 @@ def reconstruct(
     preview_every: Annotated[
         int | None, typer.Option(min=0, help="Refresh previews every N iterations (0: at end).")
     ] = None,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Exit with status 2 when the result is suspect "
+                                            "(the product is still written).")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line (summary).")] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "WARNING",
     config: ConfigOption = None,
+    **engine: Any,
 ) -> None:
     """Reconstruct a scan: DIR/product.h5, DIR/previews/*.png, DIR/checkpoints/.
 
     A compatible checkpoint in DIR is resumed (also with more frames of the same scan); an
     incompatible one is refused unless --no-resume. SIGTERM saves a checkpoint and exits.
+    The engine's settings default to [reconstruction] in beamflow.toml (same names).
     """
     from beamflow.checkpoint import IncompatibleCheckpoint
     from beamflow.formats import ScanFormatError
-    from beamflow.ptycho.backend import BackendError
+    from beamflow.ptycho.arrays import ArrayBackendError
     from beamflow.reconstruct import run_reconstruction
     from beamflow.reconstruct_job import ReconstructError, ReconstructJob, plain_words
 
@@ -94,12 +99,12 @@ def reconstruct(
     settings = settings_from(config)
     rc = settings.reconstruction
     node_local = settings.hpc.node_local_dir
+    # The engine's settings: those given here, else [reconstruction]'s.
+    given = {name: value.value if isinstance(value, enum.Enum) else value
+             for name, value in engine.items() if value is not None}
     try:
         job = ReconstructJob(
-            scan=scan, out=out, algorithm=algorithm or rc.algorithm,
-            iterations=rc.iterations if iterations is None else iterations,
-            batch=batch if batch is not None else rc.batch,
-            probe_modes=probe_modes or rc.probe_modes, seed=seed, probe=probe,
+            scan=scan, out=out, **{**rc.engine_settings(), **given}, probe=probe,
             device=device or rc.device,
             checkpoint_every=rc.checkpoint_every if checkpoint_every is None else checkpoint_every,
             checkpoint_seconds=checkpoint_seconds, l1_dir=l1_dir or node_local, resume=resume,
@@ -127,7 +132,7 @@ def reconstruct(
 
     try:
         summary = run_reconstruction(job, progress=progress)
-    except (ScanFormatError, IncompatibleCheckpoint, ReconstructError, BackendError) as exc:
+    except (ScanFormatError, IncompatibleCheckpoint, ReconstructError, ArrayBackendError) as exc:
         fail(str(exc))
     except OSError as exc:  # name the file the system refused, not the scan
         where = exc.filename if exc.filename is not None else out
@@ -139,7 +144,15 @@ def reconstruct(
             bar.stop()
     if as_json:
         print(json.dumps(summary.model_dump(mode="json")))
-        return
+    else:
+        _print_summary(scan, summary)
+    if strict and summary.verdict == "suspect":
+        raise typer.Exit(2)
+
+
+def _print_summary(scan: Path, summary: ReconstructSummary) -> None:
+    from beamflow.reconstruct_job import length_text
+
     spi = summary.seconds_per_iteration
     resumed = summary.resumed_from_iteration
     console.print(f"[green]reconstructed[/] {scan} ({summary.n_frames} frames) on {summary.device}")
@@ -149,7 +162,10 @@ def reconstruct(
     if summary.final_loss is not None:
         console.print(f"  final loss  {summary.final_loss:.4g}")
     console.print(f"  model       {summary.propagation}, object pixel "
-                  f"{summary.object_pixel_size_m * 1e9:.4g} nm")
+                  f"{length_text(summary.object_pixel_size_m)}")
+    for note in summary.notes:
+        if note not in summary.verdict_reasons:  # a suspect result lists it below
+            console.print(f"  [yellow]note[/]        {note}", highlight=False)
     if summary.verdict == "trusted":
         console.print("  verdict     [green]trusted[/]")
     else:
@@ -162,6 +178,48 @@ def reconstruct(
     for e in summary.checkpoint_errors[:3]:
         err_console.print(f"[yellow]warning:[/] {e}", highlight=False)
 
+
+# --------------------------------------------------------------------------- engine options
+
+
+def _engine_option(name: str, field: FieldInfo) -> inspect.Parameter:
+    """``--NAME`` for one engine setting, from its field: the type, the choices, the limits
+    and the help; None (the default) leaves it to [reconstruction]."""
+    flag = "--" + name.replace("_", "-")
+    kind = field.annotation
+    if isinstance(kind, types.UnionType) or get_origin(kind) is not None and \
+            get_origin(kind) is not Literal:
+        kind = next(a for a in get_args(kind) if a is not type(None))
+    about = (field.description or "").replace("None:", "unset:")
+    options: dict[str, Any] = {"help": f"{about} [config: {name}]"}
+    decls = [flag, *(f"--{old}" for old, new in RENAMED_SETTINGS.items() if new == name)]
+    if get_origin(kind) is Literal:  # typer's choices are an Enum's values
+        kind = enum.Enum(name, [(str(v), str(v)) for v in get_args(kind)], type=str)
+    elif kind is bool:
+        decls = [f"{flag}/--no-{flag[2:]}"]
+    for limit in field.metadata:
+        if isinstance(limit, annotated_types.Ge):
+            options["min"] = limit.ge
+        elif isinstance(limit, annotated_types.Le):
+            options["max"] = limit.le
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=Annotated[kind | None, typer.Option(*decls, **options)])
+
+
+def _with_engine_options(command: Any) -> Any:
+    """``command`` with one option per engine setting (:data:`ENGINE_SETTINGS`), placed
+    after --out; they arrive in its ``**engine``."""
+    signature = inspect.signature(command, eval_str=True)
+    fixed = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    at = [p.name for p in fixed].index("out") + 1
+    fields = Reconstruction.model_fields
+    added = [_engine_option(name, fields[name]) for name in ENGINE_SETTINGS]
+    keyword = [p.replace(kind=p.KEYWORD_ONLY) for p in fixed]
+    command.__signature__ = signature.replace(parameters=[*keyword[:at], *added, *keyword[at:]])
+    return command
+
+
+reconstruct = _with_engine_options(reconstruct)
 
 def previews(
     checkpoints: Annotated[

@@ -37,6 +37,7 @@ planned up front, one per expected frame. The reader also accepts
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -421,6 +422,45 @@ def read_detector_scan(
     uses at most that many frames.
     """
     master = Path(path)
+    header = _read_master(master)
+    frames = _find_frames(master, header, max_frames, allow_partial)
+    n_use = _frames_to_use(master, header, frames, max_frames, allow_partial)
+    mask = _usable_pixels(master, header.mask_raw, frames.shape)
+    planned = check_positions(master, POSITIONS, header.planned, header.geometry, frames.shape[0])
+    return Scan(
+        name=scan_name(master),
+        source=master,
+        format="eiger",
+        geometry=header.geometry,
+        positions_m=planned[:n_use].copy(),
+        planned_positions_m=planned,
+        mask=mask,
+        n_frames=n_use,
+        expected_frames=header.expected,
+        _read=frames.read,
+        _locate=frames.locate,
+        optics=header.optics,
+        propagation=header.propagation,
+        focus_distance_m=header.focus_distance,
+    )
+
+
+@dataclass(frozen=True)
+class _Master:
+    """What the master file says about the scan."""
+
+    expected: int | None  # frames promised (nimages·ntrigger), if recorded
+    links: list[tuple[str, Path, str]]
+    planned: np.ndarray  # (N, 2) positions, metres
+    mask_raw: np.ndarray | None
+    geometry: Geometry
+    optics: ZonePlateOptics | None
+    propagation: str | None
+    focus_distance: float | None
+
+
+def _read_master(master: Path) -> _Master:
+    """Step 1: the master file's metadata, with one position per promised frame."""
     with open_h5(master) as f:
         expected = _expected_frames(f, master)
         links = _data_links(f, master)
@@ -429,26 +469,73 @@ def read_detector_scan(
         geometry = _geometry(f, master)
         optics = _optics(f, master)
         propagation, focus_distance = _regime(f, master)
-    if expected is not None and planned.shape[0] != expected:
+    header = _Master(expected, links, planned, mask_raw, geometry, optics, propagation,
+                     focus_distance)
+    if header.expected is not None and header.planned.shape[0] != header.expected:
         raise ScanFormatError(
             master,
             POSITIONS,
-            f"frame/position count mismatch: {planned.shape[0]} positions "
-            f"but the master promises {expected} frames",
+            f"frame/position count mismatch: {header.planned.shape[0]} positions "
+            f"but the master promises {header.expected} frames",
         )
+    return header
 
-    segments: list[tuple[Path, str, int, int]] = []  # (file, key, first frame, count)
+
+@dataclass(frozen=True)
+class _Frames:
+    """The frames found in the data files: where each lies, and how to read a range."""
+
+    master: Path
+    segments: list[tuple[Path, str, int, int]]  # (file, key, first frame, count)
+    shape: tuple[int, int]
+
+    @property
+    def total(self) -> int:
+        return sum(count for _, _, _, count in self.segments)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        out = np.empty((stop - start, *self.shape), dtype=np.float32)
+        for file, key, first, count in self.segments:
+            lo, hi = max(start, first), min(stop, first + count)
+            if lo >= hi:
+                continue
+            with open_h5(file) as fh:
+                try:
+                    out[lo - start : hi - start] = dataset(fh, file, key)[lo - first : hi - first]
+                except (OSError, ValueError) as exc:
+                    raise ScanFormatError(
+                        file, key, f"frames {lo - first}..{hi - first - 1} cannot be read ({exc})"
+                    ) from exc
+        return out
+
+    def locate(self, index: int) -> tuple[Path, str, str]:
+        for file, key, first, count in self.segments:
+            if first <= index < first + count:
+                # Eiger numbers images from 1 (image_nr_low/high), in the file and the scan.
+                return file, key, (f"frame {index - first + 1} of {count} in this file "
+                                   f"(image {index + 1} of the scan, counted from 1)")
+        return self.master, DATA_GROUP, f"image {index + 1} of the scan (counted from 1)"
+
+
+def _find_frames(
+    master: Path, header: _Master, max_frames: int | None, allow_partial: bool
+) -> _Frames:
+    """Step 2: the data files in link order, each opened and its last frame decoded; all of
+    one frame shape. With ``allow_partial`` the scan stops at the first missing or unreadable
+    file, else that file fails the read."""
+    segments: list[tuple[Path, str, int, int]] = []
     total = 0
     frame_shape: tuple[int, int] | None = None
-    for link, file, key in links:
+    for link, file, key in header.links:
         if max_frames is not None and total >= max_frames:
             break
         if not file.exists() and not allow_partial:
+            expected = header.expected if header.expected is not None else "?"
             raise ScanFormatError(
                 master,
                 link,
                 f"scan incomplete: data file {file.name} is missing "
-                f"({total} of {expected if expected is not None else '?'} frames present)",
+                f"({total} of {expected} frames present)",
             )
         try:
             n, shape, _ = _probe_data(file, key, link, master)
@@ -466,9 +553,17 @@ def read_detector_scan(
             raise
         segments.append((file, key, total, n))
         total += n
-
     if frame_shape is None or total == 0:
         raise ScanFormatError(master, DATA_GROUP, "no complete, readable data file yet")
+    return _Frames(master, segments, frame_shape)
+
+
+def _frames_to_use(
+    master: Path, header: _Master, frames: _Frames, max_frames: int | None, allow_partial: bool
+) -> int:
+    """Step 3: how many frames the scan uses, once the counts of frames found, frames
+    promised and positions planned agree (and the frames are square)."""
+    total, expected, positions = frames.total, header.expected, header.planned.shape[0]
     if expected is not None and total > expected:
         raise ScanFormatError(
             master,
@@ -486,73 +581,35 @@ def read_detector_scan(
         raise ScanFormatError(
             master, DATA_GROUP, f"scan incomplete: {total} of {expected} frames present"
         )
-    if n_use > planned.shape[0]:
+    if n_use > positions:
         raise ScanFormatError(
             master,
             POSITIONS,
-            f"frame/position count mismatch: {n_use} frames but only {planned.shape[0]} positions",
+            f"frame/position count mismatch: {n_use} frames but only {positions} positions",
         )
-    if expected is None and max_frames is None and planned.shape[0] != total:
+    if expected is None and max_frames is None and positions != total:
         raise ScanFormatError(
             master,
             POSITIONS,
-            f"frame/position count mismatch: {total} frames but {planned.shape[0]} positions",
+            f"frame/position count mismatch: {total} frames but {positions} positions",
         )
-    if frame_shape[0] != frame_shape[1]:
-        raise ScanFormatError(
-            segments[0][0],
-            segments[0][1],
-            f"frames must be square, found {frame_shape[0]}×{frame_shape[1]}",
-        )
+    height, width = frames.shape
+    if height != width:
+        file, key, _, _ = frames.segments[0]
+        raise ScanFormatError(file, key, f"frames must be square, found {height}×{width}")
+    return n_use
 
+
+def _usable_pixels(
+    master: Path, mask_raw: np.ndarray | None, frame_shape: tuple[int, int]
+) -> np.ndarray:
+    """Step 4: the detector mask as usable pixels (True), from the Eiger pixel_mask bits."""
     if mask_raw is None:
-        mask = np.ones(frame_shape, dtype=bool)
-    else:
-        if mask_raw.shape != frame_shape:
-            raise ScanFormatError(
-                master,
-                PIXEL_MASK,
-                f"shape {mask_raw.shape} differs from the frame shape {frame_shape}",
-            )
-        mask = mask_raw == 0
-    planned = check_positions(master, POSITIONS, planned, geometry, frame_shape[0])
-
-    def read(start: int, stop: int) -> np.ndarray:
-        out = np.empty((stop - start, *frame_shape), dtype=np.float32)
-        for file, key, first, count in segments:
-            lo, hi = max(start, first), min(stop, first + count)
-            if lo >= hi:
-                continue
-            with open_h5(file) as fh:
-                try:
-                    out[lo - start : hi - start] = dataset(fh, file, key)[lo - first : hi - first]
-                except (OSError, ValueError) as exc:
-                    raise ScanFormatError(
-                        file, key, f"frames {lo - first}..{hi - first - 1} cannot be read ({exc})"
-                    ) from exc
-        return out
-
-    def locate(index: int) -> tuple[Path, str, str]:
-        for file, key, first, count in segments:
-            if first <= index < first + count:
-                # Eiger numbers images from 1 (image_nr_low/high), in the file and the scan.
-                return file, key, (f"frame {index - first + 1} of {count} in this file "
-                                   f"(image {index + 1} of the scan, counted from 1)")
-        return master, DATA_GROUP, f"image {index + 1} of the scan (counted from 1)"
-
-    return Scan(
-        name=scan_name(master),
-        source=master,
-        format="eiger",
-        geometry=geometry,
-        positions_m=planned[:n_use].copy(),
-        planned_positions_m=planned,
-        mask=mask,
-        n_frames=n_use,
-        expected_frames=expected,
-        _read=read,
-        _locate=locate,
-        optics=optics,
-        propagation=propagation,
-        focus_distance_m=focus_distance,
-    )
+        return np.ones(frame_shape, dtype=bool)
+    if mask_raw.shape != frame_shape:
+        raise ScanFormatError(
+            master,
+            PIXEL_MASK,
+            f"shape {mask_raw.shape} differs from the frame shape {frame_shape}",
+        )
+    return mask_raw == 0

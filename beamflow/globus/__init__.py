@@ -3,7 +3,9 @@
 The public API, all that code outside this package uses (tests/test_architecture.py checks
 it): ``GlobusBackend`` (through ``beamflow.runs.get_backend``), and the account tools of
 `beamflow login|logout|whoami|doctor`: ``interactive_auth`` (a :class:`GlobusAuth` for a
-person at a terminal), ``expiry_warnings`` (of its tokens) and ``run_checks`` (the doctor).
+person at a terminal), ``expiry_warnings`` (of its tokens), ``run_checks`` (the doctor) and
+``probe_endpoint`` (its worker probe, `doctor --probe`); and ``validate_with_service``, the
+Flows service's own check of a definition (`flows validate --remote`).
 
 Each is imported on first use: the Globus SDKs take about 0.1 s to import, and
 ``import beamflow.globus`` stays cheap for the CLI and the local backend, which never need them.
@@ -15,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from beamflow.globus.auth import GlobusAuth, expiry_warnings, interactive_auth
-    from beamflow.globus.backend import GlobusBackend
+    from beamflow.globus.backend import GlobusBackend, validate_with_service
     from beamflow.globus.doctor import Check, run_checks
+    from beamflow.globus.probe import probe_endpoint
 
 __all__ = [
     "Check",
@@ -24,19 +27,25 @@ __all__ = [
     "GlobusBackend",
     "expiry_warnings",
     "interactive_auth",
+    "probe_endpoint",
     "run_checks",
+    "validate_with_service",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "GlobusBackend":
-        from beamflow.globus.backend import GlobusBackend
+    if name in ("GlobusBackend", "validate_with_service"):
+        from beamflow.globus import backend
 
-        return GlobusBackend
+        return getattr(backend, name)
     if name in ("GlobusAuth", "expiry_warnings", "interactive_auth"):
         from beamflow.globus import auth
 
         return getattr(auth, name)
+    if name == "probe_endpoint":
+        from beamflow.globus.probe import probe_endpoint
+
+        return probe_endpoint
     if name in ("Check", "run_checks"):
         from beamflow.globus import doctor
 

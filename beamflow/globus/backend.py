@@ -9,6 +9,7 @@ state of the flow's Transfer tasks attached to the transfer steps.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import globus_sdk
@@ -21,6 +22,7 @@ from beamflow.globus import compute, transfer
 from beamflow.globus import flows as gflows
 from beamflow.globus.auth import (
     AGENT,
+    INTERACTIVE,
     GlobusAuth,
     NetworkPolicy,
     data_access_collections,
@@ -29,6 +31,12 @@ from beamflow.globus.auth import (
 from beamflow.globus.errors import globus_errors
 
 log = logging.getLogger(__name__)
+
+
+def refusal(name: str, check: gflows.ServiceValidation) -> str:
+    """Globus Flows' refusal of flows/NAME.json, every reason on its own line."""
+    reasons = "\n  ".join(check.problems)
+    return f"flows/{name}.json: Globus Flows refuses the definition:\n  {reasons}"
 
 BACKEND_NAME = "globus"
 
@@ -106,16 +114,7 @@ class GlobusBackend:
         def exists(function_id: str) -> bool:
             return compute.function_exists(self.auth, function_id)
 
-        try:
-            return reg.register_functions(
-                self.registry,
-                create=create,
-                update=update,
-                exists=None if dry_run else exists,
-                dry_run=dry_run,
-            )
-        except reg.RegistryError as exc:
-            raise BackendError(str(exc), step="register") from None
+        return self._register("function", create, update, exists, dry_run)
 
     def register_flows(self, *, dry_run: bool = False) -> list[RegistrationResult]:
         """Deploy each ``flows/NAME.json`` (with its schema) whose content changed, or that
@@ -127,18 +126,26 @@ class GlobusBackend:
             self._require_login()
         client = self.flows_client if not dry_run else None
 
-        def create(name: str) -> str:
+        def accepted(name: str) -> globus_sdk.FlowsClient:
+            """The service's own validation first: its refusal, with its reasons, is
+            clearer than the one create/update would give."""
             assert client is not None
-            flow_id = gflows.create_flow(
+            check = gflows.validate_flow(
                 client, name, flow_files.load_definition(name), flow_files.load_schema(name)
             )
+            if not check.valid:
+                raise BackendError(refusal(name, check), step="register")
+            return client
+
+        def create(name: str) -> str:
+            flow_id = gflows.create_flow(accepted(name), name, flow_files.load_definition(name),
+                                         flow_files.load_schema(name))  # fmt: skip
             self.auth.add_flow(flow_id)
             return flow_id
 
         def update(name: str, flow_id: str) -> str:
-            assert client is not None
             return gflows.update_flow(
-                client,
+                accepted(name),
                 flow_id,
                 name,
                 flow_files.load_definition(name),
@@ -149,16 +156,32 @@ class GlobusBackend:
             assert client is not None
             return gflows.flow_exists(client, flow_id)
 
+        return self._register("flow", create, update, exists, dry_run)
+
+    def _register(
+        self,
+        kind: reg.Kind,
+        create: Callable[[str], str],
+        update: Callable[[str, str], str | None],
+        exists: Callable[[str], bool],
+        dry_run: bool,
+    ) -> list[RegistrationResult]:
+        """The shared registry's decision for every shipped ``kind``, with this service's
+        calls; a dry run asks the service nothing (not even whether the items still exist)."""
         try:
-            return reg.register_flows(
-                self.registry,
-                create=create,
-                update=update,
-                exists=None if dry_run else exists,
-                dry_run=dry_run,
-            )
+            return reg.register_shipped(
+                self.registry, kind, create=create, update=update,
+                exists=None if dry_run else exists, dry_run=dry_run,
+            )  # fmt: skip
         except reg.RegistryError as exc:
             raise BackendError(str(exc), step="register") from None
+
+    def validate_flow(
+        self, name: str, definition: dict[str, Any], input_schema: dict[str, Any] | None
+    ) -> gflows.ServiceValidation:
+        """What Globus Flows says of a definition (and schema), without deploying it."""
+        self._require_login()
+        return gflows.validate_flow(self.flows_client, name, definition, input_schema)
 
     # -- runs ----------------------------------------------------------------------------
     def flow_id(self, flow: str) -> str:
@@ -209,9 +232,15 @@ class GlobusBackend:
         gflows.resume_run(self._flow_client(flow_id), backend_run_id)
 
     def run_direct(
-        self, function: str, kwargs: dict[str, Any], *, timeout: float | None = None
+        self,
+        function: str,
+        kwargs: dict[str, Any],
+        *,
+        timeout: float | None = None,
+        user_endpoint_config: dict[str, Any] | None = None,
     ) -> Any:
-        """Run a registered function on the configured endpoint without a flow."""
+        """Run a registered function on the configured endpoint without a flow (with the
+        run's resources as the endpoint template's variables)."""
         self._require_login()
         try:
             function_id = self.registry.require_id("function", function)
@@ -220,7 +249,8 @@ class GlobusBackend:
         endpoint = self.settings.compute.endpoint_id
         if not endpoint:
             raise BackendError("compute.endpoint_id is not set in beamflow.toml", step="compute")
-        return compute.run_direct(self.auth, endpoint, function_id, kwargs, timeout=timeout)
+        return compute.run_direct(self.auth, endpoint, function_id, kwargs, timeout=timeout,
+                                  user_endpoint_config=user_endpoint_config)  # fmt: skip
 
     def close(self) -> None:
         self.auth.close()
@@ -230,3 +260,17 @@ class GlobusBackend:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def validate_with_service(
+    settings: Settings,
+    name: str,
+    definition: dict[str, Any],
+    input_schema: dict[str, Any] | None,
+    *,
+    network: NetworkPolicy = INTERACTIVE,
+) -> gflows.ServiceValidation:
+    """Globus Flows' verdict on a definition (`beamflow flows validate --remote`), as the
+    configured identity; raises :class:`LoginRequired` when nobody is logged in."""
+    with GlobusBackend(settings, network=network) as backend:
+        return backend.validate_flow(name, definition, input_schema)

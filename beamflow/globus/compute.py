@@ -15,7 +15,7 @@ from typing import Any
 import globus_sdk
 
 from beamflow.globus.auth import GlobusAuth
-from beamflow.globus.errors import BackendError, globus_errors
+from beamflow.globus.errors import BackendError, exists_on_service, globus_errors
 
 
 def function_source(function: Callable[..., Any]) -> str:
@@ -65,17 +65,19 @@ def endpoint_status(auth: GlobusAuth, endpoint_id: str) -> dict[str, Any]:
         return dict(client.get_endpoint_status(endpoint_id).data)
 
 
+def endpoint_metadata(auth: GlobusAuth, endpoint_id: str) -> dict[str, Any]:
+    """What the endpoint reported when it registered: ``endpoint_version`` (its
+    globus-compute-endpoint), ``python_version``, ``hostname``, ``local_user``..."""
+    client = auth.client(globus_sdk.ComputeClientV2)
+    with globus_errors(f"read Compute endpoint {endpoint_id}"):
+        return dict(client.get_endpoint(endpoint_id).data)
+
+
 def function_exists(auth: GlobusAuth, function_id: str) -> bool:
     """Whether the Compute service knows the function id (False on 404)."""
     client = auth.client(globus_sdk.ComputeClientV2)
-    with globus_errors(f"look up Compute function {function_id}"):
-        try:
-            client.get_function(function_id)
-        except globus_sdk.GlobusAPIError as exc:
-            if exc.http_status in (403, 404):
-                return False
-            raise
-    return True
+    return exists_on_service(f"look up Compute function {function_id}",
+                             lambda: client.get_function(function_id))  # fmt: skip
 
 
 def run_direct(
@@ -86,6 +88,7 @@ def run_direct(
     *,
     timeout: float | None = None,
     poll_seconds: float = 5.0,
+    user_endpoint_config: dict[str, Any] | None = None,
 ) -> Any:
     """Run a registered function on the endpoint without a flow (no transfers) and wait for
     its result.
@@ -99,7 +102,7 @@ def run_direct(
     try:
         with globus_errors(action, step="compute"):
             return _submit_and_wait(client, endpoint_id, function_id, kwargs, timeout,
-                                    poll_seconds)  # fmt: skip
+                                    poll_seconds, user_endpoint_config)  # fmt: skip
     except TaskExecutionFailed as exc:  # the function raised on the endpoint
         raise BackendError(
             f"the function failed on endpoint {endpoint_id}: {exc}", step="compute"
@@ -113,9 +116,11 @@ def _submit_and_wait(
     kwargs: dict[str, Any],
     timeout: float | None,
     poll_seconds: float,
+    user_endpoint_config: dict[str, Any] | None = None,
 ) -> Any:
-    """Submit one task and poll it until it is no longer pending (or ``timeout``)."""
-    batch = client.create_batch()
+    """Submit one task and poll it until it is no longer pending (or ``timeout``); the
+    endpoint renders its template with ``user_endpoint_config`` (None or {}: its defaults)."""
+    batch = client.create_batch(user_endpoint_config=user_endpoint_config or None)
     batch.add(function_id, kwargs=kwargs)
     submitted = client.batch_run(endpoint_id, batch)
     task_id = submitted["tasks"][function_id][0]

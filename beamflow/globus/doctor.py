@@ -10,18 +10,19 @@ are skipped rather than each waiting for the same timeout.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import NamedTuple
 
 import globus_sdk
-from pydantic import BaseModel
 
 from beamflow import registry as reg
 from beamflow.backend import BackendError
 from beamflow.config import Settings, environ_overrides, is_uuid
 from beamflow.globus import compute, transfer
 from beamflow.globus import flows as gflows
+from beamflow.globus import identity_mapping as idmap
 from beamflow.globus.auth import (
     INTERACTIVE,
     GlobusAuth,
@@ -30,15 +31,7 @@ from beamflow.globus.auth import (
     expiry_warnings,
 )
 from beamflow.globus.errors import LoginRequired
-
-Outcome = Literal["ok", "warn", "fail", "skip"]
-
-
-class Check(BaseModel):
-    name: str
-    outcome: Outcome
-    detail: str
-    fix: str | None = None
+from beamflow.probe import Check
 
 
 def config_checks(settings: Settings) -> list[Check]:
@@ -77,7 +70,57 @@ def config_checks(settings: Settings) -> list[Check]:
     checks.append(
         Check(name="identity kind", outcome="ok", detail=f"{mode}; env overrides: {overridden}")
     )
+    checks.append(identity_mapping_check(settings))
     return checks
+
+
+def identity_mapping_check(settings: Settings) -> Check:
+    """Does the endpoint's identity mapping (a readable copy, ``cluster.identity_mapping``)
+    map the agent's client identity to a local account? Without it, every Reconstruct step
+    the agent starts is refused on a multi-user endpoint."""
+    name = "identity mapping"
+    path = settings.cluster.identity_mapping
+    client_id = settings.globus.client_id
+    if path is None:
+        return Check(
+            name=name,
+            outcome="skip",
+            detail="cluster.identity_mapping not set: the endpoint's mapping is not checked",
+            fix="point cluster.identity_mapping at a readable copy of the endpoint's "
+            "identity_mapping.json (deploy/compute-endpoint/<kind>/)",
+        )
+    if not settings.globus.client_secret or not is_uuid(client_id):
+        return Check(
+            name=name,
+            outcome="skip",
+            detail="no confidential client configured (the agent's identity is checked with "
+            "the agent's environment: BEAMFLOW_GLOBUS__CLIENT_ID and _CLIENT_SECRET)",
+        )
+    username = idmap.client_identity(client_id)
+    try:
+        accounts = idmap.mapped_accounts(path, username, client_id)
+    except idmap.MappingError as exc:
+        fix = "fix the file as the endpoint reads it (docs/deployment.md §4c)"
+        return Check(name=name, outcome="fail", detail=str(exc), fix=fix)
+    wanted = settings.cluster.service_account
+    rule = json.dumps(idmap.client_rule(client_id, wanted or "<service account>"))
+    if not accounts:
+        return Check(
+            name=name,
+            outcome="fail",
+            detail=f"{path} maps no local account to the agent's identity {username}: "
+            "the endpoint would refuse every run the agent starts",
+            fix=f"add the rule {rule} to the mappings in {path} (and on the endpoint)",
+        )
+    if wanted and accounts[0] != wanted:
+        return Check(
+            name=name,
+            outcome="fail",
+            detail=f"{path} maps {username} to {accounts[0]!r}, not the service account "
+            f"{wanted!r} (cluster.service_account)",
+            fix=f"put the rule {rule} first in the mappings of {path}",
+        )
+    return Check(name=name, outcome="ok", detail=f"{username} runs as {accounts[0]!r} ({path})")
 
 
 def run_checks(settings: Settings, *, network: NetworkPolicy = INTERACTIVE) -> list[Check]:
@@ -244,6 +287,31 @@ def _endpoint(auth: GlobusAuth, endpoint_id: str) -> Check:
     )
 
 
+class _Words(NamedTuple):
+    """What the doctor says of one kind of registered item."""
+
+    missing: str
+    present: str
+    gone: str
+    fix: str
+
+
+_REGISTERED = {
+    "function": _Words(
+        missing="not registered with Globus Compute",
+        present="{id}",
+        gone="{id} is not known to Globus Compute",
+        fix="run `beamflow register functions --backend globus`",
+    ),
+    "flow": _Words(
+        missing="not deployed to Globus Flows",
+        present="deployed: {id}",
+        gone="{id} is gone from Globus Flows (or not shared with you)",
+        fix="run `beamflow register flows --backend globus`, then `beamflow login`",
+    ),
+}
+
+
 def _registered_checks(
     auth: GlobusAuth,
     checks: list[Check],
@@ -251,52 +319,29 @@ def _registered_checks(
     flow_entries: dict[str, reg.Entry],
     function_entries: dict[str, reg.Entry],
 ) -> None:
-    for name in reg.function_names():
-        entry = function_entries.get(name)
-        if entry is None:
-            checks.append(
-                Check(
-                    name=f"function {name}",
-                    outcome="fail",
-                    detail="not registered with Globus Compute",
-                    fix="run `beamflow register functions --backend globus`",
-                )
-            )
-            continue
-
-        def function_check(name: str = name, fid: str = entry.id) -> Check:
-            if compute.function_exists(auth, fid):
-                return Check(name=f"function {name}", outcome="ok", detail=fid)
-            return Check(
-                name=f"function {name}",
-                outcome="fail",
-                detail=f"{fid} is not known to Globus Compute",
-                fix="run `beamflow register functions --backend globus`",
-            )
-
-        network_check(f"function {name}", function_check)
+    """Every shipped function and flow: registered here, and still on the service."""
     flows_client = auth.client(globus_sdk.FlowsClient)
-    for name in reg.flow_names():
-        entry = flow_entries.get(name)
-        if entry is None:
-            checks.append(
-                Check(
-                    name=f"flow {name}",
-                    outcome="fail",
-                    detail="not deployed to Globus Flows",
-                    fix="run `beamflow register flows --backend globus`, then `beamflow login`",
-                )
-            )
-            continue
+    kinds: list[tuple[str, list[str], dict[str, reg.Entry], Callable[[str], bool]]] = [
+        ("function", reg.function_names(), function_entries,
+         lambda fid: compute.function_exists(auth, fid)),
+        ("flow", reg.flow_names(), flow_entries,
+         lambda fid: gflows.flow_exists(flows_client, fid)),
+    ]  # fmt: skip
+    for kind, names, entries, exists in kinds:
+        words = _REGISTERED[kind]
+        for name in names:
+            label = f"{kind} {name}"
+            entry = entries.get(name)
+            if entry is None:
+                checks.append(Check(name=label, outcome="fail", detail=words.missing,
+                                    fix=words.fix))  # fmt: skip
+                continue
 
-        def flow_check(name: str = name, fid: str = entry.id) -> Check:
-            if gflows.flow_exists(flows_client, fid):
-                return Check(name=f"flow {name}", outcome="ok", detail=f"deployed: {fid}")
-            return Check(
-                name=f"flow {name}",
-                outcome="fail",
-                detail=f"{fid} is gone from Globus Flows (or not shared with you)",
-                fix="run `beamflow register flows --backend globus`, then `beamflow login`",
-            )
+            def on_service(label: str = label, fid: str = entry.id, exists=exists,  # noqa: ANN001
+                           words: _Words = words) -> Check:  # fmt: skip
+                if exists(fid):
+                    return Check(name=label, outcome="ok", detail=words.present.format(id=fid))
+                return Check(name=label, outcome="fail", detail=words.gone.format(id=fid),
+                             fix=words.fix)  # fmt: skip
 
-        network_check(f"flow {name}", flow_check)
+            network_check(label, on_service)

@@ -9,7 +9,7 @@ A fault a person must fix by logging in again is a :class:`LoginRequired`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import globus_sdk
 from globus_sdk.gare import to_gare
@@ -165,3 +165,16 @@ def globus_errors(action: str, *, step: str | None = None) -> Iterator[None]:
         raise
     except (globus_sdk.GlobusError, TokenValidationError) as exc:
         raise explain(exc, action=action, step=step) from exc
+
+
+def exists_on_service(action: str, lookup: Callable[[], object]) -> bool:
+    """Whether the service still has an item: ``lookup()`` (a GET of it) answered, or the
+    service said 404 or 403 (gone, or not shared with this identity: either way not usable)."""
+    with globus_errors(action):
+        try:
+            lookup()
+        except globus_sdk.GlobusAPIError as exc:
+            if exc.http_status in (403, 404):
+                return False
+            raise
+    return True

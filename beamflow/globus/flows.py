@@ -17,9 +17,10 @@ from datetime import datetime
 from typing import Any
 
 import globus_sdk
+from pydantic import BaseModel, Field
 
 from beamflow.backend import FlowRunInfo, StepInfo
-from beamflow.globus.errors import globus_errors
+from beamflow.globus.errors import exists_on_service, globus_errors
 from beamflow.registry import GoneOnService
 from beamflow.store import RunStatus
 
@@ -297,16 +298,61 @@ def update_flow(
     return str(response["id"])
 
 
+class ServiceValidation(BaseModel):
+    """What the Flows service said of a definition and schema (``POST /flows/validate``)."""
+
+    valid: bool
+    problems: list[str] = Field(default_factory=list)
+    scopes: dict[str, list[str]] = Field(default_factory=dict)
+
+
+def validate_flow(
+    client: globus_sdk.FlowsClient,
+    name: str,
+    definition: dict[str, Any],
+    input_schema: dict[str, Any] | None,
+) -> ServiceValidation:
+    """Ask the service whether it would deploy the flow; its refusal comes back as
+    ``valid=False`` with one problem per line, never as an exception."""
+    with globus_errors(f"validate the flow {name!r} with Globus Flows", step="register"):
+        try:
+            response = client.validate_flow(
+                definition, input_schema=globus_sdk.MISSING if input_schema is None
+                else input_schema,
+            )  # fmt: skip
+        except globus_sdk.FlowsAPIError as exc:
+            if exc.http_status not in (400, 422):
+                raise
+            return ServiceValidation(valid=False, problems=service_problems(exc))
+    scopes = response.get("scopes") if isinstance(response.data, dict) else None
+    return ServiceValidation(valid=True, scopes=scopes if isinstance(scopes, dict) else {})
+
+
+def service_problems(exc: globus_sdk.FlowsAPIError) -> list[str]:
+    """The service's reasons, one per line: ``$.definition.States.X: message``."""
+    body = exc.raw_json if isinstance(exc.raw_json, dict) else {}
+    error = body.get("error") if isinstance(body.get("error"), dict) else body
+    detail = error.get("detail")
+    if isinstance(detail, list):
+        lines = []
+        for item in detail:
+            if not isinstance(item, Mapping):
+                lines.append(str(item))
+                continue
+            where = "$." + ".".join(str(p) for p in item.get("loc") or [])
+            lines.append(f"{where}: {item.get('msg', item)}" if item.get("loc") else
+                         str(item.get("msg", item)))  # fmt: skip
+        if lines:
+            return lines
+    if isinstance(detail, str) and detail:
+        return [detail]
+    return [str(error.get("message") or exc.message or exc.text or f"HTTP {exc.http_status}")]
+
+
 def flow_exists(client: globus_sdk.FlowsClient, flow_id: str) -> bool:
     """Whether the service still has the flow (False on 404 or 403: gone, or not ours)."""
-    with globus_errors(f"look up flow {flow_id} on Globus Flows"):
-        try:
-            client.get_flow(flow_id)
-        except globus_sdk.FlowsAPIError as exc:
-            if exc.http_status in (403, 404):
-                return False
-            raise
-    return True
+    return exists_on_service(f"look up flow {flow_id} on Globus Flows",
+                             lambda: client.get_flow(flow_id))  # fmt: skip
 
 
 def _subtitle(definition: Mapping[str, Any]) -> str:

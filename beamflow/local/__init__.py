@@ -4,7 +4,8 @@ Compute action providers (one machine, no network). See :mod:`beamflow.local.bac
 The public API, all that code outside this package uses (tests/test_architecture.py checks
 it): ``LocalBackend`` (through ``beamflow.runs.get_backend``), and the offline flow tool of
 `beamflow flows validate|run` (:mod:`beamflow.local.flowtool`): ``check_flow``, ``run_flow``,
-``providers_for`` and ``FlowToolError``.
+``providers_for``, ``load_flow`` and ``FlowToolError``; and ``probe_local``, the worker probe of
+`beamflow doctor --probe` (:mod:`beamflow.local.probe`).
 """
 
 from __future__ import annotations
@@ -14,15 +15,19 @@ from beamflow.local.flowtool import (
     FlowCheck,
     FlowToolError,
     check_flow,
+    load_flow,
     providers_for,
     run_flow,
 )
+from beamflow.local.probe import probe_local
 
 __all__ = [
     "FlowCheck",
     "FlowToolError",
     "LocalBackend",
     "check_flow",
+    "load_flow",
+    "probe_local",
     "providers_for",
     "run_flow",
 ]

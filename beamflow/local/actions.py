@@ -15,9 +15,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+
+from beamflow.validation_text import validation_text
+
+Request = TypeVar("Request", bound=BaseModel)
 
 
 def iso_time(ts: float | None) -> str | None:
@@ -65,6 +69,21 @@ class ActionUnableToRunError(Exception):
     def __init__(self, message: str, details: Any = None) -> None:
         super().__init__(message)
         self.details = details
+
+
+def bad_request(message: str) -> ActionUnableToRunError:
+    """A refusal of the request itself: the ``BadRequest`` error Globus's providers return."""
+    return ActionUnableToRunError(message, {"code": "BadRequest", "description": message})
+
+
+def parse_request(model: type[Request], body: dict[str, Any], what: str) -> Request:
+    """A provider's request body as its model; every problem in one ``BadRequest`` refusal
+    ("invalid transfer request: body.DATA: ...")."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        problems = validation_text(exc, root="body")
+        raise bad_request(f"invalid {what} request: {problems}") from None
 
 
 @runtime_checkable

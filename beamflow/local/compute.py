@@ -41,11 +41,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from beamflow.local.actions import ActionStatus, ActionUnableToRunError, RunContext, iso_time
+from beamflow.local.actions import (
+    ActionStatus,
+    ActionUnableToRunError,
+    RunContext,
+    iso_time,
+    parse_request,
+)
 from beamflow.local.engine import ComputeEngine, EngineError, EngineTask, default_engine_yaml
-from beamflow.validation_text import validation_text
 
 log = logging.getLogger(__name__)
 
@@ -352,14 +357,7 @@ class LocalComputeProvider:
             endpoint.engine.start()
 
     def start(self, body: dict[str, Any], context: RunContext | None = None) -> ActionStatus:
-        try:
-            request = ComputeRequest.model_validate(body)
-        except ValidationError as exc:
-            problems = validation_text(exc, root="body")
-            raise ActionUnableToRunError(
-                f"invalid compute request: {problems}",
-                {"code": "BadRequest", "description": f"invalid compute request: {problems}"},
-            ) from None
+        request = parse_request(ComputeRequest, body, "compute")
         endpoint = self.endpoints.get(request.endpoint_id.lower())
         if endpoint is None:
             known = ", ".join(self.endpoints) or "none configured"

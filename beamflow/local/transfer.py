@@ -45,9 +45,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from beamflow.local.actions import ActionStatus, ActionUnableToRunError, RunContext
+from beamflow.local.actions import ActionStatus, RunContext, bad_request, parse_request
 from beamflow.local.collection_paths import Collections, TransferRefused
 from beamflow.local.transfer_task import (
     BLOCK_SIZE,
@@ -57,7 +55,6 @@ from beamflow.local.transfer_task import (
     TransferTask,
     WriteHook,
 )
-from beamflow.validation_text import validation_text
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +93,8 @@ class LocalTransferProvider:
         return cls(Collections.from_settings(settings), **kwargs)
 
     def start(self, body: dict[str, Any], context: RunContext | None = None) -> ActionStatus:
+        request = parse_request(TransferRequest, body, "transfer")
         try:
-            request = TransferRequest.model_validate(body)
             task = TransferTask(
                 request,
                 self.collections,
@@ -106,16 +103,8 @@ class LocalTransferProvider:
                 max_checksum_retries=self.max_checksum_retries,
                 after_write=self.after_write,
             )
-        except ValidationError as exc:
-            problems = validation_text(exc, root="body")
-            raise ActionUnableToRunError(
-                f"invalid transfer request: {problems}",
-                {"code": "BadRequest", "description": f"invalid transfer request: {problems}"},
-            ) from None
         except TransferRefused as exc:
-            raise ActionUnableToRunError(
-                str(exc), {"code": "BadRequest", "description": str(exc)}
-            ) from None
+            raise bad_request(str(exc)) from None
         if request.label is None and context is not None and context.label:
             request.label = context.label[:LABEL_MAX]
         thread = threading.Thread(target=task.run, name=f"transfer-{task.task_id[:8]}", daemon=True)

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from .core import Algorithm, Core
-from .positions import object_gradient, position_steps
+from .algorithm import Algorithm, PartSums, Sweep
+from .forward import Chunk, Core
 
 __all__ = ["DM"]
 
@@ -48,6 +48,10 @@ class DM(Algorithm):
         self.exit: Any = None
 
     # -- memory -----------------------------------------------------------------------------
+    @classmethod
+    def device_bytes(cls, params: Any, n: int, k: int, m: int) -> int:
+        return n * k * m * m * 8  # every exit wave, complex64
+
     def load_extras(self, extras: dict[str, np.ndarray]) -> None:
         core, xp = self.core, self.core.xp
         shape = (core.N, core.K, core.M, core.M)
@@ -85,62 +89,48 @@ class DM(Algorithm):
             self.exit[idx] *= ramp
 
     # -- iteration --------------------------------------------------------------------------
-    def run_batch(self, idx: np.ndarray, it: int) -> list[Any]:
-        core, xp, be = self.core, self.core.xp, self.core.backend
-        upd_obj, upd_probe, pos_corr = self.flags(it)
+    probe_terms_in_sweep = False  # the probe is refitted to the new ψ with the new object
+
+    def exit_correction(self, sw: Sweep, c: Chunk, big: Any) -> tuple[Any, Any]:
+        """The model's loss; χ (for position steps only) from the model's own modulus
+        correction Π_F(φ)−φ (the DM update ψ_new − φ carries the iterate's memory, not a data
+        residual). ``big`` (Φ) is kept for the exit-wave update."""
+        core = self.core
+        if sw.grads is None:
+            return core.amplitude_residual(big, c)[2], None
+        chi = big.copy()
+        loss = core.modulus_projection(chi, c)
+        return loss, core.to_sample(chi, c)
+
+    def chunk_update(self, sw: Sweep, sums: PartSums, c: Chunk, pd: Any, oj: Any, big: Any,
+                     chi: Any) -> None:
+        """ψ ← ψ + Π_F(2φ−ψ) − φ, and the object refit's sums from the new ψ."""
+        core = self.core
+        z = self.exit[c.didx]  # a copy (fancy index)
+        z *= -1
+        z += big
+        z += big  # 2Φ − Ψ
+        core.modulus_projection(z, c)  # z ← Π_F(2Φ−Ψ) − (2Φ−Ψ)
+        z += big  # Ψ + Π_F(2Φ−Ψ) − Φ
+        self.exit[c.didx] = z
+        if sums.acc is not None:
+            psi = core.to_sample(z, c)
+            core.accumulate_object(sums.acc, core.object_num(pd, psi, c, keep_probe=True), c, pd)
+
+    def probe_pass(self, _t: int, part: np.ndarray) -> PartSums:
+        """Σ_j S_j^H[conj(O_j) ψ_j] and Σ_j |O_j|² with the refitted object."""
+        core, xp = self.core, self.core.xp
         k, m = core.K, core.M
-        parts = core.split(idx)
-        accs = core.accumulators(len(parts)) if upd_obj else None
-        bb = core.bbox(idx)
-        grads = object_gradient(core.obj, xp) if pos_corr else None
-        core.prepare()
+        sums = PartSums(None, xp.zeros((k, m, m), np.complex64), xp.zeros((m, m), np.float32))
+        for sub in core.subchunks(part):
+            c = core.chunk(sub)
+            psi = core.to_sample(self.exit[c.didx], c)
+            core.probe_terms(core.object_patches(c), psi, c, sums.probe_num, sums.probe_den)
+        return sums
 
-        def exit_update(t: int, part: np.ndarray):
-            """ψ ← ψ + Π_F(2φ−ψ) − φ, and the object refit's sums from the new ψ."""
-            if accs is not None:
-                accs[t][0][bb] = 0
-                accs[t][1][bb] = 0
-            losses, steps = [], []
-            for sub in core.subchunks(part):
-                c = core.chunk(sub)
-                pd = core.shifted_probe(c)
-                oj = core.object_patches(c)
-                big_phi = core.to_detector(pd, oj, c)
-                if grads is not None:
-                    # Positions follow the model's own modulus correction Π_F(φ)−φ (the DM
-                    # update ψ_new − φ carries the iterate's memory, not a data residual).
-                    chi = big_phi.copy()
-                    losses.append(core.modulus_projection(chi, c))
-                    chi = core.to_sample(chi, c)
-                    steps.append(position_steps(pd, be.gather(grads[0], c.iy, c.ix, m),
-                                                be.gather(grads[1], c.iy, c.ix, m), chi, xp))
-                else:
-                    losses.append(core.amplitude_residual(big_phi, c)[2])
-                z = self.exit[c.didx]  # a copy (fancy index)
-                z *= -1
-                z += big_phi
-                z += big_phi  # 2Φ − Ψ
-                core.modulus_projection(z, c)  # z ← Π_F(2Φ−Ψ) − (2Φ−Ψ)
-                z += big_phi  # Ψ + Π_F(2Φ−Ψ) − Φ
-                self.exit[c.didx] = z
-                if accs is not None:
-                    psi = core.to_sample(z, c)
-                    core.accumulate_object(accs[t], core.object_num(pd, psi, c, keep_probe=True),
-                                         c, pd)
-            return losses, steps
-
-        def probe_sums(t: int, part: np.ndarray):
-            """Σ_j S_j^H[conj(O_j) ψ_j] and Σ_j |O_j|² with the refitted object."""
-            pnum = xp.zeros((k, m, m), np.complex64)
-            pden = xp.zeros((m, m), np.float32)
-            for sub in core.subchunks(part):
-                c = core.chunk(sub)
-                psi = core.to_sample(self.exit[c.didx], c)
-                core.probe_terms(core.object_patches(c), psi, c, pnum, pden)
-            return pnum, pden
-
-        results = core.map_parts(exit_update, idx)
-        if accs is not None:
+    def update(self, sw: Sweep, sums: list[PartSums]) -> None:
+        core, xp = self.core, self.core.xp
+        if sw.accs is not None:
             alpha = self.params.alpha_value
 
             def refit(num: Any, den: Any, dmax: float, sl: tuple[slice, slice]) -> Any:
@@ -151,19 +141,12 @@ class DM(Algorithm):
                 num *= den
                 return num
 
-            core.update_object(accs, bb, refit, replace=True)
-        if upd_probe:
-            sums = core.map_parts(probe_sums, idx)
-            pnum, pden = sums[0]
-            for a, b in sums[1:]:
-                pnum += a
-                pden += b
-            delta = self.params.beta_value * float(pden.max())
+            core.update_object(sw.accs, sw.bbox, refit, replace=True)
+        if sw.update_probe:
+            pnum, pden = self.probe_sums(core.map_list(self.probe_pass, sw.parts))
+            delta = self.params.beta_value * core.backend.scalar(pden.max())
             new = core.probe_from_terms(pnum)
             new += delta * core.probe
             new /= pden + delta
             core.probe = new.astype(np.complex64)
             core.probe_changed()
-        if pos_corr:
-            self.apply_position_steps(parts, [s for r in results for s in r[1]])
-        return [v for r in results for v in r[0]]

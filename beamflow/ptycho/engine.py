@@ -5,7 +5,7 @@ Typical use::
     data = PtychoData(intensities, positions_px, object_shape, mask)
     params = ReconParams(algorithm="rpie", iterations=100)
     state = initial_state(data, params)                 # or ReconState.from_arrays(...)
-    with Reconstructor(data, state, get_backend("auto")) as rec:
+    with Reconstructor(data, state, array_backend("auto")) as rec:
         state = rec.run(callback=lambda view, info: print(info))
 
 Continuing with more frames of the same scan::
@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Backend, get_backend
-from .core import Algorithm, Core
+from .algorithm import Algorithm
+from .arrays import ArrayBackend, HostCopy, array_backend
 from .dm import DM
 from .epie import EPIE
+from .forward import Core
 from .lsqml import LSQML
 from .modes import make_modes, orthogonalize_modes
 from .positions import remove_drift
@@ -46,8 +47,8 @@ from .propagation import Propagation
 from .rpie import RPIE
 from .state import PtychoData, ReconParams, ReconState
 
-__all__ = ["ALGORITHMS", "Reconstructor", "StateView", "initial_state", "mean_pattern",
-           "probe_from_data", "scale_probe", "counter_rng"]
+__all__ = ["ALGORITHMS", "PendingSnapshot", "Reconstructor", "StateView", "initial_state",
+           "mean_pattern", "probe_from_data", "scale_probe", "counter_rng"]
 
 ALGORITHMS: dict[str, type[Algorithm]] = {"epie": EPIE, "rpie": RPIE, "dm": DM, "lsqml": LSQML}
 
@@ -180,6 +181,10 @@ class StateView:
         """The full state on the host (what a checkpoint stores)."""
         return self._rec.snapshot()
 
+    def snapshot_async(self) -> PendingSnapshot:
+        """The full state, copied to the host while the device goes on (``.result()``)."""
+        return self._rec.snapshot_async()
+
     def stop(self) -> None:
         """Ask :meth:`Reconstructor.run` to return after this iteration."""
         self._rec.stop()
@@ -204,10 +209,10 @@ class Reconstructor:
     device ``data`` is marked consumed and refuses further use.
     """
 
-    def __init__(self, data: PtychoData, state: ReconState, backend: Backend | str = "auto",
+    def __init__(self, data: PtychoData, state: ReconState, backend: ArrayBackend | str = "auto",
                  *, consume_data: bool = False):
         if isinstance(backend, str):
-            backend = get_backend(backend)
+            backend = array_backend(backend)
         n = data.n_positions
         if state.positions_px.shape[0] != n:
             raise ValueError(
@@ -233,8 +238,11 @@ class Reconstructor:
         self.backend = backend
         # Re-validate: model_copy(update=...) skips pydantic's checks.
         self.params = ReconParams.model_validate(state.params.model_dump())
-        self.core = Core(data, state, backend, consume=consume_data)
-        self.algorithm: Algorithm = ALGORITHMS[self.params.algorithm](self.core, self.params)
+        algorithm = ALGORITHMS[self.params.algorithm]
+        reserved = algorithm.device_bytes(self.params, n, self.params.probe_modes,
+                                          data.frame_size)
+        self.core = Core(data, state, backend, consume=consume_data, reserved_bytes=reserved)
+        self.algorithm: Algorithm = algorithm(self.core, self.params)
         self.algorithm.load_extras(state.extras)
         self.iteration = int(state.iteration)
         self.loss_history = list(state.loss_history)
@@ -266,6 +274,7 @@ class Reconstructor:
         losses: list[Any] = []
         for batch in self.algorithm.batches(rng):
             losses.extend(self.algorithm.run_batch(batch, it))
+        self.algorithm.apply_position_steps()
         self.algorithm.end_iteration(it)
         loss = core.total(losses) / core.norm
         if core.K > 1 and (it + 1) % p.orthogonalize_every == 0:
@@ -312,15 +321,28 @@ class Reconstructor:
 
     def snapshot(self) -> ReconState:
         """A host copy of the complete state (object, probe, positions, RNG, extras)."""
+        return self.snapshot_async().result()
+
+    def snapshot_async(self) -> PendingSnapshot:
+        """Start copying the state to the host; the device goes on with the next iteration
+        while the copy runs (GPU: device→page-locked host on a side stream). Call
+        ``.result()`` for the :class:`ReconState`. The algorithm's extras (DM's exit waves)
+        are copied at once."""
         be = self.backend
-        return ReconState(
-            object=np.array(be.to_host(self.core.obj), copy=True),
-            probe=np.array(be.to_host(self.core.probe), copy=True),
-            positions_px=self.core.pos.copy(),
-            params=self.params,
-            iteration=self.iteration,
-            loss_history=list(self.loss_history),
-            rng_seed=self.rng_seed,
-            rng_counter=self.rng_counter,
-            extras=self.algorithm.extras(),
-        )
+        return PendingSnapshot(
+            be.host_copy_async(self.core.obj), be.host_copy_async(self.core.probe),
+            dict(positions_px=self.core.pos.copy(), params=self.params,
+                 iteration=self.iteration, loss_history=list(self.loss_history),
+                 rng_seed=self.rng_seed, rng_counter=self.rng_counter,
+                 extras=self.algorithm.extras()))
+
+
+class PendingSnapshot:
+    """A :class:`ReconState` whose object and probe are still on their way to the host."""
+
+    def __init__(self, obj: HostCopy, probe: HostCopy, fields: dict[str, Any]):
+        self._obj, self._probe, self._fields = obj, probe, fields
+
+    def result(self) -> ReconState:
+        return ReconState(object=self._obj.result(), probe=self._probe.result(),
+                          **self._fields)

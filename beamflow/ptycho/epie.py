@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core import PIEFamily
+from .pie import PIEFamily
 
 __all__ = ["EPIE"]
 
@@ -26,8 +26,8 @@ class EPIE(PIEFamily):
     name = "epie"
 
     def object_step(self, num: Any, den: Any, den_max: float) -> Any:
-        num *= self.params.alpha_value / max(den_max, 1e-30)
+        num *= self.params.alpha_value / self.core.backend.at_least(den_max, 1e-30)
         return num
 
     def probe_step(self, num: Any, den: Any, den_max: float) -> Any:
-        return num * (self.params.beta_value / max(den_max, 1e-30))
+        return num * (self.params.beta_value / self.core.backend.at_least(den_max, 1e-30))

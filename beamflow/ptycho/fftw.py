@@ -12,7 +12,7 @@ each or hold on to the last arrays they transformed.
 
 The library is libfftw3f from the pyFFTW wheel (the ``fftw`` extra), else the system's.
 FFTW is GPL-2.0-or-later: installations that must avoid it leave the extra out and the engine
-uses pocketfft (see :mod:`beamflow.ptycho.backend`).
+uses pocketfft (see :mod:`beamflow.ptycho.arrays`).
 
 Plans are made with FFTW_ESTIMATE — deterministic (no timing-dependent choice of algorithm,
 so a run repeats bit for bit) and, unlike the measuring modes, it leaves the array alone — once

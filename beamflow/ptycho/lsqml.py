@@ -7,8 +7,9 @@ Per batch:
 
 1. Far-field update from the likelihood (section 2.2): Gaussian (amplitude) noise gives the
    modulus projection, χ̂ = Ψ(√I/|Ψ| − 1); Poisson noise gives χ̂ = −a_j ξ Ψ with
-   ξ = 1 − I/Î, and the per-position step a_j ∈ [0, 1] from a few fixed-point iterations of
-   ∂/∂a of the Poisson likelihood along that direction (as PtychoShelves/Pty-Chi do).
+   ξ = 1 − I/(Î + δ) (δ: a floor, :data:`POISSON_FLOOR`), and the per-position step
+   a_j ∈ [0, 1] from a few fixed-point iterations of ∂/∂a of the Poisson likelihood along
+   that direction (as PtychoShelves/Pty-Chi do).
 2. Preconditioned search directions accumulated over the batch (eq. 24–25):
    ΔO = Σ_j conj(P_j)χ_j / (Σ_j|P_j|² + δ_O),  ΔP = Σ_j S_j^H[conj(O_j)χ_j] / (Σ_j|O_j|² + δ_P),
    δ = alpha × the largest denominator.
@@ -26,10 +27,20 @@ from typing import Any
 
 import numpy as np
 
-from .core import Algorithm, Chunk
-from .positions import object_gradient, position_steps
+from .algorithm import Algorithm, PartSums, Sweep
+from .forward import Chunk
 
 __all__ = ["LSQML"]
+
+# The Poisson correction −ξΨ = (I/Î − 1)Ψ is singular where the model is dark (Î → 0, I > 0):
+# there it grows like I/|Ψ| along the phase of a near-zero Ψ, which is float32 rounding
+# noise, so two devices (or FFT libraries, or summation orders) that round Ψ differently
+# take visibly different steps and drift apart (0.4 % in the loss after 5 iterations,
+# 10 % after 30; float64 sums do not help: the sums are not where the error is made).
+# Î is floored at this fraction of the mean measured intensity: it removes the drift (to
+# ~1e-7 after 5 iterations, 3e-4 after 30) and leaves the reconstruction's quality alone
+# (docs/performance.md, "LSQ-ML on two devices").
+POISSON_FLOOR = 1e-3
 
 
 def _rdot(a: Any, b: Any) -> Any:
@@ -45,8 +56,8 @@ class LSQML(Algorithm):
         core, xp = self.core, self.core.xp
         amp, _, loss = core.amplitude_residual(big, c)
         imod = xp.square(amp)
-        meas = xp.square(core.sqrt_data[c.idx])
-        xi = 1.0 - meas / (imod + core.eps**2)
+        meas = xp.square(core.frames.amplitudes(c.idx, c.didx))
+        xi = 1.0 - meas / (imod + np.float32(POISSON_FLOOR * core.mean_intensity))
         xi *= core.mask
         den = (xp.square(xi) * imod).sum(axis=(1, 2)) + 1e-30
         a = xp.full((len(c.idx),), 0.5, np.float32)
@@ -58,50 +69,32 @@ class LSQML(Algorithm):
         big *= xi[:, None]
         return loss
 
-    def run_batch(self, idx: np.ndarray, it: int) -> list[Any]:
+    @classmethod
+    def device_bytes(cls, params: Any, n: int, k: int, m: int) -> int:
+        # The batch's kept P_j, O_j and χ_j for the step-length systems.
+        return params.batch_size_for(n) * (2 * k + 1) * m * m * 8
+
+    def fourier_constraint(self, big: Any, c: Chunk) -> Any:
+        if self.params.noise_model == "poisson":
+            return self.poisson_correction(big, c)
+        return self.core.modulus_projection(big, c)
+
+    def chunk_update(self, sw: Sweep, sums: PartSums, c: Chunk, pd: Any, oj: Any, big: Any,
+                     chi: Any) -> None:
+        # The step-length systems need P_j, O_j and χ_j after the batch: keep copies (the
+        # default terms overwrite them).
+        sums.kept.append((c, pd if c.ramp is None else pd.copy(), oj.copy(), chi.copy()))
+        super().chunk_update(sw, sums, c, pd, oj, big, chi)
+
+    def update(self, sw: Sweep, sums: list[PartSums]) -> None:
         core, xp, be = self.core, self.core.xp, self.core.backend
-        upd_obj, upd_probe, pos_corr = self.flags(it)
-        k, m = core.K, core.M
-        parts = core.split(idx)
-        accs = core.accumulators(len(parts) + 1) if upd_obj else None
-        bb = core.bbox(idx)
-        grads = object_gradient(core.obj, xp) if pos_corr else None
-        poisson = self.params.noise_model == "poisson"
-        core.prepare()
-
-        def work(t: int, part: np.ndarray):
-            if accs is not None:
-                accs[t][0][bb] = 0
-                accs[t][1][bb] = 0
-            pnum = xp.zeros((k, m, m), np.complex64) if upd_probe else None
-            pden = xp.zeros((m, m), np.float32) if upd_probe else None
-            losses, steps, kept = [], [], []
-            for sub in core.subchunks(part):
-                c = core.chunk(sub)
-                pd = core.shifted_probe(c)
-                oj = core.object_patches(c)
-                big = core.to_detector(pd, oj, c)
-                if poisson:
-                    losses.append(self.poisson_correction(big, c))
-                else:
-                    losses.append(core.modulus_projection(big, c))
-                chi = core.to_sample(big, c)
-                if grads is not None:
-                    steps.append(position_steps(pd, be.gather(grads[0], c.iy, c.ix, m),
-                                                be.gather(grads[1], c.iy, c.ix, m), chi, xp))
-                kept.append((c, pd if c.ramp is None else pd.copy(), oj.copy(), chi.copy()))
-                if upd_obj:
-                    core.accumulate_object(accs[t], core.object_num(pd, chi, c), c)
-                if upd_probe:
-                    core.probe_terms(oj, chi, c, pnum, pden)
-            return losses, pnum, pden, steps, kept
-
-        results = core.map_parts(work, idx)
+        upd_obj, upd_probe, bb = sw.update_object, sw.update_probe, sw.bbox
+        m = core.M
         alpha = self.params.alpha_value
         d_obj = None
         if upd_obj:
-            # ΔO lives in the spare accumulator (only its box is read).
-            d_obj = accs[len(parts)][0]
+            # ΔO lives in a spare accumulator after the parts' (only its box is read).
+            d_obj = core.accumulators(len(sw.parts) + 1)[-1][0]
 
             def direction(num: Any, den: Any, dmax: float, _sl: Any) -> Any:
                 den += alpha * dmax
@@ -109,22 +102,19 @@ class LSQML(Algorithm):
                 num *= den
                 return num
 
-            core.update_object(accs[: len(parts)], bb, direction, target=d_obj, replace=True)
+            core.update_object(sw.accs, bb, direction, target=d_obj, replace=True)
         d_probe = d_probe_hat = None
         if upd_probe:
-            pnum, pden = results[0][1], results[0][2]
-            for r in results[1:]:
-                pnum += r[1]
-                pden += r[2]
-            d_probe = core.probe_from_terms(pnum) / (pden + alpha * float(pden.max()))
+            pnum, pden = self.probe_sums(sums)
+            d_probe = core.probe_from_terms(pnum) / (pden + alpha * be.scalar(pden.max()))
             d_probe = d_probe.astype(np.complex64)
             if core.subpixel:
                 d_probe_hat = core.spectrum(d_probe)
 
-        def systems(t: int, part: np.ndarray):
+        def systems(t: int, _part: np.ndarray) -> Any:
             rows = []
-            for c, pd, oj, chi in results[t][4]:
-                a_o = pd * be.gather(d_obj, c.iy, c.ix, m)[:, None] if upd_obj else None
+            for c, pd, oj, chi in sums[t].kept:
+                a_o = pd * be.gather(d_obj, c.dy, c.dx, m)[:, None] if upd_obj else None
                 if upd_probe:
                     if c.ramp is None:
                         sp = d_probe[None]
@@ -143,7 +133,8 @@ class LSQML(Algorithm):
             return xp.concatenate(rows) if rows else None
 
         if upd_obj or upd_probe:
-            sys = np.concatenate([be.to_host(r) for r in core.map_parts(systems, idx)
+            # Solved on the device, in float64: no copy to the host inside the iteration.
+            sys = xp.concatenate([r for r in core.map_list(systems, sw.parts)
                                   if r is not None]).astype(np.float64)
             a11, a12, a22, b1, b2 = sys.T
             lam = 1e-6 * (a11 + a22) + 1e-30
@@ -156,12 +147,9 @@ class LSQML(Algorithm):
                 beta_p = b2 / (a22 + lam)
             damp = self.params.beta_value
             if upd_obj:
-                step = damp * float(np.mean(np.clip(beta_o, 0.0, None)))
+                step = damp * be.scalar(xp.mean(xp.maximum(beta_o, 0.0)))
                 core.obj[bb] += step * d_obj[bb]
             if upd_probe:
-                step = damp * float(np.mean(np.clip(beta_p, 0.0, None)))
+                step = damp * be.scalar(xp.mean(xp.maximum(beta_p, 0.0)))
                 core.probe += step * d_probe
                 core.probe_changed()
-        if pos_corr:
-            self.apply_position_steps(parts, [s for r in results for s in r[3]])
-        return [v for r in results for v in r[0]]

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["orthogonalize_modes", "make_modes", "mode_powers"]
+__all__ = ["orthogonalize_modes", "make_modes"]
 
 
 def orthogonalize_modes(probe: Any, xp: Any = np, return_transform: bool = False) -> Any:
@@ -35,11 +35,6 @@ def orthogonalize_modes(probe: Any, xp: Any = np, return_transform: bool = False
     if return_transform:
         return modes, u.conj().T / phase[:, None]
     return modes
-
-
-def mode_powers(probe: Any, xp: Any = np) -> Any:
-    """Σ|P_k|² of each mode (K,)."""
-    return (xp.abs(probe) ** 2).sum(axis=(1, 2))
 
 
 def make_modes(first: np.ndarray, k: int, rng: np.random.Generator,

@@ -16,11 +16,17 @@ Five images a beamline scientist reads at a glance (:data:`PREVIEW_NAMES`):
   cyclic ``twilight`` colormap (so a wrap is not mistaken for an edge): the full range, for
   when the window hides something. The status page links it from the phase figure.
 * ``object_amplitude.png`` — ``|O|`` in gray, window from the 1–99 percentiles of the
-  illuminated region.
+  illuminated region, divided by the amplitude of the unscattered region (empty space reads
+  1, :func:`unscattered_level`), or, where there is none, titled with why not.
 * ``probe.png`` — one panel per probe mode, complex shown as colour (hue = phase, brightness
   = amplitude, each mode normalised to its own maximum) and titled with its share of the
   total power in %.
-* ``convergence.png`` — the loss against iteration, logarithmic y.
+* ``convergence.png`` — the loss against iteration, logarithmic y with labelled ticks, and
+  the data's Poisson noise floor as a dashed line when it is given.
+
+A suspect result's previews (``write_previews(suspect=True)``) say SUSPECT at the start of
+every title, in red. Every PNG carries its title (and what else the reader should know of
+it) in its ``Title``/``Description`` text chunks.
 
 The illuminated region (:func:`illuminated_region`) is where the summed probe intensity over
 all scan positions reaches 10 % of its maximum; it needs the positions (top-left corners of
@@ -67,16 +73,19 @@ from numpy.typing import ArrayLike, NDArray
 
 from beamflow.atomic import atomic_write_bytes
 
-from .backend import dct2
+from .arrays import dct2
 from .metrics import fit_phase_ramp, illumination_mask
 
 __all__ = [
     "PREVIEW_NAMES",
+    "SUSPECT_MARK",
     "ObjectView",
     "PhaseImage",
     "PreviewError",
+    "UnscatteredLevel",
     "complex_to_rgb",
     "flatten_phase",
+    "headline",
     "illuminated_region",
     "nice_length",
     "object_rgb",
@@ -89,6 +98,7 @@ __all__ = [
     "robust_window",
     "scale_bar",
     "shade_outside",
+    "unscattered_level",
     "unwrap_phase",
     "write_png_atomic",
     "write_previews",
@@ -238,11 +248,31 @@ def _new_figure(size: tuple[float, float] = _FIGSIZE) -> Figure:
     return fig
 
 
-def _png_bytes(fig: Figure) -> bytes:
+def _png_bytes(fig: Figure, title: str = "", description: str = "") -> bytes:
+    """The figure as PNG, with its title (and what the reader should know of the image) in
+    the file's text chunks, for tools that read them without looking at the picture."""
     buf = io.BytesIO()
+    metadata = {"Title": title, "Description": description}
     # zlib level 1: ~3× faster than the default 6 for ~20 % larger files.
-    fig.savefig(buf, format="png", dpi=_DPI, pil_kwargs={"compress_level": 1})
+    fig.savefig(buf, format="png", dpi=_DPI, pil_kwargs={"compress_level": 1},
+                metadata={k: v for k, v in metadata.items() if v})
     return buf.getvalue()
+
+
+#: The mark a suspect result's previews carry in their titles (see :func:`write_previews`).
+SUSPECT_MARK = "SUSPECT"
+_SUSPECT_COLOUR = "#c0392b"
+
+
+def headline(title: str, suspect: bool = False) -> str:
+    """``title`` as a preview shows it: a suspect result's starts with ``SUSPECT``."""
+    if not suspect:
+        return title
+    return f"{SUSPECT_MARK} result · {title}" if title else f"{SUSPECT_MARK} result"
+
+
+def _title_colour(suspect: bool) -> str:
+    return _SUSPECT_COLOUR if suspect else "black"
 
 
 def _draw_scale_bar(ax, shape: tuple[int, int], pixel_size_m: float) -> None:
@@ -270,7 +300,7 @@ def _draw_scale_bar(ax, shape: tuple[int, int], pixel_size_m: float) -> None:
     )
 
 
-def _image_axes(fig: Figure, title: str, shape: tuple[int, int]):
+def _image_axes(fig: Figure, title: str, shape: tuple[int, int], suspect: bool = False):
     """Image axes and a colorbar axes beside it, placed by hand (see :func:`_new_figure`)."""
     fw, fh = fig.get_size_inches()
     # Box for the image: leave room for the title (top) and the colorbar (right).
@@ -283,7 +313,7 @@ def _image_axes(fig: Figure, title: str, shape: tuple[int, int]):
     ax = fig.add_axes((left, bottom, w, h))
     # Centred on the figure, not the axes: the colorbar makes the axes sit left of centre
     # and a long title would be clipped at the left edge.
-    fig.suptitle(title, fontsize=10, y=0.985)
+    fig.suptitle(title, fontsize=10, y=0.985, color=_title_colour(suspect))
     ax.set_xticks([])
     ax.set_yticks([])
     cax = fig.add_axes((left + w + 0.02, bottom, 0.03, h))
@@ -443,6 +473,7 @@ def _draw_image(
     title: str,
     pixel_size_m: float,
     extend: Literal["both", "neither"] = "both",
+    suspect: bool = False,
 ) -> Colorbar:
     """Draw :func:`object_rgb`, outline the illuminated region, add the scale bar; returns
     the colour bar of ``window`` (its arrows: values beyond it clip)."""
@@ -450,7 +481,7 @@ def _draw_image(
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
-    ax, cax = _image_axes(fig, title, values.shape)
+    ax, cax = _image_axes(fig, title, values.shape, suspect)
     ax.imshow(object_rgb(values, window, cmap_name, view.inside), interpolation="nearest")
     if view.inside is not None and not view.inside.all():
         ax.contour(view.inside.astype(np.float32), levels=[0.5], colors=[OUTLINE_COLOUR],
@@ -520,6 +551,7 @@ def render_object_phase(
     remove_ramp: bool = True,
     illuminated: ArrayLike | None = None,
     full_range: bool = False,
+    suspect: bool = False,
 ) -> bytes:
     """PNG bytes of the object phase (see the module docstring for the conventions).
 
@@ -532,11 +564,13 @@ def render_object_phase(
                       remove_ramp=remove_ramp, full_range=full_range)
     what = "ramp removed" if remove_ramp else "global phase removed"
     fig = _new_figure()
+    title = headline(title, suspect)
     if full_range:
         label = f"Object phase, full range [−π, π) ({what})"
+        text = f"{title}\n{label}".strip()
         # Nothing clips on a cyclic scale: no arrows on its colour bar.
-        cb = _draw_image(fig, img.view, img.phase, img.window, "twilight",
-                         f"{title}\n{label}".strip(), pixel_size_m, extend="neither")
+        cb = _draw_image(fig, img.view, img.phase, img.window, "twilight", text,
+                         pixel_size_m, extend="neither", suspect=suspect)
         cb.set_ticks([-np.pi, -np.pi / 2, 0, np.pi / 2, np.pi])
         cb.ax.set_yticklabels(["−π", "−π/2", "0", "π/2", "π"])
     else:
@@ -544,10 +578,11 @@ def render_object_phase(
         where = "illuminated region" if img.view.inside is not None else "object"
         label = (f"Object phase{', unwrapped' if mode == 'unwrapped' else ''} ({what})\n"
                  f"colour window: {lo_p:g}–{hi_p:g} % of the {where}")
-        cb = _draw_image(fig, img.view, img.phase, img.window, "viridis",
-                         f"{title}\n{label}".strip(), pixel_size_m)
+        text = f"{title}\n{label}".strip()
+        cb = _draw_image(fig, img.view, img.phase, img.window, "viridis", text, pixel_size_m,
+                         suspect=suspect)
     cb.set_label("phase [rad]")
-    return _png_bytes(fig)
+    return _png_bytes(fig, text)
 
 
 def render_object_amplitude(
@@ -557,16 +592,97 @@ def render_object_amplitude(
     scan_extent_px: Sequence[int] | None = None,
     title: str = "",
     illuminated: ArrayLike | None = None,
+    suspect: bool = False,
 ) -> bytes:
     """PNG bytes of the object amplitude ``|O|`` (gray; window from robust percentiles of
-    the illuminated region when ``illuminated`` is given, of the whole crop otherwise)."""
+    the illuminated region when ``illuminated`` is given, of the whole crop otherwise),
+    divided by the amplitude of the unscattered region (:func:`unscattered_level`) so that
+    empty space reads 1; where there is none the title says why it is not normalised."""
     view = object_view(obj, scan_extent_px=scan_extent_px, illuminated=illuminated)
     amp = np.abs(view.values)
+    level = unscattered_level(view)
+    if level.value is not None:
+        amp = amp / level.value
+        label, bar = "Object amplitude |O|, unscattered region = 1", "amplitude (unscattered = 1)"
+    else:
+        label, bar = f"Object amplitude |O|, not normalised: {level.reason}", "amplitude"
     fig = _new_figure()
-    cb = _draw_image(fig, view, amp, robust_window(amp, view.inside), "gray",
-                     f"{title}\nObject amplitude |O|".strip(), pixel_size_m)
-    cb.set_label("amplitude")
-    return _png_bytes(fig)
+    text = f"{headline(title, suspect)}\n{label}".strip()
+    cb = _draw_image(fig, view, amp, robust_window(amp, view.inside), "gray", text,
+                     pixel_size_m, suspect=suspect)
+    cb.set_label(bar)
+    return _png_bytes(fig, text, level.reason)
+
+
+@dataclass(frozen=True)
+class UnscatteredLevel:
+    """The amplitude of the object where nothing scatters (empty space: transmission 1).
+
+    Attributes:
+        value: that amplitude, or ``None`` when no such region was found.
+        share: the share of the illuminated region it was measured on.
+        reason: how it was found, or why there is none.
+    """
+
+    value: float | None
+    share: float
+    reason: str
+
+
+#: Unscattered candidates: the flattest and the brightest of the illuminated pixels, by these
+#: percentiles of the local relative variation (at most) and of the amplitude (at least) ...
+FLAT_PERCENTILE, BRIGHT_PERCENTILE = 40.0, 50.0
+#: ... covering at least this share of the illuminated region ...
+MIN_UNSCATTERED_SHARE = 0.05
+#: ... much flatter than the sample: their median variation at most this fraction of the
+#: region's 90th percentile (calibrated: simulated far-field reconstructions 0.03, the PETRA
+#: III near-field Siemens star 0.22; textures without empty space 0.31 and 0.42) ...
+MAX_FLATNESS_RATIO = 0.25
+#: ... and no more than this share of the region may be brighter than 1.1 × their level
+#: (a transmission above 1 is no sample: free space must be the brightest).
+MAX_BRIGHTER_SHARE = 0.05
+
+
+def unscattered_level(view: ObjectView) -> UnscatteredLevel:
+    """Where the object is flat (much flatter than the sample) and bright, and nothing is
+    much brighter, it is empty space: its median amplitude (``value``) is what a
+    transmission of 1 came out as.
+
+    Ptychography recovers the object only up to a scale traded with the probe; dividing by
+    this level undoes it. A sample that fills the field leaves no such area (``value``
+    None, ``reason`` says so)."""
+    z = view.values
+    region = view.inside if view.inside is not None else np.ones(z.shape, bool)
+    amp = np.abs(z)
+    if min(z.shape) < 3 or region.sum() < _MIN_REGION_PX:
+        return UnscatteredLevel(None, 0.0, "the object is too small to find empty space in")
+    # Relative variation of the complex object to its neighbours: 0 where it is flat.
+    step = np.zeros(z.shape)
+    step[:-1] += np.abs(np.diff(z, axis=0))
+    step[1:] += np.abs(np.diff(z, axis=0))
+    step[:, :-1] += np.abs(np.diff(z, axis=1))
+    step[:, 1:] += np.abs(np.diff(z, axis=1))
+    variation = step / np.maximum(amp, 1e-30)
+    flat = variation <= np.percentile(variation[region], FLAT_PERCENTILE)
+    bright = amp >= np.percentile(amp[region], BRIGHT_PERCENTILE)
+    empty = region & flat & bright
+    share = float(empty.sum()) / float(region.sum())
+    if share < MIN_UNSCATTERED_SHARE or not empty.any():
+        return UnscatteredLevel(None, share, "no flat, bright area (the sample may fill the "
+                                "field of view)")
+    flatness = float(np.median(variation[empty]) /
+                     max(np.percentile(variation[region], 90), 1e-30))
+    if flatness > MAX_FLATNESS_RATIO:
+        return UnscatteredLevel(None, share, "no area is much flatter than the rest (the "
+                                "sample may fill the field of view)")
+    level = float(np.median(amp[empty]))
+    brighter = float(np.mean(amp[region] > 1.1 * level))
+    if level <= 0 or brighter > MAX_BRIGHTER_SHARE:
+        return UnscatteredLevel(None, share, f"{brighter:.0%} of the illuminated area is "
+                                "brighter than its flattest bright part, so that is no empty "
+                                "space")
+    return UnscatteredLevel(level, share, f"divided by {level:.4g}, the median |O| of the "
+                            f"flat, bright {share:.0%} of the illuminated area (empty space)")
 
 
 def _probe_modes(probe: ArrayLike) -> np.ndarray:
@@ -582,7 +698,8 @@ def _probe_modes(probe: ArrayLike) -> np.ndarray:
 
 
 def render_probe(
-    probe: ArrayLike, pixel_size_m: float, *, title: str = "", max_modes: int = 8
+    probe: ArrayLike, pixel_size_m: float, *, title: str = "", max_modes: int = 8,
+    suspect: bool = False,
 ) -> bytes:
     """PNG bytes of the probe modes: colour = phase, brightness = amplitude, power in %."""
     p = _probe_modes(probe)
@@ -608,18 +725,25 @@ def render_probe(
         if i == 0:
             _draw_scale_bar(ax, p.shape[1:], pixel_size_m)
     more = f" (first {k} of {p.shape[0]})" if p.shape[0] > k else ""
-    fig.suptitle(
-        f"{title}\nProbe modes{more}: hue = phase, brightness = amplitude".strip(), fontsize=10
-    )
-    return _png_bytes(fig)
+    text = (f"{headline(title, suspect)}\nProbe modes{more}: hue = phase, brightness = "
+            "amplitude").strip()
+    fig.suptitle(text, fontsize=10, color=_title_colour(suspect))
+    return _png_bytes(fig, text)
 
 
-def render_convergence(loss_history: ArrayLike, *, title: str = "") -> bytes:
-    """PNG bytes of the loss against iteration (log y).
+def render_convergence(
+    loss_history: ArrayLike, *, title: str = "", noise_floor: float | None = None,
+    suspect: bool = False,
+) -> bytes:
+    """PNG bytes of the loss against iteration (log y), with labelled ticks on both axes and,
+    given the data's Poisson ``noise_floor`` (the misfit a perfect model scores,
+    :func:`beamflow.ptycho.verdict.noise_floor`), a dashed line at it.
 
     ``loss_history`` is 1-D (the loss of iterations 1, 2, …) or ``[N, 2]`` rows of
     ``(iteration, loss)``.
     """
+    from matplotlib.ticker import LogLocator, MaxNLocator
+
     h = np.asarray(loss_history, dtype=np.float64)
     if h.ndim == 1:
         its, vals = np.arange(1, h.size + 1, dtype=np.float64), h
@@ -629,36 +753,45 @@ def render_convergence(loss_history: ArrayLike, *, title: str = "") -> bytes:
         raise PreviewError(f"loss history: expected [N] or [N, 2], got shape {h.shape}")
     ok = np.isfinite(its) & np.isfinite(vals) & (vals > 0)
     dropped = int(ok.size - ok.sum())
+    floor = noise_floor if noise_floor is not None and math.isfinite(noise_floor) and \
+        noise_floor > 0 else None
     fig = _new_figure((5.4, 3.6))
     ax = fig.add_axes((0.15, 0.14, 0.8, 0.72))
-    label = f"{title}\nConvergence".strip()
+    label = f"{headline(title, suspect)}\nConvergence".strip()
     if dropped:
         label += f" ({dropped} non-finite/non-positive values not shown)"
-    ax.set_title(label, fontsize=10)
+    ax.set_title(label, fontsize=10, color=_title_colour(suspect))
     ax.set_xlabel("iteration")
-    ax.set_ylabel("loss")
+    ax.set_ylabel("amplitude misfit (loss)")
+    description = ""
     if ok.any():
         ax.semilogy(
-            its[ok], vals[ok], "-", color="tab:blue", lw=1.5, marker="." if ok.sum() < 40 else None
+            its[ok], vals[ok], "-", color="tab:blue", lw=1.5, marker="." if ok.sum() < 40 else None,
+            label=f"loss (last {vals[ok][-1]:.3g}, iteration {its[ok][-1]:g})",
         )
+        shown = vals[ok]
+        if floor is not None:
+            ax.axhline(floor, color="0.35", ls="--", lw=1.2,
+                       label=f"Poisson noise floor {floor:.3g}")
+            shown = np.append(shown, floor)
+            description = (f"noise floor {floor:.4g}; last loss "
+                           f"{vals[ok][-1] / floor:.3g}× the floor")
+        lo, hi = float(shown.min()), float(shown.max())
+        ax.set_ylim(lo / 1.3, hi * 1.3)
         ax.grid(True, alpha=0.3)
-        # Plain tick labels: the default log formatter typesets 10^n with mathtext, whose
-        # parser costs more than the rest of the figure.
+        # Ticks at 1, 2 and 5 × 10ⁿ over a narrow range, decades over a wide one: every
+        # plot has labelled values on its y axis. Plain tick labels: the default log
+        # formatter typesets 10^n with mathtext, whose parser costs more than the figure.
+        subs = (1.0, 2.0, 5.0) if hi / lo < 1e3 else (1.0,)
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.text(
-            0.98,
-            0.95,
-            f"last: {vals[ok][-1]:.3g} (it. {its[ok][-1]:g})",
-            transform=ax.transAxes,
-            ha="right",
-            va="top",
-            fontsize=9,
-        )
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(loc="best", fontsize=8, framealpha=0.8)
     else:
         ax.text(0.5, 0.5, "no iterations yet", transform=ax.transAxes, ha="center", va="center")
         ax.set_yticks([])
-    return _png_bytes(fig)
+    return _png_bytes(fig, label, description)
 
 
 # --------------------------------------------------------------------------- writing
@@ -684,6 +817,8 @@ def write_previews(
     *,
     positions_px: ArrayLike | None = None,
     phase_mode: Literal["wrapped", "unwrapped"] = "wrapped",
+    noise_floor: float | None = None,
+    suspect: bool = False,
 ) -> dict[str, Path]:
     """Render and atomically write the previews (:data:`PREVIEW_NAMES`) into ``out_dir``.
 
@@ -703,6 +838,9 @@ def write_previews(
             the illuminated region, and the border outside it is dimmed; without them (or
             with none) the whole crop counts.
         phase_mode: ``"wrapped"`` (default) or ``"unwrapped"``, for ``object_phase.png``.
+        noise_floor: the data's Poisson noise floor, drawn dashed on the convergence plot.
+        suspect: the verdict on the result is *suspect*: every title starts with SUSPECT
+            (in red).
 
     Returns:
         ``{name: Path}`` for every name in :data:`PREVIEW_NAMES`.
@@ -718,13 +856,15 @@ def write_previews(
     shape = np.shape(obj)[-2:]
     if positions_px is not None and np.size(positions_px) > 0 and len(shape) == 2:
         illuminated = illuminated_region(shape, probe, positions_px)
-    common = {"scan_extent_px": scan_extent_px, "title": title, "illuminated": illuminated}
+    common = {"scan_extent_px": scan_extent_px, "title": title, "illuminated": illuminated,
+              "suspect": suspect}
     images = {
         "object_phase": render_object_phase(obj, pixel_size_m, mode=phase_mode, **common),
         "object_phase_full": render_object_phase(obj, pixel_size_m, full_range=True, **common),
         "object_amplitude": render_object_amplitude(obj, pixel_size_m, **common),
-        "probe": render_probe(probe, pixel_size_m, title=title),
-        "convergence": render_convergence(loss_history, title=title),
+        "probe": render_probe(probe, pixel_size_m, title=title, suspect=suspect),
+        "convergence": render_convergence(loss_history, title=title, noise_floor=noise_floor,
+                                          suspect=suspect),
     }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

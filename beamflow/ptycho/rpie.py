@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core import PIEFamily
+from .pie import PIEFamily
 
 __all__ = ["RPIE"]
 

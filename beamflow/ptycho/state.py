@@ -74,31 +74,42 @@ class ReconParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    algorithm: Algorithm = "rpie"
+    algorithm: Algorithm = Field("rpie", description="The algorithm: rpie, epie, dm or lsqml.")
     iterations: int = Field(100, ge=0, description="Target total iteration count.")
-    batch_size: int | None = Field(None, ge=1)
-    batch_selection: Literal["auto", "random", "compact", "sparse", "all"] = "auto"
-    probe_modes: int = Field(1, ge=1, le=64)
-    alpha: float | None = None
-    beta: float | None = None
+    batch_size: int | None = Field(
+        None, ge=1, description="Positions whose updates are applied together (None: the "
+        "algorithm's default for the scan's size).")
+    batch_selection: Literal["auto", "random", "compact", "sparse", "all"] = Field(
+        "auto", description="How positions are grouped into batches: auto, random, compact, "
+        "sparse or all (auto: sparse for epie, all for dm, random or compact otherwise).")
+    probe_modes: int = Field(1, ge=1, le=64, description="Incoherent (mixed-state) probe modes.")
+    alpha: float | None = Field(
+        None, description="Object step (epie) or regularisation (rpie, dm, lsqml); range and "
+        "default per algorithm (None: the algorithm's default).")
+    beta: float | None = Field(
+        None, description="Probe step (epie), probe regularisation (rpie, dm) or step "
+        "damping (lsqml); range and default per algorithm (None: the algorithm's default).")
     probe_update_start: int = Field(0, ge=0, description="First iteration that updates the probe.")
-    object_update_start: int = Field(0, ge=0)
-    position_correction: bool = False
-    position_correction_start: int = Field(10, ge=0)
+    object_update_start: int = Field(0, ge=0,
+                                     description="First iteration that updates the object.")
+    position_correction: bool = Field(False, description="Refine the scan positions.")
+    position_correction_start: int = Field(
+        10, ge=0, description="First iteration that refines the positions.")
     position_step_limit_px: float = Field(
         0.5, gt=0, le=8, description="Largest position change per update, in object pixels."
     )
-    noise_model: Literal["gaussian", "poisson"] = "gaussian"
+    noise_model: Literal["gaussian", "poisson"] = Field(
+        "gaussian", description="The data's noise model: gaussian, or poisson (lsqml only).")
     orthogonalize_every: int = Field(
         1, ge=1, description="Orthogonalise probe modes every N iterations (K > 1)."
     )
     center_probe: bool | None = Field(
         None,
         description="Re-centre the probe in its window after each iteration, moving the "
-        "object with it (None: on for dm, whose probe and object otherwise drift together "
-        "once it reaches the noise floor; off for the others).",
+        "object with it (None: on for far-field dm, whose probe and object otherwise drift "
+        "together once it reaches the noise floor; off for the others).",
     )
-    seed: int = Field(0, ge=0, lt=2**63)
+    seed: int = Field(0, ge=0, lt=2**63, description="Seed of the batch order.")
     propagation: Propagation = Field(
         default_factory=Propagation,
         description="far field (default) or near field with its effective geometry")

@@ -40,7 +40,7 @@ from numpy.typing import ArrayLike
 from .metrics import fit_phase_ramp, illumination_mask
 from .propagation import Propagation
 
-__all__ = ["DataRegime", "Verdict", "judge", "measure_data", "noise_floor"]
+__all__ = ["DataRegime", "Verdict", "judge", "measure_data", "noise_floor", "regime_findings"]
 
 #: Brightest share of the pixels whose counts make the peak fraction.
 PEAK_PIXELS = 0.05
@@ -187,6 +187,22 @@ def content_motion(frames: ArrayLike, positions: ArrayLike, mean_frame: np.ndarr
     return 1.0 - residual / total, median
 
 
+def regime_findings(propagation: Propagation, data: DataRegime) -> list[str]:
+    """What the frames say against the propagation model used (none when they agree): the
+    regime check of :func:`judge`, also the cause a failed or diverged run names."""
+    if not propagation.near_field and data.looks_near_field:
+        return [
+            f"The data look like near-field holograms (their content moves with the scan, "
+            f"R² {data.motion_r2:.2f}; no stationary central diffraction peak), but a "
+            "far-field model was used: try --propagation near-field."]
+    if propagation.near_field and data.looks_far_field:
+        return [
+            f"The data look like far-field diffraction patterns (a stationary central peak "
+            f"{data.peak_to_median:.3g}× the median pixel holding {data.peak_fraction:.0%} "
+            "of the counts), but a near-field model was used: try --propagation far-field."]
+    return []
+
+
 def _median_step(positions_px: np.ndarray) -> float:
     """Median distance from each position to its nearest neighbour (pixels)."""
     p = np.asarray(positions_px, np.float64)
@@ -233,26 +249,19 @@ def judge(
         "content_motion_r2": data.motion_r2, "content_motion_px": data.motion_px,
         "noise_floor": data.noise_floor}
 
-    # 5. Health first: nothing below means anything on non-finite arrays.
+    # 5. Health first: nothing below means anything on non-finite arrays; the regime may
+    # still say why it diverged.
     finite = bool(np.all(np.isfinite(o)) and np.all(np.isfinite(p)) and np.all(
         np.isfinite(losses)))
     if not finite:
         reasons.append("The reconstruction holds non-finite values (NaN or infinity): it "
                        "diverged.")
+        reasons += regime_findings(propagation, data)
         return Verdict("suspect", reasons, metrics)
 
     # 1. Regime.
     near = propagation.near_field
-    if not near and data.looks_near_field:
-        reasons.append(
-            f"The data look like near-field holograms (their content moves with the scan, "
-            f"R² {data.motion_r2:.2f}; no stationary central diffraction peak), but a "
-            "far-field model was used: try --propagation near-field.")
-    if near and data.looks_far_field:
-        reasons.append(
-            f"The data look like far-field diffraction patterns (a stationary central peak "
-            f"{data.peak_to_median:.3g}× the median pixel holding {data.peak_fraction:.0%} "
-            "of the counts), but a near-field model was used.")
+    reasons += regime_findings(propagation, data)
 
     # 2. Misfit.
     if len(losses):

@@ -10,7 +10,11 @@ Rules (see docs and issue 8):
   is on the network. ``public_viewing`` (``status.public_viewing``) is the explicit opt-in
   to let anyone who reaches the page view; actions need the token regardless. The token
   comes as ``Authorization: Bearer ...`` or as the HttpOnly, SameSite=Strict cookie the
-  login form sets.
+  login form sets: a random session per login, which expires (``status.session_hours``) and
+  which logout revokes (:mod:`beamflow.status.sessions`).
+- Request bodies are small forms: a body over ``BODY_LIMIT`` is refused by its
+  Content-Length before anything reads it or checks who sent it (413), and a body without
+  one (chunked) is read only up to the limit (:func:`beamflow.status.forms.read_form`).
 - Every state-changing POST is CSRF-safe: a Bearer header cannot be sent by another site, and
   browser posts must carry the page's CSRF token and, where the browser says, come from this
   origin.
@@ -18,7 +22,6 @@ Rules (see docs and issue 8):
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import ipaddress
 import secrets
@@ -27,7 +30,10 @@ from typing import Any
 
 from starlette.requests import Request
 
+from beamflow.status.sessions import Sessions
+
 COOKIE = "beamflow_session"
+BODY_LIMIT = 8192  # bytes: the largest body the page accepts (a form: token, CSRF, a path)
 CSRF_HEADER = "x-csrf-token"
 
 CSP = (
@@ -77,7 +83,10 @@ def host_of(header: str) -> str:
 class Guard:
     """The access rules for one server (bind address and token fixed at start)."""
 
-    def __init__(self, *, host: str, token: str | None, public_viewing: bool = False) -> None:
+    def __init__(
+        self, *, host: str, token: str | None, public_viewing: bool = False,
+        sessions: Sessions | None = None,
+    ) -> None:
         self.loopback = is_loopback(host)
         self.token = token or None
         if not self.loopback and not self.token:
@@ -87,15 +96,11 @@ class Guard:
             )
         # On loopback only this machine can connect (and could read the store anyway).
         self.view_needs_token = not self.loopback and not public_viewing
+        self.sessions = sessions if sessions is not None else Sessions()
         # Per-process secret: CSRF tokens die with the server, which is what we want.
         self._csrf_key = secrets.token_bytes(32)
 
     # -- identity --------------------------------------------------------------------------
-    def session_value(self) -> str:
-        """Cookie value: derived from the token, so the raw token never sits in a cookie."""
-        assert self.token is not None
-        return hmac.new(self.token.encode(), b"beamflow-status-session", hashlib.sha256).hexdigest()
-
     def token_matches(self, given: str) -> bool:
         return self.token is not None and hmac.compare_digest(given.encode(), self.token.encode())
 
@@ -110,8 +115,7 @@ class Guard:
             return False
         if self.bearer(request):
             return True
-        cookie = request.cookies.get(COOKIE, "")
-        return bool(cookie) and hmac.compare_digest(cookie.encode(), self.session_value().encode())
+        return self.sessions.valid(request.cookies.get(COOKIE, ""))
 
     # -- permissions -----------------------------------------------------------------------
     def can_view(self, request: Request) -> bool:
@@ -122,7 +126,7 @@ class Guard:
 
     # -- CSRF ------------------------------------------------------------------------------
     def csrf_token(self) -> str:
-        return hmac.new(self._csrf_key, b"csrf", hashlib.sha256).hexdigest()
+        return hmac.new(self._csrf_key, b"csrf", "sha256").hexdigest()
 
     def same_origin(self, request: Request) -> bool:
         """What the browser says about where a POST comes from (absent for non-browsers)."""
@@ -146,11 +150,13 @@ class Guard:
 
 
 class SecurityMiddleware:
-    """Adds the security headers to every response; on loopback, refuses foreign Host names."""
+    """Adds the security headers to every response; on loopback, refuses foreign Host names;
+    refuses a body larger than ``body_limit`` by its Content-Length, unread."""
 
-    def __init__(self, app: ASGIApp, *, loopback: bool) -> None:
+    def __init__(self, app: ASGIApp, *, loopback: bool, body_limit: int = BODY_LIMIT) -> None:
         self.app = app
         self.loopback = loopback
+        self.body_limit = body_limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -168,6 +174,10 @@ class SecurityMiddleware:
                     "it to other machines, start it with --host and a token (status.token)."
                 ))
                 return
+        refusal = self._body_refusal(scope)
+        if refusal is not None:
+            await _plain(send, *refusal)
+            return
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -178,6 +188,20 @@ class SecurityMiddleware:
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+    def _body_refusal(self, scope: Scope) -> tuple[int, str] | None:
+        """(status, text) for a body refused by its declared length, before anyone reads it
+        (the server answers and closes; the rest of the body is never received)."""
+        for key, value in scope.get("headers", []):
+            if key != b"content-length":
+                continue
+            declared = value.decode("latin-1").strip()
+            if not declared.isdigit():
+                return 400, f"Content-Length {declared!r} is not a number"
+            if int(declared) > self.body_limit:
+                return 413, (f"request body of {declared} bytes refused: this page accepts "
+                             f"at most {self.body_limit}")
+        return None
 
 
 async def _plain(send: Send, status: int, text: str) -> None:

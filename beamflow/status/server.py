@@ -49,8 +49,10 @@ def options_for(settings: Settings, host: str | None = None) -> StatusOptions:
         host=host,
         token=token if value else None,
         public_viewing=settings.status.public_viewing,
+        session_seconds=settings.status.session_hours * 3600,
         files_root=settings.beamline.preview_dir,
         agent_state=state_path(settings.state_dir),
+        local_runs=settings.state_dir / "local_runs",
     )
 
 

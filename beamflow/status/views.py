@@ -294,7 +294,18 @@ def previews_of(run: Run, root: Path | None) -> list[PreviewView]:
 
 
 def parameters_of(run: Run) -> list[tuple[str, str]]:
-    return [(key, format_value(value)) for key, value in sorted(run.parameters.items())]
+    """The run's parameters as asked; where the engine used another value (an unset alpha,
+    the batch size for the scan, ...: the summary's ``parameters``), that value follows."""
+    summary = run.result.get("summary") if isinstance(run.result, dict) else None
+    used = summary.get("parameters") if isinstance(summary, dict) else None
+    used = used if isinstance(used, dict) else {}
+    rows = []
+    for key in sorted(set(run.parameters) | set(used)):
+        text = format_value(run.parameters[key]) if key in run.parameters else "–"
+        if key in used and used[key] != run.parameters.get(key):
+            text += f" → {format_value(used[key])} used"
+        rows.append((key, text))
+    return rows
 
 
 def timeline(steps: list[Step], progress: float | None = None) -> list[StepView]:

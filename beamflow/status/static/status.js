@@ -134,10 +134,14 @@
     const form = document.getElementById("filters");
     const fStatus = document.getElementById("f-status");
     const fScan = document.getElementById("f-scan");
+    const fSince = document.getElementById("f-since");
+    const fSort = document.getElementById("f-sort");
     const params = new URLSearchParams(location.search);
     const state = {
       status: (params.get("status") || "").toUpperCase(),
       scan: params.get("scan") || "",
+      since: params.get("since") || "",
+      sort: params.get("sort") || "newest",
       limit: parseInt(params.get("limit") || "50", 10) || 50,
       offset: parseInt(params.get("offset") || "0", 10) || 0,
     };
@@ -146,17 +150,28 @@
       const q = new URLSearchParams();
       if (state.status) q.set("status", state.status);
       if (state.scan) q.set("scan", state.scan);
+      if (state.since) q.set("since", state.since);
+      if (state.sort && state.sort !== "newest") q.set("sort", state.sort);
       if (state.limit !== 50) q.set("limit", String(state.limit));
       if (offset) q.set("offset", String(offset));
       return q.toString();
     }
 
-    function fillRow(tr, r) {
+    // Each cell carries its column's name: on a phone-width screen the rows are cards and
+    // the names label the facts (status.css).
+    function cell(cls, label, text) {
+      const td = el("td", cls, text);
+      td.dataset.label = label;
+      return td;
+    }
+
+    function fillRow(tr, r, x) {
+      x = x || {};
       tr.className = "run s-" + r.status;
       tr.dataset.id = r.id;
       tr.replaceChildren();
 
-      const cStatus = el("td", "c-status");
+      const cStatus = cell("c-status", "Status");
       cStatus.appendChild(badge(r.status));
       if (r.verdict === "suspect") {
         const v = el("span", "verdict suspect", "suspect");
@@ -164,7 +179,7 @@
         cStatus.appendChild(v);
       }
 
-      const cScan = el("td", "c-scan");
+      const cScan = cell("c-scan", "Scan");
       const a = el("a", "scan", r.display_name || r.scan_name);
       a.href = r.url;
       cScan.appendChild(a);
@@ -173,23 +188,24 @@
       if (r.fraction && r.fraction < 1) sub.push(Math.round(r.fraction * 100) + "% of frames");
       if (r.attempt > 1) sub.push("attempt " + r.attempt);
       cScan.appendChild(el("div", "sub", sub.join(" · ")));
-      const err = r.error ? (r.error_step ? r.error_step + ": " : "") + r.error : "";
+      const err = r.error ? (x.error_step_text ? x.error_step_text + ": " : "") + r.error : "";
       cScan.appendChild(el("div", "err", err));
 
-      const cStep = el("td", "c-step", r.current_step || "–");
+      const cStep = cell("c-step", "Step", x.step_text || "–");
 
-      const cProg = el("td", "c-progress");
+      const cProg = cell("c-progress", "Progress");
       if (r.progress !== null || r.status === "ACTIVE") {
         const prog = el("progress");
         setProgress(prog, r);
         cProg.appendChild(prog);
       }
       cProg.appendChild(el("span", "ptext", r.progress_text));
+      cProg.appendChild(el("span", "rate", x.rate_text || ""));
 
-      const cBackend = el("td", "c-backend", r.backend);
-      const cStarted = el("td", "c-started");
+      const cBackend = cell("c-backend", "Backend", r.backend);
+      const cStarted = cell("c-started", "Started");
       cStarted.appendChild(el("time", null, localTime(r.started_at || r.created_at)));
-      const cDur = el("td", "c-duration", r.duration_text);
+      const cDur = cell("c-duration", "Duration", r.duration_text);
 
       tr.append(cStatus, cScan, cStep, cProg, cBackend, cStarted, cDur);
     }
@@ -198,11 +214,12 @@
       const existing = new Map();
       tbody.querySelectorAll("tr[data-id]").forEach((tr) => existing.set(tr.dataset.id, tr));
       const rows = data.runs.map((r) => {
-        const sig = JSON.stringify(r);
+        const x = (data.extras || {})[r.id];
+        const sig = JSON.stringify([r, x]);
         let tr = existing.get(r.id);
         if (!tr) tr = el("tr");
         if (tr.dataset.sig !== sig) {
-          fillRow(tr, r);
+          fillRow(tr, r, x);
           tr.dataset.sig = sig;
         }
         return tr;
@@ -283,6 +300,8 @@
     function applyFilters() {
       state.status = fStatus.value;
       state.scan = fScan.value.trim();
+      state.since = fSince ? fSince.value : "";
+      state.sort = fSort ? fSort.value : "newest";
       state.offset = 0;
       const q = query(0);
       history.replaceState(null, "", q ? "/?" + q : "/");
@@ -295,6 +314,8 @@
       debounce = setTimeout(applyFilters, 250);
     });
     fStatus.addEventListener("change", applyFilters);
+    if (fSince) fSince.addEventListener("change", applyFilters);
+    if (fSort) fSort.addEventListener("change", applyFilters);
     form.addEventListener("submit", (ev) => {
       ev.preventDefault();
       applyFilters();
@@ -448,6 +469,9 @@
         if (key === "started_text") node.textContent = localTime(r.started_at || r.created_at);
         else node.textContent = r[key] || "–";
       });
+      root.querySelectorAll("[data-extra]").forEach((node) => {
+        node.textContent = (d.extras || {})[node.dataset.extra] || "–";
+      });
       document.querySelectorAll('.kv [data-field="finished_text"]').forEach((node) => {
         node.textContent = localTime(r.finished_at);
       });
@@ -458,7 +482,8 @@
       document.getElementById("run-error-icon").replaceChildren(icon(ICON[r.status] || "failed"));
       document.getElementById("run-error-title").textContent =
         r.status === "FAILED" ? "Failed" : r.status === "CANCELLED" ? "Cancelled" : "Note";
-      document.getElementById("run-error-step").textContent = r.error_step ? " in step " + r.error_step : "";
+      const errStep = (d.extras || {}).error_step_text;
+      document.getElementById("run-error-step").textContent = errStep ? " in step " + errStep : "";
       document.getElementById("run-error-text").textContent = r.error || "";
 
       const retryForm = document.getElementById("retry-form");

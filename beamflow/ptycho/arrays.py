@@ -1,11 +1,11 @@
-"""Array backends for the reconstruction engine: numpy (+ FFTW or pocketfft) or cupy (cuFFT).
+"""The array side of the reconstruction engine: numpy (+ FFTW or pocketfft) or cupy (cuFFT).
 
 Everything in :mod:`beamflow.ptycho` is written once against an array module ``xp``; the few
 operations whose best implementation differs between CPU and GPU live here:
 
 * FFTs over the last two axes of a stack (unnormalised forward, ``1/M²`` inverse, like numpy):
   on CPU single-precision FFTW (:mod:`.fftw`, the ``fftw`` extra) when it is there, else
-  scipy's pocketfft with ``workers`` threads (``get_backend(fft=...)`` picks either); cupy's
+  scipy's pocketfft with ``workers`` threads (``array_backend(fft=...)`` picks either); cupy's
   cuFFT (plans cached by cupy) on GPU;
 * gathering object patches at integer corners, and scatter-adding patches back into an
   object-sized accumulator;
@@ -33,9 +33,12 @@ from . import fftw
 
 # Elements below which one FFT call runs in one thread (4 frames of 128x128).
 PARALLEL_FFT_MIN = 4 * 128 * 128
+# The part of a GPU's free memory the engine plans for (the rest: cuFFT work areas, CuPy's
+# pool rounding, other processes' growth).
+GPU_MEMORY_FRACTION = 0.85
 
-__all__ = ["Backend", "BackendError", "get_backend", "cpu_count", "cuda_available", "dct2",
-           "cpu_ffts"]
+__all__ = ["ArrayBackend", "ArrayBackendError", "HostCopy", "array_backend", "cpu_count",
+           "cuda_available", "dct2", "cpu_ffts"]
 
 
 def _load_extension(package: str, module: str) -> ModuleType:
@@ -114,7 +117,7 @@ def dct2(a: np.ndarray, inverse: bool = False) -> np.ndarray:
     return (sfft.idctn if inverse else sfft.dctn)(a, type=2, norm="ortho")
 
 
-class BackendError(RuntimeError):
+class ArrayBackendError(RuntimeError):
     """The requested compute device cannot be used."""
 
 
@@ -149,8 +152,24 @@ def cuda_available() -> bool:
         return False
 
 
+class HostCopy:
+    """A device→host copy in flight (see :meth:`ArrayBackend.host_copy_async`)."""
+
+    def __init__(self, host: np.ndarray, done: Any = None, keep: Any = None):
+        self._host, self._done, self._keep = host, done, keep
+
+    def result(self) -> np.ndarray:
+        """The host array (owned by the caller), once the copy has finished."""
+        if self._done is not None:
+            self._done.synchronize()
+            # Out of page-locked memory, which is scarce: the state may live long.
+            self._host = np.array(self._host, copy=True)
+            self._done = self._keep = None
+        return self._host
+
+
 @dataclass
-class Backend:
+class ArrayBackend:
     """One compute device and the array module that drives it.
 
     Attributes
@@ -166,11 +185,25 @@ class Backend:
     xp: ModuleType
     threads: int = 1
     fft: str = "pocketfft"
+    # Device memory the engine may plan for (None: no limit). On a GPU: most of the memory
+    # free when the backend was made; on the CPU it can be set to stand in for a small GPU.
+    # A scan whose frames do not fit streams them from host memory chunk by chunk.
+    memory_limit_bytes: int | None = None
+    # Keep integer frames as uint16 counts on the device (half the memory of float32
+    # amplitudes; the square root is taken per chunk). On by default on a GPU.
+    compact_frames: bool = False
     _cupy: Any = field(default=None, repr=False)
+    _staging: list[Any] = field(default_factory=list, repr=False)
+    _kernels: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def is_gpu(self) -> bool:
         return self._cupy is not None
+
+    @property
+    def fused(self) -> bool:
+        """Whether fused element-wise kernels are available (real CuPy only)."""
+        return self.is_gpu and hasattr(self._cupy, "ElementwiseKernel")
 
     # -- host <-> device ----------------------------------------------------------------
     def to_device(self, a: Any, dtype: Any = None) -> Any:
@@ -189,6 +222,112 @@ class Backend:
         """Wait for queued device work (for honest timings); a no-op on CPU."""
         if self.is_gpu:
             self._cupy.cuda.get_current_stream().synchronize()
+
+    def scalar(self, a: Any) -> Any:
+        """The value of a 0-d reduction for further arithmetic, without waiting for the
+        device: a Python float on the CPU; a 0-d float32 array on a GPU (reading it there
+        would stall the queue, so the engine never does inside an iteration)."""
+        if self.is_gpu:
+            return a.astype(np.float32)
+        return float(a)
+
+    def at_least(self, x: Any, low: float) -> Any:
+        """max(x, low) for a :meth:`scalar`."""
+        return max(x, low) if isinstance(x, float) else self.xp.maximum(x, low)
+
+    def check_fits(self, nbytes: int, what: str) -> None:
+        """Raise :class:`ArrayBackendError` when ``nbytes`` exceed the memory limit."""
+        limit = self.memory_limit_bytes
+        if limit is not None and nbytes > limit:
+            raise ArrayBackendError(
+                f"{what} needs {nbytes / 2**30:.2f} GiB of device memory; {self.name} has "
+                f"{limit / 2**30:.2f} GiB for it")
+
+    def host_buffer(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """An empty host array the device copies from fast (page-locked on a GPU)."""
+        if self.fused:
+            import cupyx  # noqa: PLC0415
+
+            return cupyx.empty_pinned(shape, dtype)
+        return np.empty(shape, dtype)
+
+    def rows_to_device(self, host: np.ndarray, idx: np.ndarray) -> Any:
+        """``host[idx]`` on the device (a new array), for frames streamed from host memory.
+
+        GPU: the rows are gathered into one of two page-locked staging buffers and copied
+        asynchronously; a buffer is reused only after its previous copy has finished (the
+        host waits until the queue has reached that copy, two chunks back, not for the
+        queue to drain: streaming trades that wait for running at all)."""
+        if not self.fused:
+            return self.to_device(host[idx])
+        cp = self._cupy
+        # Two buffers in turn: the oldest is reused once both exist.
+        buf, done = self._staging.pop(0) if len(self._staging) >= 2 else (None, None)
+        if done is not None:
+            done.synchronize()
+        if buf is None or buf.shape[0] < len(idx) or buf.shape[1:] != host.shape[1:] \
+                or buf.dtype != host.dtype:
+            buf = self.host_buffer((max(len(idx), 1),) + host.shape[1:], host.dtype)
+        view = buf[: len(idx)]
+        np.take(host, idx, axis=0, out=view)
+        stream = cp.cuda.get_current_stream()
+        out = cp.empty(view.shape, view.dtype)
+        out.set(view, stream=stream)  # page-locked source: an asynchronous copy
+        done = cp.cuda.Event()
+        done.record(stream)
+        self._staging.append([buf, done])
+        return out
+
+    def host_copy_async(self, a: Any) -> HostCopy:
+        """Start copying a device array to the host without stalling the device's queue.
+
+        GPU: a device-side copy (so later kernels may change ``a``), then a copy to
+        page-locked host memory on a side stream; :meth:`HostCopy.result` waits for that
+        copy only. CPU: a plain copy."""
+        if not self.fused:
+            return HostCopy(np.array(self.to_host(a), copy=True))
+        cp = self._cupy
+        snap = a.copy()
+        ready = cp.cuda.Event()
+        ready.record()
+        side = cp.cuda.Stream(non_blocking=True)
+        side.wait_event(ready)
+        host = self.host_buffer(snap.shape, snap.dtype)
+        try:
+            snap.get(stream=side, out=host, blocking=False)
+        except TypeError:  # CuPy < 13: get() does not block when given a stream
+            snap.get(stream=side, out=host)
+        done = cp.cuda.Event()
+        done.record(side)
+        return HostCopy(host, done, keep=(snap, side))
+
+    # -- fused element-wise kernels -------------------------------------------------------
+    def modulus_correction(self, psi: Any, data: Any, mask: Any, eps: Any) -> Any:
+        """Fused (GPU only) modulus projection of one-mode waves ``psi`` (b, M, M) in place:
+        ``psi *= d / (|psi| + eps)`` with ``d = (√I − |psi|)·mask``; returns Σd² (a 0-d
+        device array). ``data``: float32 amplitudes √I or uint16 counts I. One kernel and
+        one reduction instead of seven passes."""
+        cp = self._cupy
+        counts = data.dtype == np.uint16
+        key = "modulus_counts" if counts else "modulus"
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            amp = "sqrtf((float)data)" if counts else "data"
+            kernel = cp.ElementwiseKernel(
+                f"{'uint16' if counts else 'float32'} data, float32 mask, float32 eps",
+                "complex64 psi, float32 r2",
+                f"""
+                float a = abs(psi);
+                float d = ({amp} - a) * mask;
+                r2 = d * d;
+                psi = psi * (d / (a + eps));
+                """,
+                f"beamflow_{key}",
+            )
+            self._kernels[key] = kernel
+        r2 = cp.empty(psi.shape, np.float32)
+        kernel(data, mask, np.float32(eps), psi, r2)
+        return r2.sum()
 
     # -- FFTs -----------------------------------------------------------------------------
     def fft2(self, a: Any, workers: int | None = None) -> Any:
@@ -234,7 +373,8 @@ class Backend:
     def gather(self, arr: Any, iy: np.ndarray, ix: np.ndarray, m: int, out: Any = None) -> Any:
         """Patches ``arr[iy_j:iy_j+m, ix_j:ix_j+m]`` stacked to ``(b, m, m)`` (a copy).
 
-        ``iy``/``ix`` are host integer arrays of top-left corners, already inside ``arr``.
+        ``iy``/``ix`` are integer arrays of top-left corners, already inside ``arr``: on the
+        host (CPU), on the host or the device (GPU).
         """
         if self.is_gpu:
             idx = self._flat_index(arr.shape[1], iy, ix, m, 1)
@@ -297,17 +437,18 @@ class Backend:
         xp = self.xp
         r = xp.arange(m, dtype=xp.int64)[:, None] * row_len
         c = xp.arange(m * tail, dtype=xp.int64)[None, :]
-        base = xp.asarray(np.asarray(iy, np.int64) * row_len + np.asarray(ix, np.int64))
+        # Corners may be host arrays (uploaded here) or already on the device (no copy).
+        base = xp.asarray(iy, dtype=xp.int64) * row_len + xp.asarray(ix, dtype=xp.int64)
         return base[:, None, None] + (r + c)[None]
 
 
-def get_backend(device: str = "auto", threads: int | None = None,
-                fft: str | None = None) -> Backend:
+def array_backend(device: str = "auto", threads: int | None = None,
+                  fft: str | None = None) -> ArrayBackend:
     """Return the backend for ``device``: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
 
     ``"auto"`` picks CUDA when cupy imports and a device is visible (``CUDA_VISIBLE_DEVICES``
     is honoured), else the CPU. ``"cuda"`` without a usable device raises
-    :class:`BackendError` saying why. ``threads`` caps the CPU threads (default: all CPUs
+    :class:`ArrayBackendError` saying why. ``threads`` caps the CPU threads (default: all CPUs
     available to the process). ``fft`` picks the CPU FFT (``"fftw"`` or ``"pocketfft"``;
     default: the first of :func:`cpu_ffts`, FFTW when pyFFTW is installed).
     """
@@ -317,39 +458,49 @@ def get_backend(device: str = "auto", threads: int | None = None,
     if dev == "cpu":
         n = cpu_count() if threads is None else int(threads)
         if n < 1:
-            raise BackendError(f"threads must be >= 1, got {threads}")
+            raise ArrayBackendError(f"threads must be >= 1, got {threads}")
         usable = cpu_ffts()
         impl = fft or usable[0]
         if impl not in usable:
             why = ("pyFFTW is not installed (pip install 'beamflow[fftw]')" if impl == "fftw"
                    else f"expected one of {', '.join(usable)}")
-            raise BackendError(f"CPU FFT {impl!r} is not available: {why}")
-        return Backend(name="cpu", xp=np, threads=n, fft=impl)
+            raise ArrayBackendError(f"CPU FFT {impl!r} is not available: {why}")
+        return ArrayBackend(name="cpu", xp=np, threads=n, fft=impl)
     if dev == "cuda" or dev.startswith("cuda:"):
         cp = _import_cupy()
         if cp is None:
-            raise BackendError(
+            raise ArrayBackendError(
                 f"device {device!r} requested but cupy is not installed "
                 "(pip install 'beamflow[gpu]' for cupy-cuda12x)"
             )
         try:
             count = int(cp.cuda.runtime.getDeviceCount())
         except Exception as exc:
-            raise BackendError(f"device {device!r} requested but CUDA is unusable: {exc}") from exc
+            raise ArrayBackendError(
+                f"device {device!r} requested but CUDA is unusable: {exc}") from exc
         if count == 0:
             vis = os.environ.get("CUDA_VISIBLE_DEVICES")
             hint = f" (CUDA_VISIBLE_DEVICES={vis!r})" if vis is not None else ""
-            raise BackendError(f"device {device!r} requested but no CUDA device is visible{hint}")
+            raise ArrayBackendError(
+                f"device {device!r} requested but no CUDA device is visible{hint}")
         index = 0
         if ":" in dev:
             try:
                 index = int(dev.split(":", 1)[1])
             except ValueError as exc:
-                raise BackendError(f"bad device {device!r}; expected cuda:N") from exc
+                raise ArrayBackendError(f"bad device {device!r}; expected cuda:N") from exc
             if not 0 <= index < count:
-                raise BackendError(
+                raise ArrayBackendError(
                     f"device {device!r} requested but only {count} CUDA device(s) are visible"
                 )
         cp.cuda.Device(index).use()
-        return Backend(name=f"cuda:{index}", xp=cp, threads=1, fft="cufft", _cupy=cp)
-    raise BackendError(f"unknown device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        # cuFFT plans are cached per shape and batch by CuPy; the sweep uses a few shapes (a
+        # chunk, the last chunk of a batch, the probe): keep them all.
+        cache = cp.fft.config.get_plan_cache()
+        cache.set_size(max(cache.get_size(), 32))
+        free = int(cp.cuda.runtime.memGetInfo()[0])
+        return ArrayBackend(name=f"cuda:{index}", xp=cp, threads=1, fft="cufft",
+                            memory_limit_bytes=int(GPU_MEMORY_FRACTION * free),
+                            compact_frames=True, _cupy=cp)
+    raise ArrayBackendError(
+        f"unknown device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")

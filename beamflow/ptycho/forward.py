@@ -1,4 +1,5 @@
-"""The shared core of every algorithm: forward model, modulus constraint, update terms.
+"""The forward model and its adjoint: the data on the device, the modulus constraint, and
+the update terms every algorithm accumulates.
 
 Forward model (see /work/shared/PTYCHO_MATH.md): for position j with corner ``n_j`` (integer)
 and fractional offset ``δ_j = r_j − n_j`` (|δ| ≤ 1/2),
@@ -7,7 +8,8 @@ and fractional offset ``δ_j = r_j − n_j`` (|δ| ≤ 1/2),
     ψ_jk  = P_k,j · O[n_j : n_j + M]               Ψ_jk = F[ψ_jk]      I_j = Σ_k |Ψ_jk|²
 
 All complex arrays are complex64. The data enter as √I, ifftshifted once, with invalid pixels
-zeroed and excluded by the mask, so the hot loop never shifts or square-roots anything.
+zeroed and excluded by the mask, so the hot loop never shifts or square-roots anything (on a
+GPU integer frames stay uint16 counts, and the fused modulus kernel takes their root).
 
 The adjoint of the sub-pixel shift is applied wherever an update flows back to the probe:
 ``Σ_j S_δj^H g_j = F⁻¹[ Σ_j conj(exp(−2πi k·δ_j)) · F[g_j] ]`` — one FFT per position and a
@@ -38,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Backend
-from .positions import clip_steps, object_gradient, position_steps
+from .arrays import ArrayBackend
+from .frames import frames_are_counts, load_frames
 from .state import PtychoData, ReconState
 
 __all__ = ["Core", "Chunk"]
@@ -50,8 +52,6 @@ __all__ = ["Core", "Chunk"]
 # x 64², 2 threads, 30 shuffled rounds against the FFT floor): 32, 64 and 128 windows alike,
 # 16 about 3 % slower.
 CPU_CHUNK_PX = 32 * 64 * 64
-# Frames per block when preparing the data (bounds the temporaries).
-DATA_BLOCK = 64
 GPU_CHUNK = 4096
 MIN_PART = 4
 # Object updates smaller than this run in the calling thread (a handoff costs ~50 µs).
@@ -70,6 +70,8 @@ class Chunk:
     didx: Any  # the same on the device
     iy: np.ndarray  # (b,) integer corners (host)
     ix: np.ndarray
+    dy: Any  # the corners on the device (gather/scatter take these)
+    dx: Any
     ramp: Any  # (b, M, M) complex64 exp(-2πi k·δ_j) (an owned copy), or None
 
 
@@ -82,8 +84,8 @@ class Core:
     in place to keep numpy's memory traffic down.
     """
 
-    def __init__(self, data: PtychoData, state: ReconState, backend: Backend,
-                 consume: bool = False):
+    def __init__(self, data: PtychoData, state: ReconState, backend: ArrayBackend,
+                 consume: bool = False, reserved_bytes: int = 0):
         self.backend = backend
         self.xp = backend.xp
         # No reference to data is kept: after this the caller may free the intensities.
@@ -96,30 +98,29 @@ class Core:
         # Measured amplitudes with invalid pixels zeroed (they may hold NaN). Far field:
         # ifftshifted once, so the FFT's output needs no shift; near field: the hologram is
         # in real space and stays as recorded. Consuming (CPU): written over the
-        # intensities, block by block.
+        # intensities, block by block. ``reserved_bytes``: the algorithm's own device memory
+        # (DM's exit waves), for the memory plan.
         def to_engine(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
             return a.copy() if self.near_field else np.fft.ifftshift(a, axes=axes)
 
         mask_s = to_engine(data.mask, (0, 1))
-        in_place = consume and not backend.is_gpu
-        sq = data.intensities if in_place else np.empty(data.intensities.shape, np.float32)
-        norm = 0.0
-        for s in range(0, self.N, DATA_BLOCK):
-            blk = to_engine(data.intensities[s : s + DATA_BLOCK], (-2, -1))
-            blk[:, ~mask_s] = 0.0
-            norm += float(blk.sum(dtype=np.float64))
-            np.sqrt(blk, out=sq[s : s + DATA_BLOCK])
-        self.sqrt_data = backend.to_device(sq)
-        del sq
+        counts = backend.compact_frames and frames_are_counts(data.intensities, data.mask)
+        self.chunk_size = GPU_CHUNK if backend.is_gpu else max(1, CPU_CHUNK_PX // (m * m))
+        resident = self._plan_memory(m * m * (2 if counts else 4), reserved_bytes)
+        self.frames, norm, max_amp = load_frames(
+            data.intensities, mask_s, backend, lambda a: to_engine(a, (-2, -1)), counts,
+            resident, in_place=consume and not backend.is_gpu)
         if consume:
             data.consume()
         self.mask = backend.to_device(mask_s.astype(np.float32))
         self.full_mask = bool(mask_s.all())
         self.norm = max(norm, float(np.finfo(np.float64).tiny))
-        max_amp = float(backend.to_host(self.sqrt_data.max()))
+        # The mean measured intensity of a valid pixel (a scale for noise floors).
+        self.mean_intensity = self.norm / (self.N * max(1, int(mask_s.sum())))
         # Guards 0/0 in the modulus constraint; far below any measured amplitude.
         self.eps = np.float32(1e-6 * max(max_amp, 1e-30))
         self.kfreq = np.fft.fftfreq(m)  # cycles per pixel, FFT order
+        self._dkfreq = backend.to_device(self.kfreq)
         h = propagation.transfer(m)
         self.transfer = None if h is None else backend.to_device(h)
         self.obj = backend.to_device(np.array(state.object, np.complex64, copy=True))
@@ -128,12 +129,35 @@ class Core:
         cache = (not backend.is_gpu) and self.N * m * m * 8 <= RAMP_CACHE_BYTES
         self._ramps: np.ndarray | None = np.empty((self.N, m, m), np.complex64) if cache else None
         self._ramp_frac = np.full((self.N, 2), np.nan)
-        self.chunk_size = GPU_CHUNK if backend.is_gpu else max(1, CPU_CHUNK_PX // (m * m))
         self._pool: ThreadPoolExecutor | None = None
         self._acc: list[tuple[Any, Any]] = []
         self._probe_hat = None
         self._probe_int = None
         self.set_positions(np.array(state.positions_px, np.float64, copy=True))
+
+    # -- memory -----------------------------------------------------------------------------
+    def _plan_memory(self, frame_bytes: int, reserved_bytes: int) -> bool:
+        """Whether the frames fit on the device beside everything else; if not, they are
+        streamed and the chunk shrinks until a chunk's working arrays fit.
+
+        An estimate: the object with one accumulator pair per thread and a spare, the object
+        gradient (position correction), the algorithm's reservation, and per position in a
+        chunk about 6K+2 complex64 frames of work (shifted probe, exit and detector waves,
+        patches, temporaries) plus its frame."""
+        be = self.backend
+        limit = be.memory_limit_bytes
+        if limit is None:
+            return True
+        m2 = self.M * self.M
+        fixed = reserved_bytes + self.H * self.W * (8 + 12 * (be.threads + 1) + 16)
+        per_position = m2 * 8 * (6 * self.K + 2) + frame_bytes
+        if fixed + self.N * frame_bytes + self.chunk_size * per_position <= limit:
+            return True
+        be.check_fits(fixed + per_position,
+                      f"a reconstruction of a {self.H} x {self.W} object with {self.M}x{self.M} "
+                      "frames streamed one at a time")
+        self.chunk_size = max(1, min(self.chunk_size, (limit - fixed) // per_position))
+        return False
 
     # -- positions --------------------------------------------------------------------------
     def set_positions(self, pos: np.ndarray) -> None:
@@ -149,6 +173,8 @@ class Core:
         self.corner = corner.astype(np.int64)
         self.frac = frac
         self.subpixel = bool(np.any(frac != 0.0))
+        if self.backend.is_gpu:  # the chunks' ramps are made on the device from these
+            self._dfrac = self.backend.to_device(frac)
         if self._ramps is not None and self.subpixel:
             stale = np.flatnonzero(np.any(self._ramp_frac != frac, axis=1))
             for s in range(0, len(stale), 256):
@@ -156,24 +182,28 @@ class Core:
                 self._ramps[j] = self._outer_ramps(frac[j], np)
             self._ramp_frac[stale] = frac[stale]
 
-    def _outer_ramps(self, d: np.ndarray, xp: Any) -> Any:
-        """exp(−2πi (k_y δy + k_x δx)) for each row of d (b, 2) → (b, M, M) complex64."""
-        ey = np.exp(-2j * np.pi * np.outer(d[:, 0], self.kfreq)).astype(np.complex64)
-        ex = np.exp(-2j * np.pi * np.outer(d[:, 1], self.kfreq)).astype(np.complex64)
-        if xp is not np:
-            ey, ex = self.backend.to_device(ey), self.backend.to_device(ex)
+    def _outer_ramps(self, d: Any, xp: Any) -> Any:
+        """exp(−2πi (k_y δy + k_x δx)) for each row of d (b, 2) → (b, M, M) complex64, made
+        where ``d`` lives (``xp``)."""
+        kf = self.kfreq if xp is np else self._dkfreq
+        ey = xp.exp(-2j * np.pi * xp.outer(d[:, 0], kf)).astype(np.complex64)
+        ex = xp.exp(-2j * np.pi * xp.outer(d[:, 1], kf)).astype(np.complex64)
         return ey[:, :, None] * ex[:, None, :]
 
     # -- chunks and threads -----------------------------------------------------------------
     def chunk(self, idx: np.ndarray) -> Chunk:
         idx = np.asarray(idx, np.int64)
         ramp = None
-        if self.subpixel:
+        if self.subpixel and not self.backend.is_gpu:
             ramp = self._ramps[idx] if self._ramps is not None else self._outer_ramps(
-                self.frac[idx], self.xp)
-        didx = self.backend.to_device(idx) if self.backend.is_gpu else idx
-        return Chunk(idx=idx, didx=didx, iy=self.corner[idx, 0], ix=self.corner[idx, 1],
-                     ramp=ramp)
+                self.frac[idx], np)
+        iy, ix = self.corner[idx, 0], self.corner[idx, 1]
+        didx, dy, dx = idx, iy, ix
+        if self.backend.is_gpu:  # one upload per chunk: indices and corners together
+            didx, dy, dx = self.backend.to_device(np.stack([idx, iy, ix]))
+            if self.subpixel:
+                ramp = self._outer_ramps(self._dfrac[didx], self.xp)
+        return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp)
 
     def split(self, idx: np.ndarray) -> list[np.ndarray]:
         """Split a batch into one contiguous part per thread (deterministic).
@@ -255,7 +285,7 @@ class Core:
         slabs = [(slice(int(r[0]), int(r[-1]) + 1), bb[1]) for r in rows if len(r)]
         combined = self.map_list(lambda _t, sl: self.combine(accs, sl), slabs)
         xp = self.xp
-        dmax = float(self.backend.to_host(xp.stack([d.max() for _, d in combined]).max()))
+        dmax = self.backend.scalar(xp.stack([d.max() for _, d in combined]).max())
 
         def apply(t: int, sl: tuple[slice, slice]) -> None:
             num, den = combined[t]
@@ -318,7 +348,7 @@ class Core:
 
     def object_patches(self, c: Chunk, obj: Any = None) -> Any:
         """(b, M, M) copies of the object windows."""
-        return self.backend.gather(self.obj if obj is None else obj, c.iy, c.ix, self.M)
+        return self.backend.gather(self.obj if obj is None else obj, c.dy, c.dx, self.M)
 
     def to_detector(self, pd: Any, oj: Any, c: Chunk) -> Any:
         """The wave at the detector for the chunk's positions, a new (b, K, M, M) array.
@@ -360,7 +390,7 @@ class Core:
             amp = xp.square(big_psi.real).sum(axis=1)
             amp += xp.square(big_psi.imag).sum(axis=1)
             xp.sqrt(amp, out=amp)
-        d = self.sqrt_data[c.didx]
+        d = self.frames.amplitudes(c.idx, c.didx)
         xp.subtract(d, amp, out=d)
         if not self.full_mask:
             d *= self.mask
@@ -375,6 +405,10 @@ class Core:
 
         Ψ' = Ψ·√I/√(Σ_k|Ψ_k|²) on valid pixels; invalid pixels are left free (χ̂ = 0).
         """
+        be = self.backend
+        if be.fused and big_psi.shape[1] == 1:
+            return be.modulus_correction(big_psi[:, 0], self.frames.raw(c.idx, c.didx),
+                                         self.mask, self.eps)
         amp, d, loss = self.amplitude_residual(big_psi, c)
         amp += self.eps
         d /= amp  # (√I − |Ψ|)/|Ψ| on valid pixels, 0 elsewhere
@@ -419,13 +453,13 @@ class Core:
         |P_j|² per position.
         """
         be, xp = self.backend, self.xp
-        be.scatter_add(acc[0], num, c.iy, c.ix)
+        be.scatter_add(acc[0], num, c.dy, c.dx)
         if pd is not None and c.ramp is not None:
             inten = (xp.square(pd.real) + xp.square(pd.imag)).sum(axis=1)
         else:
             inten = self.probe_intensity()
             inten = xp.broadcast_to(inten, (len(c.idx),) + inten.shape)
-        be.scatter_add(acc[1], inten, c.iy, c.ix)
+        be.scatter_add(acc[1], inten, c.dy, c.dx)
 
     def probe_terms(self, oj: Any, chi: Any, c: Chunk, out_num: Any, out_den: Any) -> None:
         """Accumulate Σ_j S_j^H[conj(O_j)·χ_jk] and Σ_j |O_j|².
@@ -471,12 +505,13 @@ class Core:
         when the centroid is within ``threshold_px``."""
         xp, m = self.xp, self.M
         w = self.probe_intensity()
-        tot = float(w.sum())
+        grid = xp.arange(m, dtype=np.float32)
+        # One read of the device for the three sums.
+        tot, sy, sx = (float(v) for v in self.backend.to_host(xp.stack([
+            w.sum(), (w.sum(axis=1) * grid).sum(), (w.sum(axis=0) * grid).sum()])))
         if tot <= 0:
             return None
-        grid = xp.arange(m, dtype=np.float32)
-        cy = float((w.sum(axis=1) * grid).sum()) / tot
-        cx = float((w.sum(axis=0) * grid).sum()) / tot
+        cy, cx = sy / tot, sx / tot
         s = (cy - (m - 1) / 2, cx - (m - 1) / 2)
         if max(abs(s[0]), abs(s[1])) < threshold_px:
             return None
@@ -508,254 +543,3 @@ class Core:
         xp = self.xp
         return float(self.backend.to_host(xp.sum(xp.stack([xp.asarray(v, xp.float64)
                                                              for v in values]))))
-
-
-# ---------------------------------------------------------------------------------------------
-# Batch selection
-# ---------------------------------------------------------------------------------------------
-def random_batches(rng: np.random.Generator, n: int, size: int) -> list[np.ndarray]:
-    """A random partition of range(n) into ceil(n/size) batches of near-equal size."""
-    perm = rng.permutation(n)
-    k = max(1, math.ceil(n / max(size, 1)))
-    return [b for b in np.array_split(perm, k) if len(b)]
-
-
-def _spread_bits(v: np.ndarray) -> np.ndarray:
-    """Spread the low 16 bits of v to the even bit positions (for a Morton key)."""
-    v = v.astype(np.uint64) & np.uint64(0xFFFF)
-    for shift, mask in ((8, 0x00FF00FF), (4, 0x0F0F0F0F), (2, 0x33333333), (1, 0x55555555)):
-        v = (v | (v << np.uint64(shift))) & np.uint64(mask)
-    return v
-
-
-def compact_batches(rng: np.random.Generator, corner: np.ndarray, m: int,
-                    size: int) -> list[np.ndarray]:
-    """Spatially compact batches: positions in Z-order of (m/2)-pixel cells, cut into runs
-    of ``size`` starting at a random offset, in random order.
-
-    A compact batch touches a small box of the object, so the per-batch object update costs
-    little even on a large object (random batches each span the whole field of view).
-    """
-    n = len(corner)
-    cell = np.maximum(corner, 0) // max(1, m // 2)
-    key = _spread_bits(cell[:, 0]) << np.uint64(1) | _spread_bits(cell[:, 1])
-    order = np.lexsort((rng.random(n), key))
-    offset = int(rng.integers(0, max(1, min(size, n))))
-    cuts = list(range(offset, n, max(1, size)))
-    batches = [b for b in np.split(order, cuts) if len(b)]
-    return [batches[i] for i in rng.permutation(len(batches))]
-
-
-def overlap_neighbours(corner: np.ndarray, m: int) -> list[np.ndarray]:
-    """For each window, the indices of the other windows it overlaps (|Δy| < m and |Δx| < m).
-
-    A grid hash with cell size m limits candidates to the 3x3 neighbouring cells.
-    """
-    n = len(corner)
-    cells = corner // m
-    buckets: dict[tuple[int, int], list[int]] = {}
-    for j, (cy, cx) in enumerate(cells.tolist()):
-        buckets.setdefault((cy, cx), []).append(j)
-    arrays = {k: np.asarray(v, np.int64) for k, v in buckets.items()}
-    out: list[np.ndarray] = []
-    empty = np.zeros(0, np.int64)
-    for j in range(n):
-        cy, cx = int(cells[j, 0]), int(cells[j, 1])
-        cand = [arrays[k] for k in ((cy + a, cx + b) for a in (-1, 0, 1) for b in (-1, 0, 1))
-                if k in arrays]
-        c = np.concatenate(cand) if cand else empty
-        d = np.abs(corner[c] - corner[j])
-        out.append(c[(d[:, 0] < m) & (d[:, 1] < m) & (c != j)])
-    return out
-
-
-def sparse_batches(rng: np.random.Generator, neighbours: list[np.ndarray],
-                   max_size: int | None) -> list[np.ndarray]:
-    """Random sets of mutually non-overlapping windows (greedy colouring in random order).
-
-    Updating a set whose windows do not overlap at once is exactly the same as updating its
-    positions one after another, so PIE keeps its sequential semantics while the set's
-    FFTs run as one stack. Sets larger than ``max_size`` are split.
-    """
-    n = len(neighbours)
-    colour = np.full(n, -1, np.int64)
-    for j in rng.permutation(n).tolist():
-        used = colour[neighbours[j]]
-        used = used[used >= 0]
-        free = np.ones(len(used) + 1, bool)  # the first free colour is at most len(used)
-        free[used[used <= len(used)]] = False
-        colour[j] = int(np.argmax(free))
-    classes = [np.flatnonzero(colour == c) for c in range(int(colour.max()) + 1)]
-    batches: list[np.ndarray] = []
-    for cls in classes:
-        cls = rng.permutation(cls)
-        k = 1 if not max_size else max(1, math.ceil(len(cls) / max_size))
-        batches.extend(b for b in np.array_split(cls, k) if len(b))
-    order = rng.permutation(len(batches))
-    return [batches[i] for i in order]
-
-
-# ---------------------------------------------------------------------------------------------
-# Algorithm base and the PIE family
-# ---------------------------------------------------------------------------------------------
-class Algorithm:
-    """Base of the algorithms: batch selection, schedules, position-correction plumbing.
-
-    Subclasses implement :meth:`run_batch` (and may keep per-position memory in
-    :meth:`extras`). ``iterate`` in the engine calls :meth:`batches` then ``run_batch`` for
-    each batch and sums the returned losses.
-    """
-
-    name = "base"
-
-    def __init__(self, core: Core, params: Any):
-        self.core = core
-        self.params = params
-        self._neighbours: list[np.ndarray] | None = None
-        self._neighbours_key: bytes | None = None
-
-    # -- state ------------------------------------------------------------------------------
-    def extras(self) -> dict[str, np.ndarray]:
-        """Per-algorithm memory to checkpoint (host arrays)."""
-        return {}
-
-    def load_extras(self, extras: dict[str, np.ndarray]) -> None:
-        """Restore memory from :meth:`extras` (missing rows for new positions are rebuilt)."""
-
-    def modes_mixed(self, transform: Any) -> None:
-        """The probe modes were re-mixed (new = transform @ old); follow if needed."""
-
-    def end_iteration(self, it: int) -> None:
-        """Called after the last batch of iteration ``it``."""
-
-    def shifted(self, s: tuple[float, float]) -> None:
-        """Probe and object were moved by ``s`` (see Core.center_probe); follow if needed."""
-
-    # -- batches ----------------------------------------------------------------------------
-    def batches(self, rng: np.random.Generator) -> list[np.ndarray]:
-        p, core = self.params, self.core
-        n = core.N
-        sel = p.selection
-        # Random batches each span the whole object, so every batch pays an update over all
-        # of it; when that outweighs the batch's own windows, "auto" goes compact.
-        windows_px = 2 * p.batch_size_for(n) * core.M**2
-        object_px = core.H * core.W
-        if sel == "random" and p.batch_selection == "auto" and object_px > windows_px:
-            sel = "compact"
-        if sel == "compact":
-            return compact_batches(rng, core.corner, core.M, p.batch_size_for(n))
-        if sel == "all":
-            return [np.arange(n, dtype=np.int64)]
-        if sel == "sparse":
-            key = self.core.corner.tobytes()
-            if key != self._neighbours_key:
-                self._neighbours = overlap_neighbours(self.core.corner, self.core.M)
-                self._neighbours_key = key
-            return sparse_batches(rng, self._neighbours, p.batch_size)
-        return random_batches(rng, n, p.batch_size_for(n))
-
-    # -- schedules --------------------------------------------------------------------------
-    def flags(self, it: int) -> tuple[bool, bool, bool]:
-        """(update object, update probe, correct positions) at iteration ``it`` (0-based)."""
-        p = self.params
-        return (
-            it >= p.object_update_start,
-            it >= p.probe_update_start,
-            bool(p.position_correction) and it >= p.position_correction_start,
-        )
-
-    def run_batch(self, idx: np.ndarray, it: int) -> list[Any]:  # pragma: no cover
-        raise NotImplementedError
-
-    # -- shared pieces ----------------------------------------------------------------------
-    def apply_position_steps(self, idx_parts: list[np.ndarray], steps: list[Any]) -> None:
-        """Add clipped position steps (device (b, 2) arrays per part) to the positions."""
-        core = self.core
-        if not steps:
-            return
-        st = np.concatenate([core.backend.to_host(s) for s in steps]).astype(np.float64)
-        idx = np.concatenate(idx_parts)
-        pos = core.pos.copy()
-        pos[idx] += clip_steps(st, self.params.position_step_limit_px)
-        core.set_positions(pos)
-
-
-class PIEFamily(Algorithm):
-    """ePIE/rPIE-style updates from a batch, sharing everything but the step rule.
-
-    For each batch: forward model and modulus projection for every position (chunks in
-    parallel threads), then
-
-        O ← O + object_step(Σ_j conj(P_j)χ_j, Σ_j |P_j|², max)
-        P ← P + probe_step(Σ_j S_j^H[conj(O_j)χ_j], Σ_j |O_j|², max)
-
-    both from the values before the batch. With ``sparse`` batches (no two windows overlap)
-    the object update is applied per window inside the chunk — identical to sequential PIE
-    for the object — and needs no object-sized accumulator.
-    """
-
-    def object_step(self, num: Any, den: Any, den_max: float) -> Any:  # pragma: no cover
-        """The object increment from Σconj(P)χ, Σ|P|² and its maximum (may overwrite
-        ``num``/``den``; in sparse mode ``den`` is the shared probe intensity — read only)."""
-        raise NotImplementedError
-
-    def probe_step(self, num: Any, den: Any, den_max: float) -> Any:  # pragma: no cover
-        raise NotImplementedError
-
-    def run_batch(self, idx: np.ndarray, it: int) -> list[Any]:
-        core, xp, be = self.core, self.core.xp, self.core.backend
-        upd_obj, upd_probe, pos_corr = self.flags(it)
-        sparse = self.params.selection == "sparse"
-        k, m = core.K, core.M
-        parts = core.split(idx)
-        accs = core.accumulators(len(parts)) if upd_obj and not sparse else None
-        bb = core.bbox(idx)
-        grads = object_gradient(core.obj, xp) if pos_corr else None
-        core.prepare()
-        pint = core.probe_intensity()
-        pmax = float(pint.max()) if sparse else 0.0
-
-        def work(t: int, part: np.ndarray):
-            if accs is not None:
-                accs[t][0][bb] = 0
-                accs[t][1][bb] = 0
-            pnum = xp.zeros((k, m, m), np.complex64) if upd_probe else None
-            pden = xp.zeros((m, m), np.float32) if upd_probe else None
-            losses, steps = [], []
-            for sub in core.subchunks(part):
-                c = core.chunk(sub)
-                pd = core.shifted_probe(c)
-                oj = core.object_patches(c)
-                big = core.to_detector(pd, oj, c)
-                losses.append(core.modulus_projection(big, c))
-                chi = core.to_sample(big, c)
-                if grads is not None:
-                    steps.append(position_steps(pd, be.gather(grads[0], c.iy, c.ix, m),
-                                                be.gather(grads[1], c.iy, c.ix, m), chi, xp))
-                if upd_obj:
-                    num = core.object_num(pd, chi, c)
-                    if sparse:
-                        num = self.object_step(num, pint.copy(), pmax)
-                        num += oj
-                        be.scatter_set(core.obj, num, c.iy, c.ix)
-                    else:
-                        core.accumulate_object(accs[t], num, c)
-                if upd_probe:
-                    core.probe_terms(oj, chi, c, pnum, pden)
-            return losses, pnum, pden, steps
-
-        results = core.map_parts(work, idx)
-        if accs is not None:
-            core.update_object(accs, bb, lambda num, den, dmax, _sl: self.object_step(
-                num, den, dmax))
-        if upd_probe:
-            pnum, pden = results[0][1], results[0][2]
-            for r in results[1:]:
-                pnum += r[1]
-                pden += r[2]
-            delta = core.probe_from_terms(pnum)
-            core.probe += self.probe_step(delta, pden, float(pden.max()))
-            core.probe_changed()
-        if pos_corr:
-            self.apply_position_steps(parts, [s for r in results for s in r[3]])
-        return [v for r in results for v in r[0]]

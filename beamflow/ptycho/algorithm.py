@@ -1,0 +1,246 @@
+"""The algorithm base: batch selection, schedules, and the one sweep every algorithm runs.
+
+A batch is processed in three steps (:meth:`Algorithm.run_batch`):
+
+1. :meth:`~Algorithm.begin_batch` — the schedule's flags, the parts of the batch (one per
+   host thread), the object accumulators' box, the object gradient for position steps;
+2. the sweep (:meth:`~Algorithm.sweep_part`, the parts in parallel threads): per chunk of
+   positions, the shifted probe and the object patches, the wave at the detector, the
+   algorithm's exit-wave correction (:meth:`~Algorithm.exit_correction`: the Fourier
+   constraint and the way back to the sample), the position steps, and what the algorithm
+   takes from the chunk (:meth:`~Algorithm.chunk_update`: by default the object numerator
+   into the part's accumulator and the probe terms);
+3. :meth:`~Algorithm.update` — the algorithm's own step from the parts' sums; then the
+   position steps are kept for :meth:`~Algorithm.apply_position_steps` at the end of the
+   iteration.
+
+An algorithm overrides only the hooks where it differs (PIE: the step rule; LSQ-ML: the
+Poisson constraint and step lengths; DM: the exit-wave memory and the refits), so a faster
+forward model or a new update rule is written once, here or in :mod:`.forward`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .batches import compact_batches, overlap_neighbours, random_batches, sparse_batches
+from .forward import Chunk, Core
+from .positions import clip_steps, object_gradient, position_steps
+
+__all__ = ["Algorithm", "PartSums", "Sweep"]
+
+
+@dataclass
+class Sweep:
+    """One batch in flight: what the schedule updates, and the buffers its parts share."""
+
+    idx: np.ndarray
+    it: int
+    update_object: bool
+    update_probe: bool
+    correct_positions: bool
+    parts: list[np.ndarray]  # one per host thread, deterministic
+    bbox: tuple[slice, slice]  # the object region the batch's windows cover
+    accs: list[tuple[Any, Any]] | None  # per part: object (numerator, denominator), or None
+    grads: tuple[Any, Any] | None  # object gradient (y, x) when positions are corrected
+
+
+@dataclass
+class PartSums:
+    """What one part of a batch (one host thread's positions) sums up during the sweep."""
+
+    acc: tuple[Any, Any] | None  # the part's object accumulator (zeroed over the box)
+    probe_num: Any = None  # Σ_j S_j^H[conj(O_j)χ_j] (see Core.probe_terms), or None
+    probe_den: Any = None  # Σ_j |O_j|²
+    losses: list[Any] = field(default_factory=list)  # device scalars, one per chunk
+    steps: list[Any] = field(default_factory=list)  # device (b, 2) position steps per chunk
+    kept: list[Any] = field(default_factory=list)  # per-chunk values an algorithm keeps
+
+
+class Algorithm:
+    """Base of the algorithms: batch selection, schedules, the sweep and its hooks.
+
+    ``iterate`` in the engine calls :meth:`batches` then :meth:`run_batch` for each batch
+    and sums the returned losses. Subclasses implement :meth:`update` and override the
+    sweep's hooks where they differ; they may keep per-position memory in :meth:`extras`.
+    """
+
+    name = "base"
+    # Whether the sweep accumulates the probe terms (DM sums them in a second pass).
+    probe_terms_in_sweep = True
+
+    def __init__(self, core: Core, params: Any):
+        self.core = core
+        self.params = params
+        self._neighbours: list[np.ndarray] | None = None
+        self._neighbours_key: bytes | None = None
+        self._pending: list[tuple[np.ndarray, list[Any]]] = []
+
+    @classmethod
+    def device_bytes(cls, params: Any, n: int, k: int, m: int) -> int:
+        """Device memory the algorithm holds beyond the sweep's (for the memory plan)."""
+        return 0
+
+    # -- state ------------------------------------------------------------------------------
+    def extras(self) -> dict[str, np.ndarray]:
+        """Per-algorithm memory to checkpoint (host arrays)."""
+        return {}
+
+    def load_extras(self, extras: dict[str, np.ndarray]) -> None:
+        """Restore memory from :meth:`extras` (missing rows for new positions are rebuilt)."""
+
+    def modes_mixed(self, transform: Any) -> None:
+        """The probe modes were re-mixed (new = transform @ old); follow if needed."""
+
+    def end_iteration(self, it: int) -> None:
+        """Called after the last batch of iteration ``it``."""
+
+    def shifted(self, s: tuple[float, float]) -> None:
+        """Probe and object were moved by ``s`` (see Core.center_probe); follow if needed."""
+
+    # -- batches ----------------------------------------------------------------------------
+    def batches(self, rng: np.random.Generator) -> list[np.ndarray]:
+        p, core = self.params, self.core
+        n = core.N
+        sel = p.selection
+        # Random batches each span the whole object, so every batch pays an update over all
+        # of it; when that outweighs the batch's own windows, "auto" goes compact.
+        windows_px = 2 * p.batch_size_for(n) * core.M**2
+        object_px = core.H * core.W
+        if sel == "random" and p.batch_selection == "auto" and object_px > windows_px:
+            sel = "compact"
+        if sel == "compact":
+            return compact_batches(rng, core.corner, core.M, p.batch_size_for(n))
+        if sel == "all":
+            return [np.arange(n, dtype=np.int64)]
+        if sel == "sparse":
+            key = self.core.corner.tobytes()
+            if key != self._neighbours_key:
+                self._neighbours = overlap_neighbours(self.core.corner, self.core.M)
+                self._neighbours_key = key
+            return sparse_batches(rng, self._neighbours, p.batch_size)
+        return random_batches(rng, n, p.batch_size_for(n))
+
+    # -- schedules --------------------------------------------------------------------------
+    def flags(self, it: int) -> tuple[bool, bool, bool]:
+        """(update object, update probe, correct positions) at iteration ``it`` (0-based)."""
+        p = self.params
+        return (
+            it >= p.object_update_start,
+            it >= p.probe_update_start,
+            bool(p.position_correction) and it >= p.position_correction_start,
+        )
+
+    # -- the sweep --------------------------------------------------------------------------
+    def run_batch(self, idx: np.ndarray, it: int) -> list[Any]:
+        """Sweep one batch and apply the algorithm's update; return the chunks' losses
+        (device scalars)."""
+        sw = self.begin_batch(idx, it)
+        sums = self.core.map_parts(lambda t, part: self.sweep_part(sw, t, part), idx)
+        self.update(sw, sums)
+        if sw.correct_positions:
+            self._pending.append((np.concatenate(sw.parts), [s for p in sums for s in p.steps]))
+        return [v for p in sums for v in p.losses]
+
+    def accumulates_object(self, update_object: bool) -> bool:
+        """Whether the sweep sums the object update into per-part accumulators."""
+        return update_object
+
+    def begin_batch(self, idx: np.ndarray, it: int) -> Sweep:
+        """The batch's flags, parts and shared buffers; the probe caches filled before the
+        threads read them."""
+        core = self.core
+        upd_obj, upd_probe, pos_corr = self.flags(it)
+        parts = core.split(idx)
+        accs = core.accumulators(len(parts)) if self.accumulates_object(upd_obj) else None
+        bb = core.bbox(idx)
+        grads = object_gradient(core.obj, core.xp) if pos_corr else None
+        core.prepare()
+        return Sweep(idx=idx, it=it, update_object=upd_obj, update_probe=upd_probe,
+                     correct_positions=pos_corr, parts=parts, bbox=bb, accs=accs, grads=grads)
+
+    def sweep_part(self, sw: Sweep, t: int, part: np.ndarray) -> PartSums:
+        """The forward model, the correction and the update terms for part ``t``, chunk by
+        chunk (runs in the part's thread)."""
+        core, xp, be = self.core, self.core.xp, self.core.backend
+        k, m = core.K, core.M
+        acc = None
+        if sw.accs is not None:
+            acc = sw.accs[t]
+            acc[0][sw.bbox] = 0
+            acc[1][sw.bbox] = 0
+        sums = PartSums(acc)
+        if sw.update_probe and self.probe_terms_in_sweep:
+            sums.probe_num = xp.zeros((k, m, m), np.complex64)
+            sums.probe_den = xp.zeros((m, m), np.float32)
+        for sub in core.subchunks(part):
+            c = core.chunk(sub)
+            pd = core.shifted_probe(c)
+            oj = core.object_patches(c)
+            big = core.to_detector(pd, oj, c)
+            loss, chi = self.exit_correction(sw, c, big)
+            sums.losses.append(loss)
+            if sw.grads is not None:
+                gy, gx = sw.grads
+                sums.steps.append(position_steps(pd, be.gather(gy, c.dy, c.dx, m),
+                                                 be.gather(gx, c.dy, c.dx, m), chi, xp))
+            self.chunk_update(sw, sums, c, pd, oj, big, chi)
+        return sums
+
+    # -- hooks ------------------------------------------------------------------------------
+    def fourier_constraint(self, big: Any, c: Chunk) -> Any:
+        """Turn the detector wave Ψ in place into the detector-plane correction; return the
+        chunk's loss. Default: the modulus projection, χ̂ = Ψ' − Ψ."""
+        return self.core.modulus_projection(big, c)
+
+    def exit_correction(self, sw: Sweep, c: Chunk, big: Any) -> tuple[Any, Any]:
+        """(loss, χ): the chunk's loss and its exit-wave correction at the sample (may reuse
+        ``big``). χ also drives the position steps."""
+        loss = self.fourier_constraint(big, c)
+        return loss, self.core.to_sample(big, c)
+
+    def chunk_update(self, sw: Sweep, sums: PartSums, c: Chunk, pd: Any, oj: Any, big: Any,
+                     chi: Any) -> None:
+        """Take what the update needs from a chunk. Default: Σ conj(P_j)χ_j and the
+        illumination into the part's object accumulator, and the probe terms (this
+        overwrites ``pd``, ``oj`` and ``chi``)."""
+        core = self.core
+        if sums.acc is not None:
+            core.accumulate_object(sums.acc, core.object_num(pd, chi, c), c)
+        if sums.probe_num is not None:
+            core.probe_terms(oj, chi, c, sums.probe_num, sums.probe_den)
+
+    def update(self, sw: Sweep, sums: list[PartSums]) -> None:  # pragma: no cover
+        """Update object and probe from the parts' sums (in part order)."""
+        raise NotImplementedError
+
+    # -- shared pieces ----------------------------------------------------------------------
+    @staticmethod
+    def probe_sums(sums: list[PartSums]) -> tuple[Any, Any]:
+        """The parts' probe terms summed into the first part's (in part order)."""
+        num, den = sums[0].probe_num, sums[0].probe_den
+        for s in sums[1:]:
+            num += s.probe_num
+            den += s.probe_den
+        return num, den
+
+    def apply_position_steps(self) -> None:
+        """Add the iteration's clipped position steps to the positions, with one copy from
+        the device.
+
+        A batch's steps wait for the end of the iteration: a position belongs to one batch
+        of an iteration, so applying them at once moves every position exactly as applying
+        them after each batch would, without reading the device once per batch."""
+        core, xp = self.core, self.core.xp
+        pending, self._pending = self._pending, []
+        steps = [s for _, batch in pending for s in batch]
+        if not steps:
+            return
+        st = core.backend.to_host(xp.concatenate(steps)).astype(np.float64)
+        idx = np.concatenate([i for i, _ in pending])
+        pos = core.pos.copy()
+        pos[idx] += clip_steps(st, self.params.position_step_limit_px)
+        core.set_positions(pos)

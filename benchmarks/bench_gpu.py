@@ -1,0 +1,279 @@
+"""The engine against the memory floor of the device: seconds per iteration of every algorithm
+on simulated far- and near-field scans, beside what moving the bytes alone would take.
+
+Run from the repository root with the project's interpreter::
+
+    .venv/bin/python benchmarks/bench_gpu.py --device cuda --json          # all cases
+    .venv/bin/python benchmarks/bench_gpu.py --device cpu --quick --json   # 400 x 64² only
+
+Cases: far- and near-field scans of 400 positions × 64², 4000 × 128² and 10000 × 256²
+(``--quick``: 400 × 64²; ``--cases 4000x128`` picks), each with every algorithm (ePIE, rPIE,
+DM, LSQ-ML; ``--algorithms`` picks). Scans come from ``beamflow.simulate`` (Poisson counts,
+dead and hot pixels masked, sub-pixel positions); the reconstruction starts from the engine's
+own probe guess.
+
+Timing: ``--warmup`` iterations (default 2: plans, caches, kernel compilation), then
+``--iterations`` timed ones; the engine synchronises the device after each iteration, so
+each is its true duration; ``seconds_per_iteration`` is their median.
+
+The floor (``floor_seconds``): the bytes an iteration must move at least, divided by the
+device's measured copy bandwidth (``copy_gbs``: a large device-to-device copy, read + write
+counted, best of 5). Bytes moved, per iteration, counted as passes — one read or one write
+of the (N, K, M, M) complex64 stack of a scan (8·N·K·M² bytes) — plus one read of the
+frames in the dtype the engine keeps them (float32 amplitudes, or uint16 counts on a GPU):
+
+=============================  ===  ==========================================================
+step                           far  what is read or written
+=============================  ===  ==========================================================
+object patches O_j               1  write the gathered windows (object reads hit the cache)
+sub-pixel shifted probe P_j      3  write ramp × spectrum, inverse FFT (read + write)
+exit wave ψ = P_j·O_j            3  read P_j and O_j, write ψ
+FFT to the detector              2  read + write
+modulus constraint               2  read Ψ, write the correction (+ the frames, apart)
+FFT to the sample                2  read + write
+object terms conj(P_j)·χ         3  read P_j and χ, scatter-add
+probe terms conj(O_j)·χ          3  read O_j and χ, write
+probe adjoint FFT (sub-pixel)    2  read + write
+=============================  ===  ==========================================================
+
+PIE (ePIE, rPIE): the 21 passes above. LSQ-ML: + 15 (keep P_j, O_j, χ: 3; shift ΔP: 3;
+P_j·ΔO_j and O_j·ΔP_j: 6; the five dot products of the step-length systems, fused: 3) = 36.
+DM: 30 (the forward model's 9; read and write the stored exit waves: 2; modulus of 2Φ−Ψ:
+3 + 2; to the sample: 2; object terms: 3; the probe pass: read Ψ, FFT, gather, terms,
+adjoint FFT: 9). Near field: + 12 (to the detector and back, each an extra FFT pair and a
+propagator product: 2 × (4 + 2)). Object- and probe-sized traffic is left out (small beside
+the stacks). So for rPIE at 4000 × 128² far field: 21 × 0.52 GB + 0.07 GB of frames = 11.1
+GB, 3.7 ms at an H100's ~3 TB/s.
+
+Pty-Chi side by side: when an interpreter with Pty-Chi is there (``--ptychi-python``,
+default ``benchmarks/.peers/venv/bin/python`` as built by ``bench_ptychi.py``), the far-field
+ePIE, rPIE and LSQ-ML cases also run in Pty-Chi on the same device, frames, probe guess and
+batch size (``benchmarks/ptychi_runner.py --device``), one line each with
+``"engine": "ptychi"``. Without it, one line says it was skipped.
+
+Output (``--json``): one line per case: ``engine``, ``algorithm``, ``field``, ``positions``,
+``frame``, ``device``, ``iterations``, ``seconds_per_iteration``, ``floor_seconds``,
+``floor_ratio`` (seconds / floor), ``bytes_per_iteration``, ``copy_gbs``, ``nrmse``
+(complex NRMSE of the object against the truth over the well-lit region), ``final_loss``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from beamflow.ptycho import (  # noqa: E402
+    ArrayBackend,
+    PtychoData,
+    ReconParams,
+    Reconstructor,
+    array_backend,
+    initial_state,
+)
+from beamflow.ptycho.metrics import compare, illumination_mask  # noqa: E402
+
+CASES = {"400x64": (400, 64), "4000x128": (4000, 128), "10000x256": (10000, 256)}
+QUICK = ("400x64",)
+ALGORITHMS = ("epie", "rpie", "dm", "lsqml")
+PTYCHI_ALGORITHMS = ("epie", "rpie", "lsqml")
+PEER_PYTHON = ROOT / "benchmarks" / ".peers" / "venv" / "bin" / "python"
+RESULTS = ROOT / "benchmarks" / "results" / "gpu"
+
+# Passes over the (N, K, M, M) complex64 stack per iteration (see the module docstring).
+PIE_PASSES = 1 + 3 + 3 + 2 + 2 + 2 + 3 + 3 + 2
+PASSES = {"epie": PIE_PASSES, "rpie": PIE_PASSES, "lsqml": PIE_PASSES + 15, "dm": 30}
+NEAR_FIELD_PASSES = 12
+
+
+def log(msg: str) -> None:
+    print(f"[bench_gpu] {msg}", file=sys.stderr, flush=True)
+
+
+def bytes_per_iteration(algorithm: str, near: bool, n: int, m: int, modes: int,
+                        frame_bytes: int) -> int:
+    """The floor model: bytes an iteration must move at least."""
+    passes = PASSES[algorithm] + (NEAR_FIELD_PASSES if near else 0)
+    return passes * n * modes * m * m * 8 + n * m * m * frame_bytes
+
+
+def copy_bandwidth(backend: ArrayBackend, nbytes: int = 2**30) -> float:
+    """Bytes per second of a large device-to-device copy (read + write), best of 5."""
+    xp = backend.xp
+    n = nbytes // 4
+    a = xp.ones(n, np.float32)
+    b = xp.empty_like(a)
+    best = float("inf")
+    for _ in range(6):
+        backend.synchronize()
+        t = time.perf_counter()
+        xp.copyto(b, a)
+        backend.synchronize()
+        best = min(best, time.perf_counter() - t)
+    del a, b
+    if backend.is_gpu:  # give the 2 GiB back: the engine plans on the free memory
+        xp.get_default_memory_pool().free_all_blocks()
+    return 2 * n * 4 / best
+
+
+def simulate(field: str, n: int, m: int, seed: int) -> dict[str, Any]:
+    from beamflow.simulate import (  # noqa: PLC0415
+        detector_frames,
+        make_ground_truth,
+        make_near_field_ground_truth,
+    )
+
+    if field == "near":
+        gt = make_near_field_ground_truth(positions=n, probe_size=m, photons=1e7, seed=seed)
+    else:
+        gt = make_ground_truth(positions=n, probe_size=m, photons=1e6, seed=seed)
+    frames = np.empty((gt.n_positions, m, m), np.float32)
+    for s in range(0, gt.n_positions, 256):  # bounded temporaries at 10000 × 256²
+        e = min(s + 256, gt.n_positions)
+        frames[s:e] = detector_frames(gt, s, e, np.random.default_rng(seed + 1 + s))
+    return {"gt": gt, "frames": frames,
+            "region": illumination_mask(gt.object.shape, gt.probe, gt.positions_px,
+                                        fraction=0.3)}
+
+
+def run_beamflow(case: dict[str, Any], algorithm: str, backend: ArrayBackend,
+                 args: argparse.Namespace) -> dict[str, Any]:
+    gt = case["gt"]
+    data = PtychoData(intensities=case["frames"], positions_px=gt.positions_px,
+                      object_shape=gt.object.shape, mask=gt.mask)
+    params = ReconParams(algorithm=algorithm, iterations=args.warmup + args.iterations,
+                         propagation=gt.propagation, seed=args.seed,
+                         batch_size=args.batch if algorithm in ("rpie", "lsqml") else None)
+    state = initial_state(data, params)
+    seconds: list[float] = []
+    with Reconstructor(data, state, backend) as rec:
+        final = rec.run(callback=lambda _view, info: seconds.append(info["seconds"]))
+        frame_bytes = rec.core.frames.data.dtype.itemsize
+    timed = seconds[args.warmup:] or seconds
+    score = compare(final.object, gt.object, case["region"])
+    return {"seconds_per_iteration": float(np.median(timed)),
+            "first_iteration_seconds": seconds[0], "frame_bytes": frame_bytes,
+            "nrmse": float(score.nrmse), "final_loss": final.loss_history[-1],
+            "iterations": len(timed), "batch_size": params.batch_size_for(len(case["frames"])),
+            "probe": state.probe}
+
+
+def run_ptychi(case: dict[str, Any], probe: np.ndarray, algorithms: list[str], batch: int,
+               args: argparse.Namespace, name: str) -> list[dict[str, Any]]:
+    """Pty-Chi on the same frames, probe guess and batch size as beamflow's rPIE/LSQ-ML
+    (bench_ptychi.py's data format)."""
+    gt = case["gt"]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    data_path = RESULTS / f"{name}.npz"
+    np.savez(data_path, intensities=case["frames"], mask=gt.mask,
+             corners_px=gt.positions_px.astype(np.float64),
+             object_shape=np.array(gt.object.shape), probe=probe.astype(np.complex64),
+             wavelength_m=gt.geometry.wavelength_m, pixel_size_m=gt.object_pixel_size_m)
+    prefix = RESULTS / f"{name}_ptychi"
+    total = args.warmup + args.iterations
+    cmd = [str(args.ptychi_python), str(ROOT / "benchmarks" / "ptychi_runner.py"),
+           str(data_path), str(prefix), "--algorithms", *algorithms, "--iterations",
+           str(total), "--batch", str(batch), "--seed", str(args.seed), "--blocks", "1",
+           "--device", args.device]
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    records = json.loads(prefix.with_suffix(".json").read_text())
+    with np.load(prefix.with_suffix(".npz")) as f:
+        objects = {k: f[k] for k in f.files}
+    for r in records:
+        r["nrmse"] = float(compare(objects[f"object_{r['algorithm']}"], gt.object,
+                                   case["region"]).nrmse)
+    return records
+
+
+def ptychi_available(python: Path) -> bool:
+    if not Path(python).exists():
+        return False
+    probe = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('ptychi') else 1)"
+    return subprocess.run([str(python), "-c", probe], capture_output=True).returncode == 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    ap.add_argument("--quick", action="store_true", help="400 x 64² only")
+    ap.add_argument("--cases", nargs="+", choices=list(CASES), help="default: all")
+    ap.add_argument("--fields", nargs="+", choices=("far", "near"), default=["far", "near"])
+    ap.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=None,
+                    help="rPIE/LSQ-ML batch size (default: the engine's, by scan size)")
+    ap.add_argument("--ptychi-python", type=Path, default=PEER_PYTHON)
+    ap.add_argument("--json", action="store_true", help="one JSON line per case on stdout")
+    args = ap.parse_args()
+
+    backend = array_backend(args.device)
+    bandwidth = copy_bandwidth(backend)
+    device = _describe(backend)
+    log(f"{device}: copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    with_ptychi = ptychi_available(args.ptychi_python)
+    if not with_ptychi:
+        _emit(args, {"engine": "ptychi", "skipped": f"no Pty-Chi at {args.ptychi_python}"})
+    names = args.cases or (list(QUICK) if args.quick else list(CASES))
+    for name in names:
+        n, m = CASES[name]
+        for field in args.fields:
+            log(f"simulating {field} field {n} x {m}²")
+            case = simulate(field, n, m, args.seed)
+            common = {"field": field, "positions": n, "frame": m, "device": device,
+                      "copy_gbs": bandwidth / 1e9}
+            probe, batch = None, args.batch or 32
+            for algorithm in args.algorithms:
+                log(f"beamflow {algorithm} {field} {n} x {m}²")
+                r = run_beamflow(case, algorithm, backend, args)
+                probe = r.pop("probe")
+                if algorithm in ("rpie", "lsqml"):
+                    batch = r["batch_size"]
+                nbytes = bytes_per_iteration(algorithm, field == "near", n, m, 1,
+                                             r.pop("frame_bytes"))
+                floor = nbytes / bandwidth
+                _emit(args, {"engine": "beamflow", "algorithm": algorithm, **common, **r,
+                             "bytes_per_iteration": nbytes, "floor_seconds": floor,
+                             "floor_ratio": r["seconds_per_iteration"] / floor})
+            peers = [a for a in args.algorithms if a in PTYCHI_ALGORITHMS]
+            if with_ptychi and field == "far" and peers and probe is not None:
+                for rec in run_ptychi(case, probe, peers, batch, args, f"{name}_{field}"):
+                    nbytes = bytes_per_iteration(rec["algorithm"], False, n, m, 1, 4)
+                    _emit(args, {"engine": "ptychi", "algorithm": rec["algorithm"], **common,
+                                 "seconds_per_iteration": rec["seconds_per_iteration"],
+                                 "floor_seconds": nbytes / bandwidth,
+                                 "floor_ratio": rec["seconds_per_iteration"] * bandwidth
+                                 / nbytes, "nrmse": rec["nrmse"]})
+
+
+def _describe(backend: ArrayBackend) -> str:
+    if backend.is_gpu:
+        cp = backend.xp
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        name = props["name"]
+        return (name.decode() if isinstance(name, bytes) else str(name)) + f" ({backend.name})"
+    return f"{platform.processor() or platform.machine()} CPU, {backend.threads} threads"
+
+
+def _emit(args: argparse.Namespace, record: dict[str, Any]) -> None:
+    if args.json:
+        print(json.dumps(record), flush=True)
+    else:
+        log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in record.items()))
+
+
+if __name__ == "__main__":
+    main()
