@@ -275,11 +275,11 @@ _MIGRATIONS: list[str] = [
     UPDATE runs SET verdict = json_extract(result, '$.summary.verdict'),
         verdict_reasons = COALESCE(json_extract(result, '$.summary.verdict_reasons'), '[]')
         WHERE json_extract(result, '$.summary.verdict') IN ('trusted', 'suspect');
+    CREATE INDEX runs_parent ON runs (parent_run_id);
     UPDATE runs SET retried_by = (
         SELECT c.id FROM runs AS c WHERE c.parent_run_id = runs.id
         ORDER BY c.created_at, c.rowid LIMIT 1
     );
-    CREATE INDEX runs_parent ON runs (parent_run_id);
     """,
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
