@@ -91,6 +91,14 @@ class Compute(_Section):
         "with a LocalProvider), e.g. a rendered user_config_template.yaml.j2, to run compute "
         "on; default: `workers` workers, a GPU each",
     )
+    pickup_timeout: float = Field(
+        default=60.0, gt=0, le=86400, allow_inf_nan=False,
+        description="local backend: a task no worker took this long restarts the engine",
+    )  # fmt: skip
+    stall_timeout: float = Field(
+        default=600.0, gt=0, le=7 * 86400, allow_inf_nan=False,
+        description="local backend: a task no worker took this long fails as lost (retried)",
+    )  # fmt: skip
 
 
 class Globus(_Section):
