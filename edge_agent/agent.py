@@ -407,6 +407,7 @@ class EdgeAgent:
             stall_timeout=self.policy.stall_timeout,
             now=self.clock(),
             progress=progress,
+            root=self.root,
         )
 
     def _finalised(self, path: Path) -> bool:

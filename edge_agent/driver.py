@@ -128,7 +128,7 @@ class RunDriver:
             log.warning("scan aborted", extra={"fields": {"run": run.id, "scan": state.name,
                                                           "frames": state.frames,
                                                           "expected": state.expected}})
-        elif state.readiness == Readiness.BROKEN:
+        elif state.readiness == Readiness.BROKEN and run.status != RunStatus.FAILED:
             run = self.store.update_run(
                 run.id, status=RunStatus.FAILED, error=state.error, error_step="Readiness"
             )
