@@ -322,7 +322,9 @@ class _Endpoint:
         now = time.monotonic()
         with self.lock:
             jobs = [j for j in self.handed.values() if j.task is not None]
-        waiting = [j for j in jobs if not self.engine.picked_up(j.task)]  # type: ignore[arg-type]
+        running, waiting = [], []
+        for job in jobs:
+            (running if self.engine.picked_up(job.task) else waiting).append(job)  # type: ignore[arg-type]
         for job in [j for j in waiting if now - (j.first_handed or now) > self.stall_timeout]:
             waiting.remove(job)
             self._lose(job, (
@@ -340,7 +342,6 @@ class _Endpoint:
         self.restart_due = self.restart_due or fault
         if self.restart_due is None:
             return
-        running = [j for j in jobs if j not in waiting]
         if running and not self.engine.failed:
             return  # their results still come back: restart once they have
         reason, self.restart_due = self.restart_due, None
@@ -384,13 +385,21 @@ class _Endpoint:
                 self._hand(job)
 
     def _lose(self, job: _Job, message: str) -> None:
+        """Fail a job the engine holds but never ran. The engine that holds it is replaced
+        (and, should a worker take the task meanwhile, that worker is stopped): the retry
+        must not find it running."""
         with self.lock:
             if self.handed.pop(job.task_id, None) is None:
                 return
-            job.task = None
+            task, job.task = job.task, None
         self.slots.release()
         log.error("compute task %s: %s", job.task_id, message)
         job.finish("FAILED", error={"type": "TaskLost", "message": message})
+        self.restart_due = self.restart_due or f"it lost a task ({job.function_name})"
+        threading.Thread(
+            target=self.engine.cancel, args=(task,), kwargs={"grace": self.cancel_grace},
+            name=f"compute-cancel-{job.task_id[:8]}", daemon=True,
+        ).start()  # fmt: skip
 
     # -- cancel and close ----------------------------------------------------------------------
     def cancel(self, job: _Job) -> None:
@@ -417,13 +426,12 @@ class _Endpoint:
             self.closed = True
             thread, watcher = self.thread, self.watcher
         self._closing.set()
-        if watcher is not None:
-            watcher.join(timeout=70)
         self.queue.put(None)
         self.slots.release()  # a dispatcher waiting for a worker sees the close
-        self.engine.close()
-        if thread is not None:
-            thread.join(timeout=5)
+        self.engine.close()  # a restart under way then fails: the engine is closed
+        for helper in (watcher, thread):
+            if helper is not None:
+                helper.join(timeout=5)
 
 
 @dataclass
