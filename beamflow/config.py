@@ -113,7 +113,8 @@ class Compute(_Section):
     )  # fmt: skip
     stall_timeout: float = Field(
         default=600.0, gt=0, le=7 * 86400,
-        description="local backend: a task no worker took this long fails as lost (retried)",
+        description="local backend: a task no worker took, or whose worker used no CPU, this "
+        "long fails as lost (retried)",
     )  # fmt: skip
 
 

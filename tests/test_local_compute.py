@@ -313,6 +313,30 @@ def test_a_task_no_worker_takes_for_stall_timeout_fails_as_lost(
     assert finish(provider, body(task("f-add", 9))).details["result"][0]["sum"] == 9
 
 
+def test_a_running_task_whose_worker_uses_no_cpu_is_stopped_as_lost(
+    provider: LocalComputeProvider, engine: ComputeEngine, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # A hung worker (blocked for ever: here, asleep) makes no progress: after
+    # compute.stall_timeout it gets SIGTERM (a reconstruction saves its checkpoint) and the
+    # task fails as lost, which the agent retries.
+    monkeypatch.setattr(provider.endpoints[ENDPOINT], "stall_timeout", 3.0)
+    marker = tmp_path / "ck"
+    began = time.monotonic()
+    status = finish(provider, body(task("f-sleep", 120, str(marker))))
+    assert status.status == "FAILED"
+    error = status.details["error"]
+    assert error["type"] == "TaskLost"
+    assert error["message"].startswith(
+        "no progress for 3 s: the worker running sleep_then used no CPU time (hung;")
+    assert time.monotonic() - began < 60
+    worker = read_pid(Path(f"{marker}.pid"))
+    assert marker.read_text() == str(worker)  # it was asked to stop, and saved
+    wait_for(lambda: not pid_running(worker), "the hung worker to end")
+    monkeypatch.undo()
+    assert finish(provider, body(task("f-add", 4))).details["result"][0]["sum"] == 4
+
+
 def test_a_result_that_is_not_json_fails(provider: LocalComputeProvider) -> None:
     status = finish(provider, body(task("f-object")))
     assert status.status == "FAILED"

@@ -157,6 +157,8 @@ class _Job:
     task: EngineTask | None = None
     handed: float | None = None  # monotonic: when the engine was given it (last time)
     first_handed: float | None = None
+    cpu: float | None = None  # CPU seconds its worker had used at the last look
+    cpu_moved: float | None = None  # monotonic: when that last went up
     cancel_requested: bool = False
     stop_sent: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -332,6 +334,13 @@ class _Endpoint:
                 f"{job.function_name} (compute.stall_timeout; the engine was restarted "
                 f"{self.engine.restarts} times); the task is lost"
             ))  # fmt: skip
+        for job in [j for j in running if self._hung(j, now)]:
+            running.remove(job)
+            self._lose(job, (
+                f"no progress for {self.stall_timeout:g} s: the worker running "
+                f"{job.function_name} used no CPU time (hung; compute.stall_timeout); it was "
+                "stopped and the task is lost"
+            ), restart=False)  # fmt: skip
         fault = self.engine.fault()
         late = [j for j in waiting if now - self._pickup_clock(j, now) > self.pickup_timeout]
         if fault is None and late:
@@ -346,6 +355,16 @@ class _Endpoint:
             return  # their results still come back: restart once they have
         reason, self.restart_due = self.restart_due, None
         self._restart(reason, waiting, running)
+
+    def _hung(self, job: _Job, now: float) -> bool:
+        """Whether the worker running ``job`` has used no CPU time for ``stall_timeout``
+        seconds (a reconstruction computes, or at least drives its GPU, all the time)."""
+        cpu = self.engine.cpu_seconds(job.task)  # type: ignore[arg-type]
+        if cpu is None:
+            return False  # no worker: it ended, and the engine reports it
+        if job.cpu is None or cpu > job.cpu:
+            job.cpu, job.cpu_moved = cpu, now
+        return now - (job.cpu_moved or now) > self.stall_timeout
 
     def _pickup_clock(self, job: _Job, now: float) -> float:
         """Since when ``job`` could have been taken by a worker: since it was handed over, or
@@ -384,10 +403,11 @@ class _Endpoint:
             else:
                 self._hand(job)
 
-    def _lose(self, job: _Job, message: str) -> None:
-        """Fail a job the engine holds but never ran. The engine that holds it is replaced
-        (and, should a worker take the task meanwhile, that worker is stopped): the retry
-        must not find it running."""
+    def _lose(self, job: _Job, message: str, *, restart: bool = True) -> None:
+        """Fail a job that made no progress; its worker, if one runs it (or takes it late),
+        is stopped (SIGTERM: a reconstruction saves a checkpoint; then SIGKILL): the retry
+        must not find it running. ``restart``: the engine never ran it, so that engine is
+        replaced too."""
         with self.lock:
             if self.handed.pop(job.task_id, None) is None:
                 return
@@ -395,7 +415,8 @@ class _Endpoint:
         self.slots.release()
         log.error("compute task %s: %s", job.task_id, message)
         job.finish("FAILED", error={"type": "TaskLost", "message": message})
-        self.restart_due = self.restart_due or f"it lost a task ({job.function_name})"
+        if restart:
+            self.restart_due = self.restart_due or f"it lost a task ({job.function_name})"
         threading.Thread(
             target=self.engine.cancel, args=(task,), kwargs={"grace": self.cancel_grace},
             name=f"compute-cancel-{job.task_id[:8]}", daemon=True,

@@ -222,6 +222,20 @@ def worker_pids(sandbox: Path) -> list[int]:
     return [pid for pid, parent in inside.items() if parent not in inside]
 
 
+def cpu_seconds(pids: Sequence[int]) -> float | None:
+    """CPU time (user + system, all threads) the processes have used so far; None when
+    none of them is there."""
+    total, found = 0.0, False
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+        found = True
+    return total / os.sysconf("SC_CLK_TCK") if found else None
+
+
 def _signal(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
@@ -527,6 +541,10 @@ class ComputeEngine:
     def picked_up(self, task: EngineTask) -> bool:
         """Whether a worker has taken the task (the worker makes its sandbox first)."""
         return task.sandbox.exists()
+
+    def cpu_seconds(self, task: EngineTask) -> float | None:
+        """CPU time the worker running the task has used; None if no worker runs it."""
+        return cpu_seconds(worker_pids(task.sandbox))
 
     def outcome(self, task: EngineTask) -> Outcome:
         """The finished task's value or error."""
