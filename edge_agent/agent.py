@@ -181,6 +181,7 @@ class EdgeAgent:
             extra={
                 "fields": {
                     "watch": str(self.root),
+                    "config": str(self.settings.source) if self.settings.source else None,
                     "backend": self.backend.name,
                     "observer": type(observer).__name__,
                     "max_concurrent_runs": self.policy.max_concurrent_runs,

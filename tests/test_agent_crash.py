@@ -3,6 +3,7 @@ exactly once (one run each, SUCCEEDED, nothing lost); SIGTERM stops it cleanly, 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -194,8 +195,6 @@ def test_kill_9_mid_reconstruction_leaves_no_orphan_and_sigterm_is_prompt(
     """A reconstruction far too long to end by itself: after kill -9 of the agent its
     worker goes too (else it would compute on beside the retry); SIGTERM mid-run stops the
     agent and its worker cleanly, the run waiting in the queue for the next start."""
-    import json
-
     for name in SCANS[1:]:
         shutil.rmtree(workspace / "beamline" / "detector" / name)
     store = Store(workspace / "state" / "runs.sqlite")
@@ -264,4 +263,8 @@ def test_kill_9_of_an_idle_worker_then_the_next_scan_succeeds(
     assert agent.terminate() == 0
     assert [(r.scan, r.status) for r in runs] == [
         ("k1", RunStatus.SUCCEEDED), ("k2", RunStatus.SUCCEEDED)], [r.error for r in runs]
-    assert "compute engine: restarting" in log.read_text()
+    text = log.read_text()
+    assert "compute engine: restarting: 1 idle worker died" in text
+    # The agent says which configuration it runs with.
+    started = [json.loads(line) for line in text.splitlines() if '"agent started"' in line]
+    assert started[0]["config"] == str(workspace / "beamflow.toml")
