@@ -638,6 +638,9 @@ class ComputeEngine:
         with self._generation_lock:
             log.warning("compute engine: restarting: %s", reason)
             self._stop_owner(timeout, expected=True)
+            # What the old pool logged while it was shut down (its workers dying) is not a
+            # fault of the new one.
+            self._idle_worker_deaths()
             with self._lock:
                 if self._closed:
                     raise EngineError("the compute engine is closed")
