@@ -6,14 +6,24 @@ directory, so a workspace can be moved or opened from anywhere.
 
 Environment variables override the file, with ``__`` between nested keys:
 ``BEAMFLOW_BACKEND=globus``, ``BEAMFLOW_STATUS__PORT=9000``, ``BEAMFLOW_GLOBUS__CLIENT_SECRET=...``.
+A list or a whole section is given as JSON (``BEAMFLOW_AGENT__PROGRESSIVE='[0.25, 0.5]'``).
+
+Bad input is refused at load, one line per problem naming the file or the variable, the key
+and the problem: unknown keys and unknown ``BEAMFLOW_*`` variables (with the closest known
+name), values out of bounds (no ``inf`` nor ``nan``), a file that is not UTF-8 TOML, a
+variable that is not the JSON its key needs.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
+import json
 import os
 import textwrap
 import tomllib
+import types
+import typing
 import uuid
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +38,12 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from beamflow.ptycho.state import ReconParams
 from beamflow.validation_text import field_path
@@ -51,7 +66,8 @@ class ConfigError(Exception):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # No section takes inf or nan: "quiet_seconds = inf" would wait for ever, silently.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Beamline(_Section):
@@ -95,6 +111,15 @@ class Compute(_Section):
         "with a LocalProvider), e.g. a rendered user_config_template.yaml.j2, to run compute "
         "on; default: `workers` workers, a GPU each",
     )
+    pickup_timeout: float = Field(
+        default=60.0, gt=0, le=86400,
+        description="local backend: a task no worker took this long restarts the engine",
+    )  # fmt: skip
+    stall_timeout: float = Field(
+        default=600.0, gt=0, le=7 * 86400,
+        description="local backend: a task no worker took, or whose worker used no CPU, this "
+        "long fails as lost (retried)",
+    )  # fmt: skip
 
 
 class Globus(_Section):
@@ -183,17 +208,22 @@ RECONSTRUCTION_DEFAULTS = Reconstruction()
 class Agent(_Section):
     """Edge agent policy."""
 
-    quiet_seconds: float = Field(default=2.0, ge=0, description="files unchanged this long")
-    stall_timeout: float = Field(default=120.0, gt=0, description="a short scan is aborted")
-    rescan_seconds: float = Field(default=30.0, gt=0, description="periodic full rescan")
+    # Upper bounds: a value past them is a typo (or inf), not a policy.
+    quiet_seconds: float = Field(
+        default=2.0, ge=0, le=3600, description="files unchanged this long")
+    stall_timeout: float = Field(
+        default=120.0, gt=0, le=7 * 86400, description="a short scan is aborted")
+    rescan_seconds: float = Field(
+        default=30.0, gt=0, le=86400, description="periodic full rescan")
     observer: Literal["auto", "inotify", "polling"] = "auto"
-    max_concurrent_runs: int = Field(default=2, ge=1)
-    max_retries: int = Field(default=3, ge=0)
-    retry_backoff_seconds: float = Field(default=5.0, ge=0)
-    poll_seconds: float = Field(default=1.0, gt=0)
+    max_concurrent_runs: int = Field(default=2, ge=1, le=1024)
+    max_retries: int = Field(default=3, ge=0, le=100)
+    retry_backoff_seconds: float = Field(default=5.0, ge=0, le=86400)
+    poll_seconds: float = Field(default=1.0, gt=0, le=3600)
     progressive: list[float] = Field(
-        default_factory=list, description="fractions of frames at which to start runs, e.g. [0.5]"
-    )
+        default_factory=list, examples=[[0.25, 0.5]],
+        description="fractions of frames at which to start runs, e.g. [0.5]",
+    )  # fmt: skip
     flow: str = Field(default="ptycho_reconstruct", description="flow the agent runs per scan")
 
     @field_validator("progressive")
@@ -346,42 +376,156 @@ def find_config(explicit: Path | None = None) -> Path | None:
 
 
 def load_config(path: Path | None = None) -> Settings:
-    """Load and validate the configuration; errors name the file, the key and the fix."""
+    """Load and validate the configuration; errors name the file or the variable, the key and
+    the fix, one line each."""
     found = find_config(path)
-    data: dict[str, Any] = {}
-    if found is not None:
-        try:
-            data = tomllib.loads(found.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{found}: not valid TOML: {exc}") from None
+    data = _read_toml(found) if found is not None else {}
+    _check_environment()
     base = found.parent.resolve() if found else Path.cwd()
     try:
         settings = Settings(**data)
     except ValidationError as exc:
         raise ConfigError(_explain(found, exc)) from None
+    except SettingsError as exc:  # what _check_environment missed: still one line
+        raise ConfigError(f"BEAMFLOW_* environment: {exc}") from None
     settings = _resolve_paths(settings, base)
     settings.source = found
     return settings
 
 
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not a text file (byte {exc.start} is not UTF-8): a beamflow.toml is TOML "
+            "text (create one with `beamflow init`)"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+# BEAMFLOW_* variables that are not settings: beamflow sets or reads them itself (the
+# compute engine's mark on its processes, the reconstruction's node-local checkpoint
+# directory, the tests' screenshot directory).
+NOT_SETTINGS = frozenset(
+    {"BEAMFLOW_COMPUTE_ENGINE", "BEAMFLOW_CHECKPOINT_L1_DIR", "BEAMFLOW_SCREENSHOT_DIR"}
+)
+ENV_PREFIX = "BEAMFLOW_"
+
+
+def _env_name(parts: list[str] | tuple[str, ...]) -> str:
+    return ENV_PREFIX + "__".join(parts).upper()
+
+
+def _setting_names(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every key path of ``model``: sections and the keys in them."""
+    names = []
+    for name, field in model.model_fields.items():
+        if field.exclude:
+            continue
+        names.append((*prefix, name))
+        section = _section_type(field.annotation)
+        if section is not None:
+            names.extend(_setting_names(section, (*prefix, name)))
+    return names
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _needs_json(annotation: Any) -> bool:
+    """Whether an environment variable for a key of this type is read as JSON (as
+    pydantic-settings does: lists, dicts, sections)."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_needs_json(a) for a in args if a is not type(None))
+    origin = typing.get_origin(annotation) or annotation
+    return origin in (list, dict, set, tuple) or _section_type(annotation) is not None
+
+
+def closest(name: str, known: list[str]) -> str:
+    """`` (did you mean X?)`` for the known name nearest ``name``, else ``""``."""
+    match = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f" (did you mean {match[0]}?)" if match else ""
+
+
+def _check_environment(environ: typing.Mapping[str, str] | None = None) -> None:
+    """Unknown ``BEAMFLOW_*`` variables, and values that are not the JSON their key needs,
+    refused as a file's unknown keys are: one line each, naming the variable."""
+    environ = os.environ if environ is None else environ
+    keys = {_env_name(path): path for path in _setting_names(Settings)}
+    problems = []
+    for var in sorted(environ):
+        name = var.upper()
+        if not name.startswith(ENV_PREFIX) or name in NOT_SETTINGS:
+            continue
+        path = keys.get(name)
+        if path is None:
+            problems.append(f"{var}: not a beamflow setting{closest(name, list(keys))}; unset it")
+            continue
+        field = _field_at(path)
+        if _needs_json(field.annotation):
+            try:
+                json.loads(environ[var])
+            except ValueError as exc:
+                problems.append(
+                    f"{var}: {'.'.join(path)} takes JSON here (e.g. {_json_example(field)}): "
+                    f"{exc} (got {environ[var]!r})"
+                )
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def _field_at(path: tuple[str, ...]) -> Any:
+    model: type[BaseModel] = Settings
+    for part in path[:-1]:
+        model = _section_type(model.model_fields[part].annotation)  # type: ignore[assignment]
+    return model.model_fields[path[-1]]
+
+
+def _json_example(field: Any) -> str:
+    section = _section_type(field.annotation)
+    if section is not None:
+        return '{"key": value}'
+    if field.examples:
+        return json.dumps(field.examples[0])
+    default = field.get_default(call_default_factory=True)
+    return json.dumps(default) if default not in (None, [], {}) else "[...]"
+
+
 def _explain(found: Path | None, exc: ValidationError) -> str:
-    where = str(found) if found else "configuration (environment)"
-    lines = [f"{where}: invalid configuration:"]
+    """One line per problem: where it was set (the variable, else the file), the key, the
+    problem and what was given."""
+    lines = []
     for err in exc.errors():
         key = field_path(err)
+        loc = [str(p) for p in err["loc"]]
+        env = _env_name(loc)
+        from_env = env in {k.upper() for k in os.environ}
+        where = env if from_env else str(found) if found else "defaults"
         if err["type"] == "extra_forbidden":
-            fix = "remove it or check the spelling (see `beamflow init` for a complete file)"
-        elif err["type"] == "value_error" and OLD_VIEWING_KEY in err["msg"]:
-            lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
+            # The nearest key of the same section: "agent.quiet_secs" -> agent.quiet_seconds
+            known = [".".join(p) for p in _setting_names(Settings) if list(p[:-1]) == loc[:-1]]
+            lines.append(f"{where}: {key}: unknown key{closest(key, known)}; remove it or "
+                         "check the spelling (see `beamflow init` for a complete file)")
             continue
-        elif err["type"] == "value_error" and isinstance(err.get("input"), dict):
+        if err["type"] == "value_error" and OLD_VIEWING_KEY in err["msg"]:
+            lines.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
+            continue
+        if err["type"] == "value_error" and isinstance(err.get("input"), dict):
             # A check of a section's settings together: its message names them.
-            lines.append(f"  {key}: {err['msg'].removeprefix('Value error, ')}")
+            lines.append(f"{where}: {key}: {err['msg'].removeprefix('Value error, ')}")
             continue
-        else:
-            fix = err["msg"]
-        env = "BEAMFLOW_" + "__".join(str(p) for p in err["loc"]).upper()
-        lines.append(f"  {key}: {fix} (got {err.get('input')!r}; set in the file or {env})")
+        hint = "" if from_env else f"; {env} sets it too"
+        lines.append(f"{where}: {key}: {err['msg']} (got {err.get('input')!r}{hint})")
     return "\n".join(lines)
 
 

@@ -181,6 +181,7 @@ class EdgeAgent:
             extra={
                 "fields": {
                     "watch": str(self.root),
+                    "config": str(self.settings.source) if self.settings.source else None,
                     "backend": self.backend.name,
                     "observer": type(observer).__name__,
                     "max_concurrent_runs": self.policy.max_concurrent_runs,
@@ -407,6 +408,7 @@ class EdgeAgent:
             stall_timeout=self.policy.stall_timeout,
             now=self.clock(),
             progress=progress,
+            root=self.root,
         )
 
     def _finalised(self, path: Path) -> bool:

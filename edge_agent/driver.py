@@ -129,7 +129,7 @@ class RunDriver:
             log.warning("scan aborted", extra={"fields": {"run": run.id, "scan": state.name,
                                                           "frames": state.frames,
                                                           "expected": state.expected}})
-        elif state.readiness == Readiness.BROKEN:
+        elif state.readiness == Readiness.BROKEN and run.status != RunStatus.FAILED:
             run = self.store.update_run(run.id, status=RunStatus.FAILED, error=state.error,
                                         error_step="Readiness", error_kind=ErrorKind.BAD_INPUT)
             self.store.add_event(run.id, "ScanUnreadable", state.error or "", level="error")

@@ -5,7 +5,15 @@ A scan is ready to read when all of these hold:
 - its files are closed: the detector's file writer gives data files their final name only
   when they are closed, and no hidden temporary file of the scan is left;
 - it has been quiet: no file of the scan changed for ``quiet_seconds``;
-- it opens cleanly as HDF5 and holds the frames the master file promises.
+- it opens cleanly as HDF5 and holds the frames the master file promises;
+- a sample of its frames (:data:`SAMPLE_FRAMES`, spread over the scan) holds no NaN, no
+  infinity and no negative count on a valid pixel: a detector that wrote garbage is caught
+  here, in milliseconds, not on the cluster after the transfer.
+
+Only what lies inside the detector directory is read: a master that is a symbolic link to a
+file outside it is refused without being opened (the agent must not be a way to read
+another directory), and a symbolic link to a directory is not followed (reported as
+skipped, with why).
 
 A scan short of its frames that stays unchanged for ``stall_timeout`` was stopped by the
 operator: it is processed with the frames it has, marked aborted. A scan that is not a
@@ -29,13 +37,16 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from beamflow.formats import ScanFormatError, load_scan, scan_progress_detail
+import numpy as np
+
+from beamflow.formats import Scan, ScanFormatError, load_scan, scan_progress_detail
 
 MASTER_SUFFIX = "_master.h5"
 CXI_SUFFIX = ".cxi"
 # Files that look like HDF5 to an operator: the ones worth saying why they are not read.
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".nxs", ".nx5")
 _DATA_FILE = re.compile(r"^(?P<name>.+)_data_\d{6}\.h5$")
+SAMPLE_FRAMES = 8  # frames read at readiness to catch NaN/inf/negative data
 
 
 class Readiness(StrEnum):
@@ -139,6 +150,13 @@ def skipped_in(directory: Path, entries: list[os.DirEntry] | None = None) -> lis
     names = {e.name for e in entries}
     out = []
     for entry in entries:
+        if entry.is_symlink() and entry.is_dir():
+            target = os.path.realpath(entry.path)
+            out.append((Path(entry.path), (
+                f"a symbolic link to the directory {target}: not followed; the agent reads "
+                "scans inside the detector directory only (move or copy the scan here)"
+            )))  # fmt: skip
+            continue
         reason = skip_reason(Path(entry.path), names)
         if reason is not None and entry.is_file(follow_symlinks=False):
             out.append((Path(entry.path), reason))
@@ -164,6 +182,19 @@ def scan_files(path: Path) -> list[os.DirEntry]:
     return [e for e in entries if e.name.lstrip(".").startswith(name + "_")]
 
 
+def outside(path: Path, root: Path) -> str | None:
+    """Why ``path`` (a master or CXI file found under ``root``) is not read because it is
+    really elsewhere (a symbolic link out of ``root``), or None. Nothing is opened: links
+    are resolved by name."""
+    real = Path(os.path.realpath(path))
+    if real.is_relative_to(os.path.realpath(root)):
+        return None
+    return (
+        f"{path}: a symbolic link to {real}, outside the detector directory {root}: refused "
+        "without being read (move or copy the scan into the detector directory)"
+    )
+
+
 def assess(
     path: Path,
     *,
@@ -171,14 +202,19 @@ def assess(
     stall_timeout: float,
     now: float | None = None,
     progress: bool = True,
+    root: Path | None = None,
 ) -> ScanState:
     """Where one scan stands now (see the module docstring for the rules).
 
     ``progress=False`` skips reading HDF5 while the scan is still changing (the frame count
-    of a scan being written only matters for progressive runs).
+    of a scan being written only matters for progressive runs). ``root``: the detector
+    directory; a scan that is a symbolic link out of it is BROKEN, and never opened.
     """
     now = time.time() if now is None else now
     name = scan_name(path)
+    refusal = None if root is None else outside(path, root)
+    if refusal is not None:
+        return ScanState(path, name, Readiness.BROKEN, 0, None, 0.0, refusal)
     files = scan_files(path)
     last_change = 0.0
     in_flight: str | None = None  # a file still being written, by name
@@ -262,10 +298,8 @@ def _validate(path: Path, frames: int) -> str | None:
     data file that is there but cannot be read (truncated or corrupt), or a master that
     contradicts itself (positions, mask, geometry), is.
     """
-    if path.name.endswith(CXI_SUFFIX):
-        return None  # _progress read the whole file already
     try:
-        load_scan(path)
+        return _sample_problem(load_scan(path))
     except ScanFormatError as exc:
         if Path(exc.file) != path:
             return str(exc)  # a data file the master links to is unreadable
@@ -273,15 +307,35 @@ def _validate(path: Path, frames: int) -> str | None:
             return str(exc)
     except OSError as exc:
         return f"{path}: cannot be read: {exc}"
-    else:
-        return None
     # Frames are missing at the end: the part there is must still be a consistent scan.
     try:
-        load_scan(path, max_frames=frames)
+        return _sample_problem(load_scan(path, max_frames=frames))
     except ScanFormatError as exc:
         return str(exc)
     except OSError as exc:
         return f"{path}: cannot be read: {exc}"
+
+
+def _sample_problem(scan: Scan) -> str | None:
+    """The first of :data:`SAMPLE_FRAMES` frames spread over the scan (first and last
+    included) with a NaN, an infinity or a negative count on a valid pixel, named by its
+    file and frame as the reconstruction names it; None if the sample is clean."""
+    if scan.n_frames == 0:
+        return None
+    for index in np.unique(np.linspace(0, scan.n_frames - 1, SAMPLE_FRAMES).round()).astype(int):
+        frame = scan.frames(int(index), int(index) + 1)[0][scan.mask]
+        if not np.isfinite(frame).all():
+            what = "a NaN or infinite value"
+        elif frame.size and float(frame.min()) < 0:
+            what = "a negative count"
+        else:
+            continue
+        file, key, where = scan.locate(int(index))
+        return str(ScanFormatError(file, key, (
+            f"{where}: {what} on a valid detector pixel (found in a sample of the frames "
+            "before the transfer); mark such pixels invalid in the detector's pixel mask (or "
+            "fix the file)"
+        )))  # fmt: skip
     return None
 
 

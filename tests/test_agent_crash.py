@@ -3,6 +3,7 @@ exactly once (one run each, SUCCEEDED, nothing lost); SIGTERM stops it cleanly, 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -195,8 +196,6 @@ def test_kill_9_mid_reconstruction_leaves_no_orphan_and_sigterm_is_prompt(
     """A reconstruction far too long to end by itself: after kill -9 of the agent its
     worker goes too (else it would compute on beside the retry); SIGTERM mid-run stops the
     agent and its worker cleanly, the run waiting in the queue for the next start."""
-    import json
-
     for name in SCANS[1:]:
         shutil.rmtree(workspace / "beamline" / "detector" / name)
     store = Store(workspace / "state" / "runs.sqlite")
@@ -231,3 +230,42 @@ def test_kill_9_mid_reconstruction_leaves_no_orphan_and_sigterm_is_prompt(
     assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)
     assert records[-1]["message"] == "agent stopped"
     assert any(r["message"] == "run re-attached" for r in records)
+
+
+def test_kill_9_of_an_idle_worker_then_the_next_scan_succeeds(
+    workspace: Path, tmp_path: Path
+) -> None:
+    """An idle compute worker killed between scans (kill -9; an out-of-memory kill looks the
+    same) used to leave the next scan in Reconstruct for ever: the pool's task queue stayed
+    locked by the dead worker. The engine is restarted and the next scan goes through."""
+    from beamflow.local.engine import pool_workers
+
+    later = tmp_path / "later"
+    later.mkdir()
+    shutil.move(workspace / "beamline" / "detector" / "k2", later / "k2")
+    shutil.rmtree(workspace / "beamline" / "detector" / "k3")
+    store = Store(workspace / "state" / "runs.sqlite")
+    log = workspace / "agent.log"
+    agent = Agent(workspace, log)
+    wait_until(store, "the first scan done",
+               lambda runs: [r.status for r in runs] == [RunStatus.SUCCEEDED], log=log)  # fmt: skip
+    base = workspace / "state" / "compute-engine"
+    workers = [p for d in base.glob(f"*-{agent.proc.pid}") for p in pool_workers(d)]
+    assert workers, "no worker of the agent's compute engine found"
+    time.sleep(1)  # idle: each waits for its next task
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    assert gone(workers) == []
+
+    shutil.move(later / "k2", workspace / "beamline" / "detector" / "k2")
+    runs = wait_until(store, "the next scan done",
+                      lambda runs: len(runs) == 2 and all(r.status.finished for r in runs),
+                      timeout=180, log=log)  # fmt: skip
+    assert agent.terminate() == 0
+    assert [(r.scan, r.status) for r in runs] == [
+        ("k1", RunStatus.SUCCEEDED), ("k2", RunStatus.SUCCEEDED)], [r.error for r in runs]
+    text = log.read_text()
+    assert "compute engine: restarting: 1 idle worker died" in text
+    # The agent says which configuration it runs with.
+    started = [json.loads(line) for line in text.splitlines() if '"agent started"' in line]
+    assert started[0]["config"] == str(workspace / "beamflow.toml")

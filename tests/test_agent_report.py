@@ -198,3 +198,93 @@ def test_once_counts_processed_failed_and_done_before(workspace: Path) -> None:
     assert again.exit_code == 0, again.output
     assert again.stdout.strip().splitlines()[-1] == (
         "agent --once: 0 processed, 0 waiting, 0 skipped, 0 failed (2 done before)")
+
+
+class Opened:
+    """The files h5py opened (the agent reads HDF5 through h5py only)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import h5py
+
+        self.paths: list[Path] = []
+        original = h5py.File.__init__
+
+        def spy(file, name, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            self.paths.append(Path(os.path.realpath(os.fspath(name))))
+            return original(file, name, *args, **kwargs)
+
+        monkeypatch.setattr(h5py.File, "__init__", spy)
+
+
+@pytest.mark.parametrize("elsewhere", ["outside the collection", "inside the collection"])
+def test_a_symlinked_master_out_of_the_detector_directory_is_refused_unopened(
+    settings: Settings, agent_log: Records, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    elsewhere: str,
+) -> None:
+    root = settings.beamline.detector_dir
+    base = tmp_path / "other" if elsewhere.startswith("outside") else (
+        settings.beamline.collection_root / "private")
+    target = write_scan(base, "s1")
+    age(target, 60)
+    (root / "s1").mkdir()
+    link = root / "s1" / target.name
+    link.symlink_to(target)
+    opened = Opened(monkeypatch)
+    backend = ScriptedBackend()
+    agent = make_agent(settings, backend, Clock())
+    step(agent, agent.clock, passes=2)
+    step(agent, agent.clock, settings.agent.stall_timeout + 1, passes=2)
+    assert not [p for p in opened.paths if p.is_relative_to(base)], opened.paths
+    (run,) = agent.store.list_runs()
+    assert run.status.value == "FAILED" and backend.runs == {}
+    if elsewhere.startswith("outside"):  # the run path's own refusal, kept as it said it
+        assert run.error.startswith(f"scan {target} is outside the beamline collection root")
+    else:
+        assert run.error == (
+            f"{link}: a symbolic link to {target}, outside the detector directory {root}: "
+            "refused without being read (move or copy the scan into the detector directory)")
+    assert "aborted before any frame" not in run.error
+    assert agent.stats.failed == 1  # counted once
+
+
+def test_a_symlinked_scan_directory_is_skipped_with_why(
+    settings: Settings, agent_log: Records, tmp_path: Path
+) -> None:
+    root = settings.beamline.detector_dir
+    write_scan(tmp_path / "day9", "s9")
+    (root / "day9").symlink_to(tmp_path / "day9")
+    agent = make_agent(settings, ScriptedBackend(), Clock())
+    step(agent, agent.clock, passes=2)
+    step(agent, agent.clock, 1.0, passes=2)
+    (said,) = agent_log.said("file skipped")
+    assert said["path"] == str(root / "day9")
+    assert said["reason"] == (
+        f"a symbolic link to the directory {tmp_path / 'day9'}: not followed; the agent reads "
+        "scans inside the detector directory only (move or copy the scan here)")
+    assert agent.store.list_runs() == []
+    state = read_state(state_path(settings.state_dir))
+    assert [f.path for f in state.skipped] == [str(root / "day9")]
+
+
+def test_nan_frames_fail_at_readiness_before_any_transfer(settings: Settings) -> None:
+    import h5py
+    import numpy as np
+
+    root = settings.beamline.detector_dir
+    master = write_scan(root, "s1", n=8)
+    data = master.parent / data_file_name("s1", 3)  # frames 5 and 6 of the scan
+    with h5py.File(data, "a") as f:
+        frames = f["entry/data/data"][...].astype(np.float32)
+        attrs = dict(f["entry/data/data"].attrs)
+        del f["entry/data/data"]
+        frames[:] = np.nan  # a detector that wrote garbage for a whole file
+        f.create_dataset("entry/data/data", data=frames).attrs.update(attrs)
+    age(master, 60)
+    backend = ScriptedBackend()
+    agent = make_agent(settings, backend, Clock())
+    step(agent, agent.clock, passes=2)
+    (run,) = agent.store.list_runs()
+    assert run.status.value == "FAILED" and run.error_step == "Readiness"
+    assert run.error.startswith(f"{data}: /entry/data/data: frame 1 of 2 in this file (image 5")
+    assert "a NaN or infinite value on a valid detector pixel" in run.error
+    assert backend.runs == {}  # nothing was sent anywhere

@@ -11,6 +11,7 @@ One engine serves the module: starting one takes seconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -238,6 +239,116 @@ def test_kill_9_of_a_worker_fails_its_task_cleanly(
     assert status.details["error"]["type"] == "WorkerLost"
     assert not marker.exists()  # SIGKILL: no chance to save
     assert finish(provider, body(task("f-add", 6))).details["result"][0]["sum"] == 6
+
+
+def idle_workers(engine: ComputeEngine) -> list[int]:
+    """The pool's workers, once all of them are up and have had time to sit idle."""
+    workers = wait_for(lambda: len(w := engine.workers()) == engine.capacity and w, "workers",
+                       timeout=180)  # a fresh pool on a busy machine
+    time.sleep(0.5)
+    return workers
+
+
+def retried_by_the_agent(error: dict[str, Any]) -> bool:
+    """Whether the agent's rules retry a run that failed with this compute error."""
+    from beamflow.store import Run, RunStatus
+    from edge_agent.policy import is_transient
+
+    run = Run(id="r", scan="s", flow="f", backend="local", status=RunStatus.FAILED,
+              created_at=0, updated_at=0, error=f"{error['type']}: {error['message']}",
+              error_step="Reconstruct")  # fmt: skip
+    return is_transient(run)
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def test_kill_9_of_idle_workers_does_not_hang_the_next_task(
+    provider: LocalComputeProvider, engine: ComputeEngine
+) -> None:
+    # An idle worker waits for its next task holding the pool's task queue's lock: killed
+    # (kill -9, out of memory) it took the lock with it, and the next task waited for ever.
+    assert finish(provider, body(task("f-add", 1))).status == "SUCCEEDED"
+    restarts = engine.restarts
+    workers = idle_workers(engine)
+    signal_all(workers, signal.SIGKILL)
+    status = finish(provider, body(task("f-add", 2), task("f-add", 3)))
+    assert status.status == "SUCCEEDED", status.details
+    assert sorted(r["sum"] for r in status.details["result"]) == [2, 3]
+    assert not {r["pid"] for r in status.details["result"]} & set(workers)
+    assert engine.restarts == restarts + 1  # a fresh engine: the old queue stays locked
+
+
+def test_a_task_no_worker_takes_restarts_the_engine(
+    provider: LocalComputeProvider, engine: ComputeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stopped, not dead: the pool sees nothing wrong, only the task's wait tells.
+    monkeypatch.setattr(provider.endpoints[ENDPOINT], "pickup_timeout", 3.0)
+    restarts = engine.restarts
+    workers = idle_workers(engine)
+    signal_all(workers, signal.SIGSTOP)
+    try:
+        status = finish(provider, body(task("f-add", 7)))
+    finally:
+        signal_all(workers, signal.SIGCONT)
+    assert status.status == "SUCCEEDED", status.details
+    assert status.details["result"][0]["sum"] == 7
+    assert engine.restarts == restarts + 1
+    assert not any(pid_running(pid) for pid in workers)  # the old pool is gone
+
+
+def test_a_task_no_worker_takes_for_stall_timeout_fails_as_lost(
+    provider: LocalComputeProvider, engine: ComputeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    endpoint = provider.endpoints[ENDPOINT]
+    monkeypatch.setattr(endpoint, "pickup_timeout", 1000.0)
+    monkeypatch.setattr(endpoint, "stall_timeout", 2.0)
+    workers = idle_workers(engine)
+    signal_all(workers, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        status = finish(provider, body(task("f-add", 8)))
+        waited = time.monotonic() - began
+    finally:
+        signal_all(workers, signal.SIGCONT)
+    assert status.status == "FAILED"
+    error = status.details["error"]
+    assert error["type"] == "TaskLost"
+    # The reason first, in words the agent's retry rules read as transient ("lost").
+    assert error["message"].startswith("no progress for 2 s: no compute worker took add")
+    assert error["message"].endswith("the task is lost")
+    assert 2.0 <= waited < 30
+    assert retried_by_the_agent(error)
+    monkeypatch.undo()
+    assert finish(provider, body(task("f-add", 9))).details["result"][0]["sum"] == 9
+
+
+def test_a_running_task_whose_worker_uses_no_cpu_is_stopped_as_lost(
+    provider: LocalComputeProvider, engine: ComputeEngine, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # A hung worker (blocked for ever: here, asleep) makes no progress: after
+    # compute.stall_timeout it gets SIGTERM (a reconstruction saves its checkpoint) and the
+    # task fails as lost, which the agent retries.
+    monkeypatch.setattr(provider.endpoints[ENDPOINT], "stall_timeout", 3.0)
+    marker = tmp_path / "ck"
+    began = time.monotonic()
+    status = finish(provider, body(task("f-sleep", 120, str(marker))))
+    assert status.status == "FAILED"
+    error = status.details["error"]
+    assert error["type"] == "TaskLost"
+    assert error["message"].startswith(
+        "no progress for 3 s: the worker running sleep_then used no CPU time (hung;")
+    assert time.monotonic() - began < 60
+    assert retried_by_the_agent(error)
+    worker = read_pid(Path(f"{marker}.pid"))
+    assert read_pid(marker) == worker  # it was asked to stop, and saved
+    wait_for(lambda: not pid_running(worker), "the hung worker to end")
+    monkeypatch.undo()
+    assert finish(provider, body(task("f-add", 4))).details["result"][0]["sum"] == 4
 
 
 def test_a_result_that_is_not_json_fails(provider: LocalComputeProvider) -> None:

@@ -503,6 +503,7 @@ def test_cli_serve_refuses_to_expose_without_token(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "beamflow.toml").write_text("")  # a workspace: serve keeps its state here
     monkeypatch.delenv("BEAMFLOW_STATUS__TOKEN", raising=False)
     runner = CliRunner()
     result = runner.invoke(cli_app, ["serve", "--host", "0.0.0.0"])
@@ -522,6 +523,7 @@ def test_cli_serve_says_who_may_view(
     import socket
 
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "beamflow.toml").write_text("")  # a workspace: serve keeps its state here
     for key in [k for k in os.environ if k.startswith("BEAMFLOW_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("BEAMFLOW_STATUS__TOKEN", TOKEN)

@@ -12,20 +12,51 @@ is late to hide a circle (tests/test_architecture.py counts late imports too).
 
 from __future__ import annotations
 
+import os
+import re
+import time
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
+import click
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from typer.core import TyperGroup
 
 from beamflow.backend import Backend, BackendError
-from beamflow.config import CONFIG_NAME, ConfigError, Settings, load_config
-from beamflow.store import Store
+from beamflow.config import CONFIG_NAME, USER_CONFIG, ConfigError, Settings, load_config
+from beamflow.store import Run, Store
+
+
+def summary(command: click.Command) -> str:
+    """A command's summary: its short help, else the first sentence of its docstring, whole
+    (click cuts it at the width left on the line, ending in "...")."""
+    text = command.short_help or (command.help or "").split("\n\n")[0]
+    text = " ".join(text.replace("\b", "").split())
+    first = re.match(r"(.+?\.)\s+(?=[A-Z])", text)
+    return first.group(1) if first else text
+
+
+class WholeSummaries(TyperGroup):
+    """A command group whose command list gives each command's whole summary, wrapped to
+    the terminal, never cut."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, summary(command)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
 
 # Plain (click) help, not rich panels: rich cuts option names ("--checkpoint-e…") to fit
 # its table at 80 columns; click prints them whole and wraps the descriptions.
-HELP = {"no_args_is_help": True, "rich_markup_mode": None}
+HELP: dict[str, Any] = {"no_args_is_help": True, "rich_markup_mode": None, "cls": WholeSummaries}
 
 # Where the output is not a terminal (a pipe, a log file, a CI job) lines are never
 # wrapped or cut at 80 columns: names and paths stay whole, one per line, for grep and for
@@ -70,14 +101,39 @@ def warn(message: str) -> None:
     err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
 
 
-def settings_from(config: Path | None) -> Settings:
+def settings_from(config: Path | None, *, workspace: bool = False) -> Settings:
+    """The configuration (a bad one: its one-line errors, exit 1). ``workspace``: the
+    command keeps state (run store, registered ids, tokens), which belongs in a workspace:
+    see :func:`require_workspace`."""
     try:
-        return load_config(config)
+        settings = load_config(config)
     except ConfigError as exc:
         fail(str(exc))
+    if workspace:
+        require_workspace(settings)
+    return settings
+
+
+def require_workspace(settings: Settings) -> None:
+    """Refuse to keep state where no configuration says to: with no beamflow.toml found
+    (and no BEAMFLOW_STATE_DIR), a command would silently create ./state wherever it is run.
+    A configuration found elsewhere than here (the user's) is named, on stderr."""
+    if settings.source is None:
+        if "BEAMFLOW_STATE_DIR" in os.environ:
+            return
+        fail(
+            f"no {CONFIG_NAME} here ({Path.cwd()}) nor in {USER_CONFIG}: this command keeps its "
+            f"state (runs, registered ids, tokens) in a workspace, and will not create "
+            f"{Path.cwd() / 'state'}; create one with `beamflow init DIR` and run it there, "
+            "or pass --config FILE"
+        )
+    here = Path.cwd() / CONFIG_NAME
+    if settings.source.resolve() != here.resolve():
+        err_console.print(f"[dim]config: {settings.source}[/]", highlight=False, soft_wrap=True)
 
 
 def open_store(settings: Settings) -> Store:
+    require_workspace(settings)
     return Store(settings.store_path)
 
 
@@ -86,6 +142,7 @@ def open_backend(settings: Settings, name: str | None = None) -> Backend:
     backend interface only. The caller closes it."""
     from beamflow.runs import get_backend
 
+    require_workspace(settings)
     if name is not None and name != settings.backend:
         settings = settings.model_copy(update={"backend": name})
     try:
@@ -100,3 +157,58 @@ def duration(seconds: float | None) -> str:
     if seconds < 120:
         return f"{seconds:.1f} s"
     return f"{seconds / 60:.1f} min"
+
+
+class RunProgress:
+    """What a command shows while it waits for a run: a live bar on a terminal; elsewhere (a
+    pipe, a log file) a line when the step changes, at each tenth of the iterations, and at
+    least every :attr:`heartbeat` seconds, so that waiting is never silent."""
+
+    heartbeat = 30.0
+
+    def __init__(self, run: Run, console: Console | None = None) -> None:
+        self.console = console or err_console
+        self.started = time.monotonic()
+        self._said: tuple[str, int] | None = None
+        self._said_at = self.started
+        self._bar: Progress | None = None
+        if self.console.is_terminal:
+            self._bar = Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                TextColumn("iteration {task.completed:.0f}/{task.total:.0f}"),
+                TimeElapsedColumn(), console=self.console, transient=True,
+            )  # fmt: skip
+            self._task = self._bar.add_task(self._where(run), total=run.iterations_total or 1)
+
+    def __enter__(self) -> RunProgress:
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    @staticmethod
+    def _where(run: Run) -> str:
+        return f"{run.scan_name}: {run.current_step or run.status.value}"
+
+    def update(self, run: Run) -> None:
+        if self._bar is not None:
+            total = run.iterations_total or self._bar.tasks[0].total
+            self._bar.update(self._task, description=self._where(run),
+                             completed=run.iteration or 0, total=total)  # fmt: skip
+            return
+        now = time.monotonic()
+        step, done = run.current_step or run.status.value, run.iteration or 0
+        tenth = max(1, (run.iterations_total or 10) // 10)
+        said_step, said_done = self._said or ("", -tenth)
+        if step == said_step and done - said_done < tenth and now - self._said_at < self.heartbeat:
+            return
+        self._said, self._said_at = (step, done), now
+        iterations = f", iteration {done}/{run.iterations_total}" if run.iterations_total else ""
+        self.console.print(f"{self._where(run)}{iterations} ({now - self.started:.0f} s)",
+                           highlight=False, soft_wrap=True)  # fmt: skip

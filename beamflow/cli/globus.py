@@ -38,7 +38,7 @@ def login(
 ) -> None:
     """Log in to Globus: prints a URL, reads the code back. Grants Transfer, Flows, Compute
     and every registered flow (run it again after `register flows`)."""
-    settings = settings_from(config)
+    settings = settings_from(config, workspace=True)
     with _auth(settings) as auth:
         try:
             ran = auth.login(force=force)
@@ -54,7 +54,7 @@ def login(
 
 def logout(config: ConfigOption = None) -> None:
     """Revoke the stored Globus tokens and delete them from the token file."""
-    settings = settings_from(config)
+    settings = settings_from(config, workspace=True)
     with _auth(settings) as auth:
         removed, problems = auth.logout()
     if not removed:
@@ -70,7 +70,7 @@ def whoami(as_json: JsonOption = False, config: ConfigOption = None) -> None:
     """Who is logged in to Globus, and until when the tokens are good."""
     from beamflow.globus import expiry_warnings
 
-    settings = settings_from(config)
+    settings = settings_from(config, workspace=True)
     with _auth(settings) as auth:
         try:
             info = auth.userinfo()

@@ -10,13 +10,13 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from beamflow.backend import Backend, BackendError
 from beamflow.cli.common import (
     HELP,
     ConfigOption,
     JsonOption,
+    RunProgress,
     console,
     data_table,
     duration,
@@ -175,34 +175,13 @@ WaitOption = Annotated[
 
 
 def _follow(settings: Settings, store: Store, backend: Backend, run: Run) -> Run:
-    """Follow ``run`` with a progress bar (stderr) until it ends; Ctrl-C cancels it."""
+    """Follow ``run`` with its progress on stderr until it ends; Ctrl-C cancels it."""
     from beamflow.runs import cancel_run, follow_run
 
-    def describe(r: Run) -> str:
-        return f"{r.scan_name}: {r.current_step or r.status.value}"
-
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("iteration {task.completed:.0f}/{task.total:.0f}"),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task(describe(run), total=run.iterations_total or 1)
-
-        def show(r: Run) -> None:
-            progress.update(
-                task,
-                description=describe(r),
-                completed=r.iteration or 0,
-                total=r.iterations_total or progress.tasks[0].total,
-            )
-
+    with RunProgress(run) as progress:
         try:
             return follow_run(store, backend, run, poll_seconds=0.5, max_poll_seconds=5.0,
-                              on_update=show)  # fmt: skip
+                              on_update=progress.update)  # fmt: skip
         except KeyboardInterrupt:
             progress.stop()
             err_console.print(f"interrupted: cancelling run {run.id}")

@@ -35,7 +35,7 @@ def agent(
     from edge_agent.agent import EdgeAgent
     from edge_agent.logs import setup_logging
 
-    settings = settings_from(config)
+    settings = settings_from(config, workspace=True)
     setup_logging(log_level.upper())
     edge = EdgeAgent(settings)
     # SIGTERM (systemd) and Ctrl-C both stop it cleanly, between passes.
@@ -73,7 +73,7 @@ def serve(
     from beamflow.status.security import is_loopback
     from beamflow.status.server import StatusConfigError, build_app, make_server
 
-    settings = settings_from(config)
+    settings = settings_from(config, workspace=True)
     host = host or settings.status.host
     port = port or settings.status.port
     try:

@@ -37,6 +37,14 @@ from beamflow.probe import Check
 def config_checks(settings: Settings) -> list[Check]:
     where = str(settings.source or "beamflow.toml")
     checks: list[Check] = []
+    if settings.source is None:  # every id below would read "not set", for want of a file
+        checks.append(Check(
+            name="config", outcome="fail",
+            detail="no beamflow.toml found (./beamflow.toml, ~/.config/beamflow/beamflow.toml): "
+            "checking the built-in defaults",
+            fix="run doctor where the workspace's beamflow.toml is, pass --config FILE, or "
+            "create one with `beamflow init --backend globus DIR`",
+        ))  # fmt: skip
     if settings.backend != "globus":
         checks.append(
             Check(

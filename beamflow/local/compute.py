@@ -18,7 +18,10 @@ Tasks wait here until a worker is free, so the engine holds only tasks that are 
 a task cancelled while waiting never starts, and a running one has its worker process (that
 one only) stopped with SIGTERM (a reconstruction saves a checkpoint), then SIGKILL. A worker
 that dies (killed, out of memory) fails its task with ``WorkerLost``; the pool starts a new
-worker.
+worker. A worker that dies while idle leaves the pool unable to hand out tasks (see
+:mod:`beamflow.local.engine`): a watch restarts the engine then, or whenever a task waits
+longer than ``compute.pickup_timeout`` for a worker, and fails a task that no worker took for
+``compute.stall_timeout`` as lost, so that nothing hangs unnoticed.
 
 Results come back as the service reports them: ``details.result`` (the return values) and
 ``details.results: [{task_id, output}]``. A function that raises makes the action FAILED
@@ -157,6 +160,10 @@ class _Job:
     started: float | None = None
     finished: float | None = None
     task: EngineTask | None = None
+    handed: float | None = None  # monotonic: when the engine was given it (last time)
+    first_handed: float | None = None
+    cpu: float | None = None  # CPU seconds its worker had used at the last look
+    cpu_moved: float | None = None  # monotonic: when that last went up
     cancel_requested: bool = False
     stop_sent: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -178,16 +185,40 @@ _CANCELED = {"type": "Canceled", "message": "canceled"}
 
 
 class _Endpoint:
-    """One engine and the tasks waiting for its workers."""
+    """One engine, the tasks waiting for its workers, and a watch on its health.
 
-    def __init__(self, engine: ComputeEngine, cancel_grace: float) -> None:
+    Every task handed to the engine holds a worker slot, so a worker should take it at once.
+    The watch restarts the engine (:meth:`ComputeEngine.restart`) when it has a fault (an
+    idle worker died, the pool failed) or when a task waited ``pickup_timeout`` seconds for a
+    worker, whatever the cause, and hands the waiting tasks to the fresh engine; a task that
+    no worker took for ``stall_timeout`` seconds fails as lost (the agent retries it).
+    Tasks a worker is running finish first: their results do not travel by the locked
+    queue."""
+
+    def __init__(
+        self,
+        engine: ComputeEngine,
+        cancel_grace: float,
+        *,
+        pickup_timeout: float = 60.0,
+        stall_timeout: float = 600.0,
+        watch_period: float = 1.0,
+    ) -> None:
         self.engine = engine
         self.cancel_grace = cancel_grace
+        self.pickup_timeout = pickup_timeout
+        self.stall_timeout = stall_timeout
+        self.watch_period = watch_period
         self.queue: queue.Queue[_Job | None] = queue.Queue()
         self.slots = threading.Semaphore(engine.capacity)
         self.closed = False
         self.thread: threading.Thread | None = None
+        self.watcher: threading.Thread | None = None
         self.lock = threading.Lock()
+        self.handed: dict[str, _Job] = {}  # task id -> job the engine holds (under lock)
+        self.restart_due: str | None = None
+        self._pool_seen = (-1, 0.0)  # (engine generation, when its workers were first seen)
+        self._closing = threading.Event()
 
     def submit(self, job: _Job) -> None:
         with self.lock:
@@ -202,6 +233,10 @@ class _Endpoint:
                     target=self._dispatch, name="compute-dispatch", daemon=True
                 )
                 self.thread.start()
+                self.watcher = threading.Thread(
+                    target=self._watch, name="compute-watch", daemon=True
+                )
+                self.watcher.start()
         self.queue.put(job)
 
     def _dispatch(self) -> None:
@@ -227,24 +262,37 @@ class _Endpoint:
                 if self.closed:
                     job.finish("CANCELED", error=_CANCELED)
                 continue
-            try:
-                job.task = self.engine.submit(
-                    job.function, job.args, job.kwargs, job.resource_specification,
-                    task_id=uuid.UUID(job.task_id),
-                )  # fmt: skip
-            except Exception as exc:  # noqa: BLE001 - the engine refused: the task failed
-                self.slots.release()
-                job.finish("FAILED", error={"type": type(exc).__name__, "message": str(exc)})
-                continue
-            if job.cancel_requested:
-                self._stop(job)
-            job.task.future.add_done_callback(lambda _f, job=job: self._ended(job))
+            while self.engine.failed and not self.closed:
+                time.sleep(0.1)  # it would fail the task at once: the watch restarts it
+            self._hand(job)
 
-    def _ended(self, job: _Job) -> None:
+    def _hand(self, job: _Job) -> None:
+        """Give a job that holds a worker slot to the engine."""
+        try:
+            task = self.engine.submit(
+                job.function, job.args, job.kwargs, job.resource_specification,
+                task_id=uuid.UUID(job.task_id),
+            )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the engine refused: the task failed
+            self.slots.release()
+            job.finish("FAILED", error={"type": type(exc).__name__, "message": str(exc)})
+            return
+        with self.lock:
+            job.task, job.handed = task, time.monotonic()
+            job.first_handed = job.first_handed or job.handed
+            self.handed[job.task_id] = job
+        if job.cancel_requested:
+            self._stop(job)
+        task.future.add_done_callback(lambda _f, job=job, task=task: self._ended(job, task))
+
+    def _ended(self, job: _Job, task: EngineTask) -> None:
+        with self.lock:
+            if job.task is not task:
+                return  # an engine since restarted: the job was handed to the new one
+            self.handed.pop(job.task_id, None)
         self.slots.release()
-        assert job.task is not None
-        outcome = self.engine.outcome(job.task)
-        self.engine.forget(job.task)
+        outcome = self.engine.outcome(task)
+        self.engine.forget(task)
         if outcome.ok:
             try:
                 value = json.loads(json.dumps(outcome.value))
@@ -268,6 +316,118 @@ class _Endpoint:
             )
         job.finish("FAILED", error=error)
 
+    # -- the watch ---------------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._closing.wait(self.watch_period):
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - the watch must outlive one bad look
+                log.exception("compute engine watch failed")
+
+    def check(self) -> None:
+        """One look at the engine's health (see the class docstring)."""
+        now = time.monotonic()
+        with self.lock:
+            jobs = [j for j in self.handed.values() if j.task is not None]
+        running, waiting = [], []
+        for job in jobs:
+            (running if self.engine.picked_up(job.task) else waiting).append(job)  # type: ignore[arg-type]
+        for job in [j for j in waiting if now - (j.first_handed or now) > self.stall_timeout]:
+            waiting.remove(job)
+            self._lose(job, (
+                f"no progress for {self.stall_timeout:g} s: no compute worker took "
+                f"{job.function_name} (compute.stall_timeout; the engine was restarted "
+                f"{self.engine.restarts} times); the task is lost"
+            ))  # fmt: skip
+        for job in [j for j in running if self._hung(j, now)]:
+            running.remove(job)
+            self._lose(job, (
+                f"no progress for {self.stall_timeout:g} s: the worker running "
+                f"{job.function_name} used no CPU time (hung; compute.stall_timeout); it was "
+                "stopped and the task is lost"
+            ), restart=False)  # fmt: skip
+        fault = self.engine.fault()
+        late = [j for j in waiting if now - self._pickup_clock(j, now) > self.pickup_timeout]
+        if fault is None and late:
+            fault = (
+                f"{late[0].function_name} waited {now - (late[0].handed or now):.0f} s for a "
+                f"worker (compute.pickup_timeout = {self.pickup_timeout:g} s)"
+            )
+        self.restart_due = self.restart_due or fault
+        if self.restart_due is None:
+            return
+        if running and not self.engine.failed:
+            return  # their results still come back: restart once they have
+        reason, self.restart_due = self.restart_due, None
+        self._restart(reason, waiting, running)
+
+    def _hung(self, job: _Job, now: float) -> bool:
+        """Whether the worker running ``job`` has used no CPU time for ``stall_timeout``
+        seconds (a reconstruction computes, or at least drives its GPU, all the time)."""
+        cpu = self.engine.cpu_seconds(job.task)  # type: ignore[arg-type]
+        if cpu is None:
+            return False  # no worker: it ended, and the engine reports it
+        if job.cpu is None or cpu > job.cpu:
+            job.cpu, job.cpu_moved = cpu, now
+        return now - (job.cpu_moved or now) > self.stall_timeout
+
+    def _pickup_clock(self, job: _Job, now: float) -> float:
+        """Since when ``job`` could have been taken by a worker: since it was handed over, or
+        since the engine's worker pool came up if that was later (a fresh engine takes
+        seconds to start its pool)."""
+        generation = self.engine.restarts
+        if self._pool_seen[0] != generation:
+            if not self.engine.workers():
+                return now
+            self._pool_seen = (generation, now)
+        return max(job.handed or now, self._pool_seen[1])
+
+    def _restart(self, reason: str, waiting: list[_Job], running: list[_Job]) -> None:
+        """A fresh engine; the jobs no worker took are handed to it, those it ran are lost."""
+        with self.lock:
+            for job in [*waiting, *running]:
+                job.task = None  # what the old engine says of it no longer counts
+                self.handed.pop(job.task_id, None)
+        for job in running:
+            self.slots.release()
+            job.finish("FAILED", error={"type": "WorkerLost", "message": (
+                f"the compute engine was restarted ({reason}) while running "
+                f"{job.function_name}; the task is lost"
+            )})  # fmt: skip
+        try:
+            self.engine.restart(reason)
+        except EngineError as exc:
+            for job in waiting:
+                self.slots.release()
+                job.finish("FAILED", error={"type": "EngineError", "message": str(exc)})
+            return
+        for job in waiting:
+            if job.cancel_requested:
+                self.slots.release()
+                job.finish("CANCELED", error=_CANCELED)
+            else:
+                self._hand(job)
+
+    def _lose(self, job: _Job, message: str, *, restart: bool = True) -> None:
+        """Fail a job that made no progress; its worker, if one runs it (or takes it late),
+        is stopped (SIGTERM: a reconstruction saves a checkpoint; then SIGKILL): the retry
+        must not find it running. ``restart``: the engine never ran it, so that engine is
+        replaced too."""
+        with self.lock:
+            if self.handed.pop(job.task_id, None) is None:
+                return
+            task, job.task = job.task, None
+        self.slots.release()
+        log.error("compute task %s: %s", job.task_id, message)
+        job.finish("FAILED", error={"type": "TaskLost", "message": message})
+        if restart:
+            self.restart_due = self.restart_due or f"it lost a task ({job.function_name})"
+        threading.Thread(
+            target=self.engine.cancel, args=(task,), kwargs={"grace": self.cancel_grace},
+            name=f"compute-cancel-{job.task_id[:8]}", daemon=True,
+        ).start()  # fmt: skip
+
+    # -- cancel and close ----------------------------------------------------------------------
     def cancel(self, job: _Job) -> None:
         with job.lock:
             job.cancel_requested = True
@@ -290,12 +450,14 @@ class _Endpoint:
     def close(self) -> None:
         with self.lock:
             self.closed = True
-            thread = self.thread
+            thread, watcher = self.thread, self.watcher
+        self._closing.set()
         self.queue.put(None)
         self.slots.release()  # a dispatcher waiting for a worker sees the close
-        self.engine.close()
-        if thread is not None:
-            thread.join(timeout=5)
+        self.engine.close()  # a restart under way then fails: the engine is closed
+        for helper in (watcher, thread):
+            if helper is not None:
+                helper.join(timeout=5)
 
 
 @dataclass
@@ -319,9 +481,15 @@ class LocalComputeProvider:
         *,
         keep_finished: int = 500,
         cancel_grace: float = 30.0,
+        pickup_timeout: float = 60.0,
+        stall_timeout: float = 600.0,
     ) -> None:
         self.endpoints: dict[str, _Endpoint] = {
-            eid.lower(): _Endpoint(engine, cancel_grace) for eid, engine in endpoints.items() if eid
+            eid.lower(): _Endpoint(
+                engine, cancel_grace, pickup_timeout=pickup_timeout, stall_timeout=stall_timeout
+            )
+            for eid, engine in endpoints.items()
+            if eid
         }
         self.resolve_function = resolve_function
         self.keep_finished = keep_finished
@@ -345,11 +513,10 @@ class LocalComputeProvider:
                     str(exc), {"code": "FunctionNotLoadable", "description": str(exc)}
                 ) from None
 
-        return cls(
-            {settings.compute.endpoint_id: engine_from_settings(settings)},
-            resolve,
-            **kwargs,
-        )
+        kwargs.setdefault("pickup_timeout", settings.compute.pickup_timeout)
+        kwargs.setdefault("stall_timeout", settings.compute.stall_timeout)
+        engines = {settings.compute.endpoint_id: engine_from_settings(settings)}
+        return cls(engines, resolve, **kwargs)
 
     def warm(self) -> None:
         """Start the engines now (in the background), not at the first task."""

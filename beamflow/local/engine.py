@@ -25,6 +25,16 @@ What this module adds around the engine, and why:
   directory is that sandbox; :meth:`ComputeEngine.cancel` sends SIGTERM to that process only
   (a reconstruction saves a checkpoint and exits), then SIGKILL after a grace period. The pool
   reports the task lost (``WorkerLost``) and starts a new worker.
+- **A restart.** An idle Parsl worker waits for its next task inside
+  ``multiprocessing.Queue.get``, holding the pool's task queue's read lock (a semaphore); a
+  kill -9 (or an out-of-memory kill) of that worker leaves the lock taken for ever, so the
+  worker the pool starts in its place, and every other worker, never receives another task:
+  the task sits in the pool with no progress and no error. A killed worker pool (its manager)
+  leaves the executor in a failed state instead. Neither heals, so :meth:`ComputeEngine.fault`
+  tells when it happened (the pool's log says a worker died while idle; the executor is in a
+  bad state) and :meth:`ComputeEngine.restart` starts a fresh engine from the same
+  configuration; :mod:`beamflow.local.compute` decides when (and restarts too when a task
+  waits for a worker longer than a bound, whatever the cause).
 - **A mark.** Every process of the engine carries ``BEAMFLOW_COMPUTE_ENGINE=<run dir>`` in its
   environment (the interchange: the run directory as its working directory);
   :func:`engine_processes` finds them, and :meth:`ComputeEngine.close` makes sure
@@ -179,6 +189,24 @@ def engine_processes(run_dir: Path | str) -> list[int]:
     return sorted(pid for pid, stat in stats.items() if pid in marked or stat[2] in groups)
 
 
+def pool_workers(run_dir: Path | str) -> list[int]:
+    """The worker processes of the engine run in ``run_dir``'s pools, busy or idle: those
+    of its processes that hold a Parsl worker log (``worker_<n>.log``) open."""
+    found = []
+    for pid in engine_processes(run_dir):
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                name = os.path.basename(os.readlink(fd))
+                if name.startswith("worker_") and name.endswith(".log"):
+                    found.append(pid)
+                    break
+    return found
+
+
 def worker_pids(sandbox: Path) -> list[int]:
     """The process running the task whose sandbox this is: the one working in it whose parent
     is not (the task's own helper processes inherit the directory)."""
@@ -192,6 +220,20 @@ def worker_pids(sandbox: Path) -> list[int]:
         if cwd == target and (stat := _stat(pid)) is not None and stat[0] != "Z":
             inside[pid] = stat[1]
     return [pid for pid, parent in inside.items() if parent not in inside]
+
+
+def cpu_seconds(pids: Sequence[int]) -> float | None:
+    """CPU time (user + system, all threads) the processes have used so far; None when
+    none of them is there."""
+    total, found = 0.0, False
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+        found = True
+    return total / os.sysconf("SC_CLK_TCK") if found else None
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -282,6 +324,7 @@ class ComputeEngine:
         endpoint_id: str | None = None,
         warm_up: Callable[[], Any] | None = None,
         source_dirs: Sequence[Path] = (),
+        factory: Callable[[], Any] | None = None,
     ) -> None:
         from globus_compute_sdk.serialize import ComputeSerializer, PureSourceTextInspect
 
@@ -296,6 +339,12 @@ class ComputeEngine:
         self.source_dirs = [Path(__file__).resolve().parents[2], *source_dirs]
         self.serde = ComputeSerializer(strategy_code=PureSourceTextInspect())
         self._lock = threading.Lock()  # HTEX's task socket is not thread-safe
+        # A fresh engine for :meth:`restart` (``from_yaml``: the same configuration).
+        self._factory = factory
+        # Held while tasks are handed over and while the engine is swapped for a fresh one.
+        self._generation_lock = threading.RLock()
+        self.restarts = 0
+        self._log_offsets: dict[Path, int] = {}
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stop = threading.Event()
@@ -304,7 +353,9 @@ class ComputeEngine:
 
     @classmethod
     def from_yaml(cls, text: str, source: str, run_dir: Path, **kwargs: Any) -> ComputeEngine:
-        return cls(load_engine(text, source), run_dir, **kwargs)
+        return cls(
+            load_engine(text, source), run_dir, factory=lambda: load_engine(text, source), **kwargs
+        )
 
     # -- sizes and places --------------------------------------------------------------------
     @property
@@ -329,6 +380,9 @@ class ComputeEngine:
     def processes(self) -> list[int]:
         return engine_processes(self.run_dir)
 
+    def workers(self) -> list[int]:
+        return pool_workers(self.run_dir)
+
     # -- start -------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the engine in the background (idempotent); :meth:`wait_ready` waits for it."""
@@ -337,7 +391,10 @@ class ComputeEngine:
                 raise EngineError("the compute engine is closed")
             if self._thread is not None:
                 return
-            self._thread = threading.Thread(target=self._own, name="compute-engine", daemon=True)
+            self._thread = threading.Thread(
+                target=self._own, args=(self.engine, self._ready, self._stop),
+                name="compute-engine", daemon=True,
+            )  # fmt: skip
             self._thread.start()
         # A process that ends without closing the engine still shuts it down in order (a
         # running reconstruction saves its checkpoint); the kill -9 case is the job script's.
@@ -352,10 +409,10 @@ class ComputeEngine:
         if self._closed:
             raise EngineError("the compute engine is closed")
 
-    def _prepare(self) -> None:
+    def _prepare(self, engine: Any) -> None:
         """Point the engine's processes at this interpreter and this beamflow, and tie them to
         this process (see the module docstring)."""
-        engine, executor = self.engine, self.engine.executor
+        executor = engine.executor
         self.run_dir.mkdir(parents=True, exist_ok=True)
         gc_dir = self.run_dir / "globus_compute"  # the endpoint CLI's home, not ~/.globus_compute
         gc_dir.mkdir(exist_ok=True)
@@ -387,39 +444,40 @@ class ComputeEngine:
             if logging.getLogger(name).level == logging.NOTSET:
                 logging.getLogger(name).setLevel(logging.WARNING)
 
-    def _own(self) -> None:
-        """The owner thread: start, serve until :meth:`close`, shut down."""
+    def _own(self, engine: Any, ready: threading.Event, stop: threading.Event) -> None:
+        """The owner thread of one engine: start, serve until :meth:`close` (or
+        :meth:`restart`), shut down."""
         began = time.monotonic()
         try:
-            self._prepare()
-            self.engine.start(endpoint_id=self.endpoint_id, run_dir=str(self.run_dir))
+            self._prepare(engine)
+            engine.start(endpoint_id=self.endpoint_id, run_dir=str(self.run_dir))
         except BaseException as exc:  # noqa: BLE001 - reported by wait_ready and submit
             log.error("compute engine failed to start: %s", exc)
             self._error = exc
-            self._ready.set()
+            ready.set()
             with contextlib.suppress(Exception):
-                self.engine.shutdown()
+                engine.shutdown()
             return
         log.info(
             "compute engine started",
             extra={"fields": {"run_dir": str(self.run_dir), "workers": self.capacity,
                               "seconds": round(time.monotonic() - began, 2)}},
         )  # fmt: skip
-        self._ready.set()
+        ready.set()
         if self.warm_up is not None:
-            self._warm()
-        self._stop.wait()
+            self._warm(engine)
+        stop.wait()
         try:
-            self.engine.shutdown()
+            engine.shutdown()
         except Exception:  # noqa: BLE001 - close() sweeps what is left
             log.exception("compute engine shutdown failed")
 
-    def _warm(self) -> None:
+    def _warm(self, engine: Any) -> None:
         """One warm-up task per worker, so the first real task finds its imports done."""
         try:
             function = self.pack_function(self.warm_up)  # type: ignore[arg-type]
             for _ in range(self.capacity):
-                self.submit(function, (), {})
+                self._hand(engine, function, (), {}, None, uuid.uuid4())
         except Exception as exc:  # noqa: BLE001 - only a warm-up: the real task will tell
             log.warning("compute engine warm-up failed: %s", exc)
 
@@ -447,12 +505,26 @@ class ComputeEngine:
         task_id: uuid.UUID | None = None,
     ) -> EngineTask:
         """Submit a packed function (:meth:`pack_function`) with its arguments."""
+        with self._generation_lock:
+            self.wait_ready()
+            return self._hand(
+                self.engine, function, args, kwargs, resource_specification, task_id or uuid.uuid4()
+            )
+
+    def _hand(
+        self,
+        engine: Any,
+        function: str,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        resource_specification: dict[str, Any] | None,
+        task_id: uuid.UUID,
+    ) -> EngineTask:
+        """Pack the task as the service does and give it to ``engine``."""
         from globus_compute_common import messagepack
         from globus_compute_common.messagepack.message_types import Task
         from globus_compute_endpoint.engines.base import GCFuture
 
-        self.wait_ready()
-        task_id = task_id or uuid.uuid4()
         payload = self.serde.pack_buffers(
             [self.serde.serialize(tuple(args)), self.serde.serialize(dict(kwargs))]
         )
@@ -463,8 +535,16 @@ class ComputeEngine:
         with self._lock:
             if self._closed:
                 raise EngineError("the compute engine is closed")
-            self.engine.submit(future, packed, resource_specification or {})
+            engine.submit(future, packed, resource_specification or {})
         return EngineTask(task_id=task_id, future=future, sandbox=self.sandbox(task_id))
+
+    def picked_up(self, task: EngineTask) -> bool:
+        """Whether a worker has taken the task (the worker makes its sandbox first)."""
+        return task.sandbox.exists()
+
+    def cpu_seconds(self, task: EngineTask) -> float | None:
+        """CPU time the worker running the task has used; None if no worker runs it."""
+        return cpu_seconds(worker_pids(task.sandbox))
 
     def outcome(self, task: EngineTask) -> Outcome:
         """The finished task's value or error."""
@@ -505,17 +585,77 @@ class ComputeEngine:
         output directory)."""
         shutil.rmtree(task.sandbox, ignore_errors=True)
 
-    # -- close -------------------------------------------------------------------------------
-    def close(self, timeout: float = 60.0) -> None:
-        """Shut the engine down: interchange, worker pool and running tasks; then make sure
-        no process of it is left."""
+    # -- health and restart ------------------------------------------------------------------
+    def fault(self) -> str | None:
+        """Why the running engine can no longer be trusted to hand tasks to workers, or None.
+
+        Each idle worker's death is reported once (see the module docstring: the pool's task
+        queue is then locked for ever); a failed executor, as long as it lasts."""
+        if self.failed:
+            exc = self.engine.executor.executor_exception
+            cause = " ".join(str(exc).split())[:200]
+            return f"the worker pool failed ({type(exc).__name__}: {cause})"
+        if not self._ready.is_set() or self._error is not None or self._closed:
+            return None
+        deaths = self._idle_worker_deaths()
+        if deaths:
+            return (
+                f"{deaths} idle worker{'s' if deaths > 1 else ''} died (killed, or out of "
+                "memory), which leaves the pool's task queue locked"
+            )
+        return None
+
+    @property
+    def failed(self) -> bool:
+        """Whether the running engine's executor gave up (its worker pool died): it fails
+        every task handed to it until restarted."""
+        started = self._ready.is_set() and self._error is None and not self._closed
+        return started and bool(self.engine.executor.bad_state_is_set)
+
+    def _idle_worker_deaths(self) -> int:
+        """Lines the pools' managers logged, since the last look, about a worker that died
+        while not busy (Parsl's own words in ``manager.log``)."""
+        deaths = 0
+        for path in self.run_dir.glob("*/block-*/*/manager.log"):
+            start = self._log_offsets.get(path, 0)
+            try:
+                with path.open("rb") as fh:
+                    fh.seek(start)
+                    text = fh.read()
+            except OSError:
+                continue
+            complete = text.rfind(b"\n") + 1  # a line still being written waits
+            self._log_offsets[path] = start + complete
+            deaths += text[:complete].count(b"was not busy when it died")
+        return deaths
+
+    def restart(self, reason: str, timeout: float = 60.0) -> None:
+        """Shut the engine down (tasks it holds are lost) and start a fresh one from the same
+        configuration. Tasks submitted meanwhile wait for the new engine."""
+        if self._factory is None:
+            raise EngineError(f"cannot restart the compute engine ({reason}): it was not "
+                              "built from a configuration")  # fmt: skip
+        with self._generation_lock:
+            log.warning("compute engine: restarting: %s", reason)
+            self._stop_owner(timeout, expected=True)
+            # What the old pool logged while it was shut down (its workers dying) is not a
+            # fault of the new one.
+            self._idle_worker_deaths()
+            with self._lock:
+                if self._closed:
+                    raise EngineError("the compute engine is closed")
+                self.engine = self._factory()
+                self._thread, self._error = None, None
+                self._ready, self._stop = threading.Event(), threading.Event()
+                self.restarts += 1
+            self.start()
+
+    def _stop_owner(self, timeout: float, expected: bool = False) -> None:
+        """Stop the owner thread (it shuts the engine down) and sweep what is left (after a
+        fault, ``expected``: the processes of a broken pool do not all stop when asked)."""
         with self._lock:
-            if self._closed and self._stop.is_set():
-                return
-            self._closed = True
             thread = self._thread
         self._stop.set()
-        atexit.unregister(self.close)
         if thread is None:
             return
         thread.join(timeout)
@@ -527,6 +667,18 @@ class ComputeEngine:
             time.sleep(0.1)
             left = self.processes()
         for pid in left:
-            log.warning("compute engine: process %d outlived the shutdown; SIGKILL", pid)
+            log.log(logging.INFO if expected else logging.WARNING,
+                    "compute engine: process %d outlived the shutdown; SIGKILL", pid)
             _signal(pid, signal.SIGKILL)
+
+    # -- close -------------------------------------------------------------------------------
+    def close(self, timeout: float = 60.0) -> None:
+        """Shut the engine down: interchange, worker pool and running tasks; then make sure
+        no process of it is left."""
+        with self._lock:
+            if self._closed and self._stop.is_set():
+                return
+            self._closed = True
+        atexit.unregister(self.close)
+        self._stop_owner(timeout)
         shutil.rmtree(self.working_dir, ignore_errors=True)

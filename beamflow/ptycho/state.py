@@ -75,7 +75,7 @@ class ReconParams(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     algorithm: Algorithm = Field("rpie", description="The algorithm: rpie, epie, dm or lsqml.")
-    iterations: int = Field(100, ge=0, description="Target total iteration count.")
+    iterations: int = Field(100, ge=0, le=1_000_000, description="Target total iteration count.")
     batch_size: int | None = Field(
         None, ge=1, description="Positions whose updates are applied together (None: the "
         "algorithm's default for the scan's size).")
