@@ -36,6 +36,7 @@ from .epie import EPIE
 from .forward import Core
 from .lsqml import LSQML
 from .modes import make_modes, orthogonalize_modes
+from .mpie import MPIE
 from .positions import remove_drift
 from .probe import (
     mean_counts_per_frame,
@@ -50,7 +51,8 @@ from .state import PtychoData, ReconParams, ReconState
 __all__ = ["ALGORITHMS", "Reconstructor", "StateView", "initial_state", "mean_pattern",
            "probe_from_data", "scale_probe", "counter_rng"]
 
-ALGORITHMS: dict[str, type[Algorithm]] = {"epie": EPIE, "rpie": RPIE, "dm": DM, "lsqml": LSQML}
+ALGORITHMS: dict[str, type[Algorithm]] = {"epie": EPIE, "rpie": RPIE, "mpie": MPIE, "dm": DM,
+                                         "lsqml": LSQML}
 
 # Stream offset for the RNG used by initial_state (so it never collides with iterations').
 _INIT_STREAM = 2**62
