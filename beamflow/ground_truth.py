@@ -55,6 +55,8 @@ class GroundTruth:
     #: far field, or near field with the effective (Fresnel-scaled) geometry
     propagation: Propagation = Propagation()
     focus_distance_m: float | None = None  # z1 of a near-field cone beam
+    #: (N, 2) lateral beam drift of each frame in object pixels (a varying probe), or None
+    probe_drift_px: np.ndarray | None = None
 
     @property
     def probe_size(self) -> int:

@@ -238,7 +238,7 @@ class Reconstructor:
         self.params = ReconParams.model_validate(state.params.model_dump())
         self.core = Core(data, state, backend, consume=consume_data)
         self.algorithm: Algorithm = ALGORITHMS[self.params.algorithm](self.core, self.params)
-        self.algorithm.load_extras(state.extras)
+        self.algorithm.load_memory(state.extras)
         self.iteration = int(state.iteration)
         self.loss_history = list(state.loss_history)
         self.rng_seed = int(state.rng_seed)
@@ -270,6 +270,8 @@ class Reconstructor:
         for batch in self.algorithm.batches(rng):
             losses.extend(self.algorithm.run_batch(batch, it))
         self.algorithm.end_iteration(it)
+        if self.algorithm.opr is not None:
+            self.algorithm.opr.end_iteration()
         loss = core.total(losses) / core.norm
         if core.K > 1 and (it + 1) % p.orthogonalize_every == 0:
             core.probe, transform = orthogonalize_modes(core.probe, core.xp, True)
@@ -281,6 +283,8 @@ class Reconstructor:
             shift = core.center_probe()
             if shift is not None:
                 self.algorithm.shifted(shift)
+                if self.algorithm.opr is not None:
+                    self.algorithm.opr.shifted(shift)
         if not np.isfinite(loss):
             raise FloatingPointError(
                 f"reconstruction diverged at iteration {it + 1} ({p.algorithm}): loss is {loss}"
@@ -325,5 +329,5 @@ class Reconstructor:
             loss_history=list(self.loss_history),
             rng_seed=self.rng_seed,
             rng_counter=self.rng_counter,
-            extras=self.algorithm.extras(),
+            extras=self.algorithm.memory(),
         )

@@ -1,0 +1,244 @@
+"""Variable probe: orthogonal probe relaxation (OPR).
+
+M. Odstrčil, P. Baksh, S. A. Boden et al., "Ptychographic coherent diffractive imaging with
+orthogonal probe relaxation", Opt. Express 24, 8360 (2016); M. Odstrčil, A. Menzel &
+M. Guizar-Sicairos, Opt. Express 26, 3108 (2018), section 3.3.
+
+In a fly scan the beam drifts and the stage vibrates, so each position sees a slightly
+different probe. The first (dominant) probe mode at position j is modelled as
+
+    P_j = Σ_k w_jk U_k          (k = 0..K−1, real weights, w_j0 ≈ 1)
+
+with U_0 the engine's own first probe mode (the mean probe, updated by the algorithm as
+before) and U_1..U_{K−1} eigen-probes, orthonormal in the real inner product Re⟨a, b⟩ (so
+real weights can follow any re-mixing of them). The other incoherent modes stay shared.
+
+Per batch, after the algorithm's own update:
+
+1. each position's probe step d_j = S_j^H[conj(O_j) χ_j] / ((1−γ)|O_j|² + γ·max|O_j|²)
+   (the rPIE probe step of that position alone, γ = 0.1); the batch mean of d_j is what the
+   algorithm already put into U_0, so the rest, r_j = d_j − mean(d), is the variation;
+2. weights by least squares per position: Δw_j = G⁻¹ Re(Uᴴ r_j) with G = Re(Uᴴ U)
+   (K×K), and r_j ← r_j − Σ_k Δw_jk U_k;
+3. eigen-probes by one step of alternating least squares — a power iteration of the
+   per-position updates — U_k ← U_k + Σ_j w_jk r_j / (Σ_j w_jk² + ε), then re-orthonormalised
+   by a real QR decomposition whose triangular factor goes into the weights, so every
+   position's probe Σ_k w_jk U_k is unchanged by it;
+4. optionally (``opr_weight_smoothing`` s) once per iteration, the weights are pulled towards
+   the mean of their neighbours in acquisition order: w ← (1−s)·w + s·smooth(w) — a fly
+   scan's beam varies slowly in time.
+
+The eigen-probes start as the mean probe times low-order polynomials (the shapes a small
+drift or defocus change adds), the weights at (1, 0, …, 0). Both are algorithm memory
+(``opr_eigen_probes``, ``opr_weights`` in :meth:`VariableProbe.extras`): checkpoints carry
+them, and the product file stores them as Ptychodus does (probe (K, modes, M, M), weights
+(N, K); see :func:`ptychodus_layout`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .forward import Chunk, Core
+from .modes import make_modes
+
+__all__ = ["VariableProbe", "ptychodus_layout"]
+
+# The probe step's regularisation (the rPIE form with β = γ): a position's update is only
+# an estimate of its probe's change, trusted where the object transmits.
+STEP_REGULARISATION = 0.1
+
+
+class VariableProbe:
+    """Eigen-probes (device) and per-position weights (host float64) of the first mode."""
+
+    def __init__(self, core: Core, n_modes: int, smoothing: float, seed: int):
+        self.core = core
+        self.K = int(n_modes)
+        self.smoothing = float(smoothing)
+        self.weights = np.zeros((core.N, self.K), np.float64)
+        self.weights[:, 0] = 1.0
+        xp = core.xp
+        m = core.M
+        if self.K > 1:
+            u0 = core.backend.to_host(core.probe[0])
+            rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x0F12]))
+            extra = make_modes(np.asarray(u0), self.K, rng)[1:]
+            self.eigen = core.backend.to_device(_orthonormal(extra)[0])
+        else:
+            self.eigen = xp.zeros((0, m, m), np.complex64)
+        self._eigen_hat: Any = None
+        self._y: Any = None  # Σ_j w_j r_j over the iteration's batches (K−1, M·M)
+
+    # -- state ------------------------------------------------------------------------------
+    def extras(self) -> dict[str, np.ndarray]:
+        return {"opr_eigen_probes": np.array(self.core.backend.to_host(self.eigen), copy=True),
+                "opr_weights": self.weights.copy()}
+
+    def load_extras(self, extras: dict[str, np.ndarray]) -> None:
+        u, w = extras.get("opr_eigen_probes"), extras.get("opr_weights")
+        if u is None or w is None:
+            return
+        w = np.asarray(w, np.float64)
+        if w.ndim != 2 or w.shape[1] != self.K or tuple(u.shape[1:]) != (self.core.M,) * 2:
+            raise ValueError(
+                f"variable probe: the state holds {w.shape[-1]} OPR modes of "
+                f"{tuple(u.shape[1:])} px, the run asks for opr_modes={self.K}")
+        n = min(len(w), self.core.N)  # positions appended since: they start at the mean
+        self.weights[:n] = w[:n]
+        self.eigen = self.core.backend.to_device(np.asarray(u, np.complex64))
+        self._eigen_hat = None
+
+    def shifted(self, s: tuple[float, float]) -> None:
+        if self.K > 1:
+            self.eigen = self.core._fourier_shift(self.eigen, s)
+            self._eigen_hat = None
+
+    # -- the forward model ------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Eigen-probe spectra, before the threads read them."""
+        if self.K > 1 and self.core.subpixel and self._eigen_hat is None:
+            self._eigen_hat = self.core.spectrum(self.eigen)
+
+    def _weights(self, c: Chunk) -> Any:
+        return self.core.backend.to_device(self.weights[c.idx].astype(np.float32))
+
+    def shifted_probe(self, c: Chunk) -> Any:
+        """(b, K_incoherent, M, M) probes of the chunk's positions (owned): the first mode
+        Σ_k w_jk U_k, shifted by each position's sub-pixel offset like the others."""
+        core, xp = self.core, self.core.xp
+        w = self._weights(c)
+        b = len(c.idx)
+        if c.ramp is None:
+            pd = xp.broadcast_to(core.probe[None], (b,) + core.probe.shape).copy()
+            pd[:, 0] = self._combine(w, core.probe[0], self.eigen)
+            return pd
+        ph = core.probe_hat()
+        spec = c.ramp[:, None] * ph[None]
+        spec[:, 0] = c.ramp * self._combine(w, ph[0], self._eigen_hat)
+        return core.backend.ifft2(spec, workers=core.fft_workers, scale=False)
+
+    def _combine(self, w: Any, u0: Any, eigen: Any) -> Any:
+        """Σ_k w_jk U_k for a chunk → (b, M, M)."""
+        out = w[:, 0, None, None] * u0[None]
+        if self.K > 1:
+            # einsum, not tensordot: BLAS threads would compete with the engine's own.
+            out += self.core.xp.einsum("bk,kyx->byx", w[:, 1:].astype(np.complex64), eigen)
+        return out
+
+    # -- the update -------------------------------------------------------------------------
+    def chunk_steps(self, c: Chunk, oj: Any, chi: Any) -> tuple[np.ndarray, Any]:
+        """Each position's own probe step d_j for the first mode (before the algorithm's
+        terms overwrite ``oj``/``chi``): (indices, (b, M, M))."""
+        core, xp, be = self.core, self.core.xp, self.core.backend
+        g = xp.conj(oj) * chi[:, 0]
+        if c.ramp is not None:  # S_j^H: shift back by −δ_j
+            g = be.fft2(g, workers=core.fft_workers)
+            g *= xp.conj(c.ramp)
+            g = be.ifft2(g, workers=core.fft_workers)
+        den = xp.square(oj.real) + xp.square(oj.imag)
+        dmax = den.max(axis=(1, 2), keepdims=True)
+        den *= 1.0 - STEP_REGULARISATION
+        den += STEP_REGULARISATION * dmax + 1e-30
+        g /= den
+        return c.idx, g
+
+    def update(self, steps: list[tuple[np.ndarray, Any]]) -> None:
+        """Weights and eigen-probes from the batch's per-position steps."""
+        if not steps:
+            return
+        core, xp, be = self.core, self.core.xp, self.core.backend
+        idx = np.concatenate([s[0] for s in steps])
+        r = xp.concatenate([s[1] for s in steps]).reshape(len(idx), -1)
+        r -= r.mean(axis=0, keepdims=True)
+        basis = xp.concatenate([core.probe[:1], self.eigen]).reshape(self.K, -1)
+        # Real least squares per position: G Δw_j = Re(Uᴴ r_j).
+        gram = be.to_host(_rdot_matrix(basis, basis, xp)).astype(np.float64)
+        proj = be.to_host(_rdot_matrix(r, basis, xp)).astype(np.float64)  # (B, K)
+        dw = np.linalg.solve(gram + 1e-9 * np.trace(gram) * np.eye(self.K), proj.T).T
+        self.weights[idx] += dw
+        if self.K == 1:
+            return
+        # What the basis cannot express feeds the eigen-probes' power iteration.
+        r -= xp.einsum("bk,kp->bp", be.to_device(dw.astype(np.complex64)), basis)
+        w = be.to_device(self.weights[idx, 1:].astype(np.complex64))
+        y = xp.einsum("bk,bp->kp", w, r)
+        self._y = y if self._y is None else self._y + y
+
+    def end_iteration(self) -> None:
+        """The eigen-probes' power-iteration step over the whole scan, then the weights'
+        smoothing."""
+        if self._y is not None:
+            self._refresh_eigen_probes()
+        s = self.smoothing
+        if s > 0 and self.core.N > 2:
+            w = self.weights
+            nb = np.empty_like(w)
+            nb[1:-1] = 0.5 * (w[:-2] + w[2:])
+            nb[0], nb[-1] = w[1], w[-2]
+            self.weights = (1.0 - s) * w + s * nb
+
+    def _refresh_eigen_probes(self) -> None:
+        """U ← orth(Σ_j w_j V_j) with V_j = Σ_k w_jk U_k + r_j each position's target
+        variation: one block power iteration of the per-position probes; the weights follow
+        the new basis (w_j ← Re⟨U_new, Σ_k w_jk U_k⟩)."""
+        be = self.core.backend
+        old = np.asarray(be.to_host(self.eigen), np.complex128).reshape(self.K - 1, -1)
+        w = self.weights[:, 1:]
+        y = (w.T @ w) @ old + np.asarray(be.to_host(self._y), np.complex128)
+        self._y = None
+        new, _ = _orthonormal(y.reshape(self.eigen.shape))
+        flat = new.reshape(self.K - 1, -1).astype(np.complex128)
+        t = (flat.conj() @ old.T).real  # Re⟨U_new_a, U_old_b⟩
+        self.weights[:, 1:] = w @ t.T
+        self.eigen = be.to_device(new)
+        self._eigen_hat = None
+
+    def probes(self) -> np.ndarray:
+        """Every position's first probe mode (N, M, M) on the host (for previews and tests;
+        memory N·M² — use a slice of positions for big scans)."""
+        u0 = np.asarray(self.core.backend.to_host(self.core.probe[0]))
+        return ptychodus_probes(u0, np.asarray(self.core.backend.to_host(self.eigen)),
+                                self.weights)
+
+
+def _rdot_matrix(a: Any, b: Any, xp: Any) -> Any:
+    """Re(a bᴴ) for row stacks a (n, p), b (k, p) → (n, k)."""
+    return xp.einsum("np,kp->nk", a.real, b.real) + xp.einsum("np,kp->nk", a.imag, b.imag)
+
+
+def _orthonormal(eigen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Orthonormalise (k, M, M) complex modes in the real inner product Re⟨a, b⟩.
+
+    Returns (Q, R) with eigen = Rᵀ-mixed Q: Σ_k w_k eigen_k = Σ_k (R w)_k Q_k."""
+    k = eigen.shape[0]
+    flat = eigen.reshape(k, -1)
+    a = np.concatenate([flat.real, flat.imag], axis=1).T.astype(np.float64)  # (2p, k)
+    q, tri = np.linalg.qr(a)
+    # Fix signs so the diagonal is positive (reproducible, and R stays near the identity).
+    sign = np.where(np.diag(tri) < 0, -1.0, 1.0)
+    q, tri = q * sign, tri * sign[:, None]
+    p = flat.shape[1]
+    modes = (q[:p].T + 1j * q[p:].T).reshape(eigen.shape).astype(np.complex64)
+    return modes, tri
+
+
+def ptychodus_probes(u0: np.ndarray, eigen: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Σ_k w_jk U_k for every position (N, M, M) complex64."""
+    out = weights[:, 0, None, None] * u0[None]
+    if eigen.shape[0]:
+        out = out + np.tensordot(weights[:, 1:], eigen, axes=1)
+    return out.astype(np.complex64)
+
+
+def ptychodus_layout(probe: np.ndarray, eigen: np.ndarray) -> np.ndarray:
+    """The probe as Ptychodus stores a variable one: (K, modes, M, M), [0] the incoherent
+    modes, [k, 0] the eigen-probes U_k (k ≥ 1), the rest zero; position j's first mode is
+    Σ_k weights[j, k]·array[k, 0]."""
+    k = 1 + eigen.shape[0]
+    out = np.zeros((k,) + probe.shape, np.complex64)
+    out[0] = probe
+    out[1:, 0] = eigen
+    return out
