@@ -490,6 +490,12 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
             preview_dir, final.object, final.probe, frame.pixel_size_m, final.loss_history,
             scan_extent_px=extent, title=title(final.iteration),
             positions_px=final.positions_px))
+        if "opr_weights" in final.extras:
+            from beamflow.ptycho.opr_previews import write_opr_preview
+
+            path = write_opr_preview(preview_dir, final.extras["opr_weights"], final.probe,
+                                     title=title(final.iteration))
+            previews[path.stem] = path
     except ValueError as e:  # a diverged state: report, do not draw it
         log.warning("previews not written: %s", e)
     verdict = judge(obj=final.object, probe=final.probe, positions_px=final.positions_px,
@@ -525,6 +531,8 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
         focus_distance_m=focus_distance,
         verdict=verdict.verdict,
         verdict_reasons=verdict.reasons,
+        opr_eigen_probes=final.extras.get("opr_eigen_probes"),
+        opr_weights=final.extras.get("opr_weights"),
     ))
     l2 = ck.committed.get("L2")
     return ReconstructSummary(

@@ -119,9 +119,10 @@ class ReconParams(BaseModel):
         "position j is Σ_k w_jk U_k over K eigen-probes (U_0 the mean probe); 0 = off. "
         "rpie, mpie and lsqml.")
     opr_weight_smoothing: float = Field(
-        0.0, ge=0.0, le=1.0,
+        0.5, ge=0.0, le=1.0,
         description="Variable probe: pull each position's weights towards the mean of its "
-        "neighbours in acquisition order by this fraction per iteration (0 = off).")
+        "neighbours in acquisition order by this fraction per iteration (0 = off). A beam "
+        "varies slowly in time; unsmoothed weights also absorb object errors.")
     seed: int = Field(0, ge=0, lt=2**63)
     propagation: Propagation = Field(
         default_factory=Propagation,
