@@ -31,6 +31,8 @@ from beamflow.ptycho import (
 from beamflow.ptycho.metrics import compare, illumination_mask
 from beamflow.ptycho.opr import ptychodus_probes
 from beamflow.ptycho.opr_previews import write_opr_preview
+from beamflow.ptycho.propagation import Propagation
+from beamflow.ptycho.verdict import judge, measure_data
 from beamflow.simulate import detector_frames, fly_scan_drift, make_ground_truth, simulate_scan
 
 DRIFT_PX = 0.3
@@ -172,3 +174,27 @@ def test_simulated_fly_scan_drifts_smoothly(tmp_path: Path):
     with pytest.raises(ValueError, match="far-field"):
         simulate_scan(tmp_path, "s", positions=4, probe_size=16, propagation="near-field",
                       probe_drift_px=0.5)
+
+
+def test_verdict_flags_modes_that_absorb_a_varying_probe(stable):
+    """Measured (100 iterations): stable beam, 2 modes: 0.9 % of the power beyond the first,
+    misfit 1.7x the floor; drift 0.6 px, 2 modes: 7.2 %, 14x (NRMSE 0.053, was trusted);
+    the same with opr_modes=5: NRMSE 0.030, 5.4x, no minor modes."""
+
+    def verdict(scan, **kw):
+        gt, frames = scan
+        _, out = _run(scan, 100, algorithm="rpie", **kw)
+        regime = measure_data(frames, gt.positions_px, frames.mean(axis=0), gt.mask)
+        return judge(obj=out.object, probe=out.probe, positions_px=out.positions_px,
+                     loss_history=out.loss_history, propagation=Propagation(), data=regime)
+
+    drifting = _scan(0.6)
+    absorbed = verdict(drifting, probe_modes=2)
+    assert absorbed.verdict == "suspect"
+    assert any("opr_modes" in r for r in absorbed.reasons), absorbed.reasons
+    assert absorbed.metrics["minor_modes_power"] > 0.02
+    assert absorbed.metrics["misfit_over_noise_floor"] < 25  # the misfit alone passes
+    fine = verdict(stable, probe_modes=2)
+    assert fine.verdict == "trusted", fine.reasons
+    modelled = verdict(drifting, opr_modes=5)
+    assert not any("opr_modes" in r for r in modelled.reasons), modelled.reasons
