@@ -80,7 +80,7 @@ class Algorithm:
         self._neighbours_key: bytes | None = None
         # The variable probe (orthogonal probe relaxation), when params.opr_modes > 0.
         self.opr: VariableProbe | None = None
-        if getattr(params, "opr_modes", 0):
+        if params.opr_modes:
             self.opr = VariableProbe(core, params.opr_modes, params.opr_weight_smoothing,
                                      params.seed)
 

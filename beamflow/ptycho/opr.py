@@ -196,13 +196,6 @@ class VariableProbe:
         self.eigen = be.to_device(new)
         self._eigen_hat = None
 
-    def probes(self) -> np.ndarray:
-        """Every position's first probe mode (N, M, M) on the host (for previews and tests;
-        memory N·M² — use a slice of positions for big scans)."""
-        u0 = np.asarray(self.core.backend.to_host(self.core.probe[0]))
-        return ptychodus_probes(u0, np.asarray(self.core.backend.to_host(self.eigen)),
-                                self.weights)
-
 
 def _rdot_matrix(a: Any, b: Any, xp: Any) -> Any:
     """Re(a bᴴ) for row stacks a (n, p), b (k, p) → (n, k)."""
