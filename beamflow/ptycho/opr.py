@@ -124,8 +124,7 @@ class VariableProbe:
         """Σ_k w_jk U_k for a chunk → (b, M, M)."""
         out = w[:, 0, None, None] * u0[None]
         if self.K > 1:
-            # einsum, not tensordot: BLAS threads would compete with the engine's own.
-            out += self.core.xp.einsum("bk,kyx->byx", w[:, 1:].astype(np.complex64), eigen)
+            out += _mix(w[:, 1:], eigen, self.core.xp)
         return out
 
     # -- the update -------------------------------------------------------------------------
@@ -142,7 +141,8 @@ class VariableProbe:
         dmax = den.max(axis=(1, 2), keepdims=True)
         den *= 1.0 - STEP_REGULARISATION
         den += STEP_REGULARISATION * dmax + 1e-30
-        g /= den
+        xp.reciprocal(den, out=den)  # complex / real is a complex division: multiply instead
+        g *= den
         return c.idx, g
 
     def update(self, steps: list[tuple[np.ndarray, Any]]) -> None:
@@ -162,9 +162,9 @@ class VariableProbe:
         if self.K == 1:
             return
         # What the basis cannot express feeds the eigen-probes' power iteration.
-        r -= xp.einsum("bk,kp->bp", be.to_device(dw.astype(np.complex64)), basis)
-        w = be.to_device(self.weights[idx, 1:].astype(np.complex64))
-        y = xp.einsum("bk,bp->kp", w, r)
+        r -= _mix(be.to_device(dw.astype(np.float32)), basis, xp)
+        w = be.to_device(self.weights[idx, 1:].astype(np.float32))
+        y = _mix(w.T.copy(), r, xp)
         self._y = y if self._y is None else self._y + y
 
     def end_iteration(self) -> None:
@@ -185,37 +185,48 @@ class VariableProbe:
         variation: one block power iteration of the per-position probes; the weights follow
         the new basis (w_j ← Re⟨U_new, Σ_k w_jk U_k⟩)."""
         be = self.core.backend
-        old = np.asarray(be.to_host(self.eigen), np.complex128).reshape(self.K - 1, -1)
+        old = np.asarray(be.to_host(self.eigen))
         w = self.weights[:, 1:]
-        y = (w.T @ w) @ old + np.asarray(be.to_host(self._y), np.complex128)
+        y = _mix(w.T @ w, old, np) + np.asarray(be.to_host(self._y)).reshape(old.shape)
         self._y = None
-        new, _ = _orthonormal(y.reshape(self.eigen.shape))
-        flat = new.reshape(self.K - 1, -1).astype(np.complex128)
-        t = (flat.conj() @ old.T).real  # Re⟨U_new_a, U_old_b⟩
-        self.weights[:, 1:] = w @ t.T
+        new, _ = _orthonormal(y)
+        t = _rdot_matrix(new.reshape(len(new), -1), old.reshape(len(old), -1), np)
+        self.weights[:, 1:] = w @ t.T.astype(np.float64)
         self.eigen = be.to_device(new)
         self._eigen_hat = None
 
 
+# Complex arrays are handled through their float32 views (re, im interleaved): real weights
+# mix real and imaginary parts alike, and Re⟨a, b⟩ is the dot product of the views. einsum,
+# not BLAS: BLAS threads would compete with the engine's own.
+
+
 def _rdot_matrix(a: Any, b: Any, xp: Any) -> Any:
-    """Re(a bᴴ) for row stacks a (n, p), b (k, p) → (n, k)."""
-    return xp.einsum("np,kp->nk", a.real, b.real) + xp.einsum("np,kp->nk", a.imag, b.imag)
+    """Re(a bᴴ) for row stacks a (n, p), b (k, p) complex64 → (n, k) float32."""
+    av = xp.ascontiguousarray(a).view(np.float32)
+    bv = xp.ascontiguousarray(b).view(np.float32)
+    return xp.einsum("np,kp->nk", av, bv)
+
+
+def _mix(w: Any, z: Any, xp: Any) -> Any:
+    """Σ_k w[b, k]·z[k] for real weights (B, K) and complex64 z (K, ...) → (B, ...)."""
+    zv = xp.ascontiguousarray(z).view(np.float32)
+    flat = xp.einsum("bk,kp->bp", w.astype(np.float32), zv.reshape(zv.shape[0], -1))
+    return flat.view(np.complex64).reshape((w.shape[0],) + z.shape[1:])
 
 
 def _orthonormal(eigen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Orthonormalise (k, M, M) complex modes in the real inner product Re⟨a, b⟩.
+    """Orthonormalise (k, M, M) complex modes in the real inner product Re⟨a, b⟩ (host).
 
-    Returns (Q, R) with eigen = Rᵀ-mixed Q: Σ_k w_k eigen_k = Σ_k (R w)_k Q_k."""
+    Returns (Q, T) with Σ_k w_k eigen_k = Σ_k (T w)_k Q_k: the modes' real Gram matrix
+    G = L Lᵀ (Cholesky, positive diagonal: reproducible), Q = L⁻¹·eigen, T = Lᵀ."""
     k = eigen.shape[0]
-    flat = eigen.reshape(k, -1)
-    a = np.concatenate([flat.real, flat.imag], axis=1).T.astype(np.float64)  # (2p, k)
-    q, tri = np.linalg.qr(a)
-    # Fix signs so the diagonal is positive (reproducible, and R stays near the identity).
-    sign = np.where(np.diag(tri) < 0, -1.0, 1.0)
-    q, tri = q * sign, tri * sign[:, None]
-    p = flat.shape[1]
-    modes = (q[:p].T + 1j * q[p:].T).reshape(eigen.shape).astype(np.complex64)
-    return modes, tri
+    a = np.ascontiguousarray(eigen.reshape(k, -1), np.complex128).view(np.float64)
+    gram = np.einsum("ip,jp->ij", a, a)
+    gram += 1e-12 * np.trace(gram) * np.eye(k)  # a vanishing mode stays finite
+    low = np.linalg.cholesky(gram)
+    q = np.linalg.solve(low, a)
+    return q.view(np.complex128).reshape(eigen.shape).astype(np.complex64), low.T
 
 
 def ptychodus_probes(u0: np.ndarray, eigen: np.ndarray, weights: np.ndarray) -> np.ndarray:
