@@ -78,17 +78,29 @@ class VariableProbe:
                 "opr_weights": self.weights.copy()}
 
     def load_extras(self, extras: dict[str, np.ndarray]) -> None:
+        """Restore eigen-probes and weights. A state with another number of OPR modes gives
+        its first ones (fresh eigen-probes with zero weights make up the rest); positions
+        appended since start at the mean probe."""
         u, w = extras.get("opr_eigen_probes"), extras.get("opr_weights")
         if u is None or w is None:
             return
         w = np.asarray(w, np.float64)
-        if w.ndim != 2 or w.shape[1] != self.K or tuple(u.shape[1:]) != (self.core.M,) * 2:
+        u = np.asarray(u, np.complex64)
+        if w.ndim != 2 or u.ndim != 3 or tuple(u.shape[1:]) != (self.core.M,) * 2 or (
+                w.shape[1] != u.shape[0] + 1):
             raise ValueError(
-                f"variable probe: the state holds {w.shape[-1]} OPR modes of "
-                f"{tuple(u.shape[1:])} px, the run asks for opr_modes={self.K}")
-        n = min(len(w), self.core.N)  # positions appended since: they start at the mean
-        self.weights[:n] = w[:n]
-        self.eigen = self.core.backend.to_device(np.asarray(u, np.complex64))
+                f"variable probe: the state's eigen-probes {u.shape} and weights {w.shape} do "
+                f"not fit {self.core.M}x{self.core.M} frames")
+        n, k = min(len(w), self.core.N), min(w.shape[1], self.K)
+        self.weights[:n, :k] = w[:n, :k]
+        be = self.core.backend
+        if k == self.K:  # as saved (fewer modes: the first, already orthonormal)
+            self.eigen = be.to_device(np.ascontiguousarray(u[: self.K - 1]))
+        elif self.K > 1:
+            eigen = np.concatenate([u[: k - 1], np.asarray(be.to_host(self.eigen))[k - 1:]])
+            q, tri = _orthonormal(eigen)
+            self.weights[:, 1:] = self.weights[:, 1:] @ tri.T
+            self.eigen = be.to_device(q)
         self._eigen_hat = None
 
     def shifted(self, s: tuple[float, float]) -> None:
