@@ -120,6 +120,17 @@ def test_opr_resume_is_bit_identical(drifting):
                                rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(fewer.extras["opr_eigen_probes"][0],
                                part.extras["opr_eigen_probes"][0], atol=1e-5)
+    # ... and more OPR modes start with zero weights: every position's probe is unchanged.
+    more = ReconState.from_arrays(arrays, {**json.loads(json.dumps(part.meta())), "params": {
+        **part.params.model_dump(mode="json"), "opr_modes": 4}})
+    with Reconstructor(data, more, "cpu") as rec:
+        grown = rec.snapshot()
+    before = ptychodus_probes(part.probe[0], part.extras["opr_eigen_probes"],
+                              part.extras["opr_weights"])
+    after = ptychodus_probes(grown.probe[0], grown.extras["opr_eigen_probes"],
+                             grown.extras["opr_weights"])
+    assert grown.extras["opr_weights"].shape == (64, 4)
+    np.testing.assert_allclose(after, before, atol=1e-4 * np.abs(before).max())
 
 
 def test_opr_needs_an_algorithm_that_has_it():
