@@ -19,14 +19,18 @@ Per batch, after the algorithm's own update:
    (the rPIE probe step of that position alone, γ = 0.1); the batch mean of d_j is what the
    algorithm already put into U_0, so the rest, r_j = d_j − mean(d), is the variation;
 2. weights by least squares per position: Δw_j = G⁻¹ Re(Uᴴ r_j) with G = Re(Uᴴ U)
-   (K×K), and r_j ← r_j − Σ_k Δw_jk U_k;
-3. eigen-probes by one step of alternating least squares — a power iteration of the
-   per-position updates — U_k ← U_k + Σ_j w_jk r_j / (Σ_j w_jk² + ε), then re-orthonormalised
-   by a real QR decomposition whose triangular factor goes into the weights, so every
-   position's probe Σ_k w_jk U_k is unchanged by it;
-4. optionally (``opr_weight_smoothing`` s) once per iteration, the weights are pulled towards
-   the mean of their neighbours in acquisition order: w ← (1−s)·w + s·smooth(w) — a fly
-   scan's beam varies slowly in time.
+   (K×K); what the basis cannot express, r_j − Σ_k Δw_jk U_k, is accumulated as
+   Y += Σ_j w_j (r_j − Σ_k Δw_jk U_k).
+
+Once per iteration:
+
+3. eigen-probes by one block power iteration of the per-position probes' variations
+   V_j = Σ_k w_jk U_k + r_j over the whole scan: U ← orth(Σ_j w_j V_j) = orth(WᵀW·U + Y),
+   orthonormalised in the real inner product (Cholesky of the K−1 × K−1 Gram matrix); the
+   weights follow the new basis (w_j ← Re⟨U_new, Σ_k w_jk U_k⟩);
+4. optionally (``opr_weight_smoothing`` s, default 0.5) the weights are pulled towards the
+   mean of their neighbours in acquisition order: w ← (1−s)·w + s·smooth(w) — a fly scan's
+   beam varies slowly in time, and unsmoothed weights also absorb object errors.
 
 The eigen-probes start as the mean probe times low-order polynomials (the shapes a small
 drift or defocus change adds), the weights at (1, 0, …, 0). Both are algorithm memory
