@@ -28,9 +28,15 @@ Once per iteration:
    V_j = Σ_k w_jk U_k + r_j over the whole scan: U ← orth(Σ_j w_j V_j) = orth(WᵀW·U + Y),
    orthonormalised in the real inner product (Cholesky of the K−1 × K−1 Gram matrix); the
    weights follow the new basis (w_j ← Re⟨U_new, Σ_k w_jk U_k⟩);
-4. optionally (``opr_weight_smoothing`` s, default 0.5) the weights are pulled towards the
+4. the gauge: the weights' means move into U_0 (mean w_j0 = 1, mean w_jk = 0 for k ≥ 1),
+   so U_0 stays the mean probe;
+5. optionally (``opr_weight_smoothing`` s, default 0.5) the weights are pulled towards the
    mean of their neighbours in acquisition order: w ← (1−s)·w + s·smooth(w) — a fly scan's
    beam varies slowly in time, and unsmoothed weights also absorb object errors.
+
+The object's preconditioners see the mean illumination over positions
+(:meth:`VariableProbe.mean_intensity`, through ``Core.set_illumination``), not |U_0|²: when
+the eigen-probes carry much of the power, |U_0|² alone makes the object steps overshoot.
 
 The eigen-probes start as the mean probe times low-order polynomials (the shapes a small
 drift or defocus change adds), the weights at (1, 0, …, 0). Both are algorithm memory
@@ -114,9 +120,24 @@ class VariableProbe:
 
     # -- the forward model ------------------------------------------------------------------
     def prepare(self) -> None:
-        """Eigen-probe spectra, before the threads read them."""
+        """Eigen-probe spectra and the mean illumination, before the threads read them."""
         if self.K > 1 and self.core.subpixel and self._eigen_hat is None:
             self._eigen_hat = self.core.spectrum(self.eigen)
+        self.core.set_illumination(self.mean_intensity())
+
+    def mean_intensity(self) -> Any:
+        """mean_j Σ_k |P_jk|² (M, M): the first mode's Σ_kl C_kl Re(U_k conj(U_l)) with
+        C = mean_j w_jk w_jl, plus the shared modes' intensities."""
+        core, xp = self.core, self.core.xp
+        p = core.probe
+        inten = (xp.square(p[1:].real) + xp.square(p[1:].imag)).sum(axis=0)
+        basis = xp.concatenate([p[:1], self.eigen])
+        c = self.weights.T @ self.weights / len(self.weights)
+        for k in range(self.K):
+            for m in range(k, self.K):
+                term = basis[k].real * basis[m].real + basis[k].imag * basis[m].imag
+                inten += np.float32(c[k, m] * (1 if k == m else 2)) * term
+        return inten
 
     def _weights(self, c: Chunk) -> Any:
         return self.core.backend.to_device(self.weights[c.idx].astype(np.float32))
@@ -188,6 +209,7 @@ class VariableProbe:
         smoothing."""
         if self._y is not None:
             self._refresh_eigen_probes()
+        self._recentre()
         s = self.smoothing
         if s > 0 and self.core.N > 2:
             w = self.weights
@@ -195,6 +217,23 @@ class VariableProbe:
             nb[1:-1] = 0.5 * (w[:-2] + w[2:])
             nb[0], nb[-1] = w[1], w[-2]
             self.weights = (1.0 - s) * w + s * nb
+
+    def _recentre(self) -> None:
+        """Keep U_0 the mean probe: mean_j w_j0 = 1 and mean_j w_jk = 0 (k ≥ 1), moving the
+        means into U_0. Without this gauge the eigen-probes can take over the mean probe's
+        power, and the object step, preconditioned by |U_0|², overshoots."""
+        core, be = self.core, self.core.backend
+        mean = self.weights.mean(axis=0)
+        if not mean[0] > 0:
+            return
+        u0 = core.probe[0] * np.float32(mean[0])
+        self.weights[:, 0] /= mean[0]
+        if self.K > 1:
+            # exact for w_j0 = 1; the rest is second order in the variation
+            u0 += _mix(be.to_device(mean[None, 1:].astype(np.float32)), self.eigen, core.xp)[0]
+            self.weights[:, 1:] -= mean[1:]
+        core.probe[0] = u0
+        core.probe_changed()
 
     def _refresh_eigen_probes(self) -> None:
         """U ← orth(Σ_j w_j V_j) with V_j = Σ_k w_jk U_k + r_j each position's target
