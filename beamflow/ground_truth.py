@@ -55,6 +55,8 @@ class GroundTruth:
     #: far field, or near field with the effective (Fresnel-scaled) geometry
     propagation: Propagation = Propagation()
     focus_distance_m: float | None = None  # z1 of a near-field cone beam
+    #: (N, 2) lateral beam drift of each frame in object pixels (a varying probe), or None
+    probe_drift_px: np.ndarray | None = None
 
     @property
     def probe_size(self) -> int:
@@ -87,6 +89,8 @@ def write_ground_truth(path: Path, gt: GroundTruth) -> Path:
         f.attrs["propagation"] = gt.propagation.model
         if gt.focus_distance_m is not None:
             f.attrs["focus_distance_m"] = gt.focus_distance_m
+        if gt.probe_drift_px is not None:
+            f["probe_drift_px"] = gt.probe_drift_px
         if gt.optics is not None:  # as in the master file (NXfresnel_zone_plate, metres)
             zp = f.create_group("zone_plate")
             zp.attrs["NX_class"] = "NXfresnel_zone_plate"
@@ -154,6 +158,7 @@ def read_ground_truth(path: str | Path) -> GroundTruth:
             optics=optics,
             propagation=propagation,
             focus_distance_m=focus,
+            probe_drift_px=f["probe_drift_px"][()] if "probe_drift_px" in f else None,
         )
 
 

@@ -518,11 +518,20 @@ def _final_previews(job: ReconstructJob, inputs: _Inputs, frame: ScanFrame,
     from beamflow.ptycho.previews import write_previews
 
     try:
-        return write_previews(
+        previews = write_previews(
             job.out / "previews", final.object, final.probe, frame.pixel_size_m,
             final.loss_history, scan_extent_px=given.extent,
             title=inputs.title(final.iteration), positions_px=final.positions_px,
             noise_floor=given.regime.noise_floor, suspect=suspect)
+        if "opr_weights" in final.extras:  # the variable probe: its weights along the scan
+            from beamflow.ptycho.opr_previews import write_opr_preview
+            from beamflow.ptycho.previews import headline
+
+            path = write_opr_preview(job.out / "previews", final.extras["opr_weights"],
+                                     final.probe,
+                                     title=headline(inputs.title(final.iteration), suspect))
+            previews[path.stem] = path
+        return previews
     except ValueError as e:  # a diverged state: report, do not draw it
         log.warning("previews not written: %s", e)
         return {}
@@ -560,6 +569,8 @@ def _write_product(job: ReconstructJob, inputs: _Inputs, start: _Start, final: R
         focus_distance_m=inputs.focus_distance_m,
         verdict=verdict.verdict,
         verdict_reasons=verdict.reasons,
+        opr_eigen_probes=final.extras.get("opr_eigen_probes"),
+        opr_weights=final.extras.get("opr_weights"),
     ))
     return product_path
 

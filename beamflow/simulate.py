@@ -84,8 +84,12 @@ def shift_probe(probe: np.ndarray, frac: np.ndarray) -> np.ndarray:
     return sfft.ifft2(spectrum[None] * ry[:, :, None] * rx[:, None, :], workers=-1)
 
 
-def exit_waves(obj: np.ndarray, probe: np.ndarray, positions_px: np.ndarray) -> np.ndarray:
-    """ψ_j = P_δj · O[iy:iy+M, ix:ix+M] for top-left corners ``positions_px`` (N, 2)."""
+def exit_waves(obj: np.ndarray, probe: np.ndarray, positions_px: np.ndarray,
+               drift_px: np.ndarray | None = None) -> np.ndarray:
+    """ψ_j = P_δj · O[iy:iy+M, ix:ix+M] for top-left corners ``positions_px`` (N, 2).
+
+    ``drift_px`` (N, 2): a lateral beam drift per frame, the probe moved within its window
+    while the object window stays (a varying probe, see :func:`fly_scan_drift`)."""
     m = probe.shape[-1]
     pos = np.asarray(positions_px, dtype=np.float64)
     corner = np.floor(pos).astype(np.int64)
@@ -93,15 +97,18 @@ def exit_waves(obj: np.ndarray, probe: np.ndarray, positions_px: np.ndarray) -> 
         raise ValueError("a probe window leaves the object array")
     iy = corner[:, 0, None, None] + np.arange(m)[None, :, None]
     ix = corner[:, 1, None, None] + np.arange(m)[None, None, :]
-    return shift_probe(probe, pos - corner) * obj[iy, ix]
+    shift = pos - corner if drift_px is None else pos - corner + drift_px
+    return shift_probe(probe, shift) * obj[iy, ix]
 
 
-def diffraction(obj: np.ndarray, probe: np.ndarray, positions_px: np.ndarray) -> np.ndarray:
+def diffraction(obj: np.ndarray, probe: np.ndarray, positions_px: np.ndarray,
+                drift_px: np.ndarray | None = None) -> np.ndarray:
     """Far-field intensities |F[ψ_j]|² (N, M, M) float64: unnormalised FFT, zero frequency
     in the centre (detector view). Computed in complex64, as the engine does."""
     out = np.empty((len(positions_px), probe.shape[-1], probe.shape[-1]))
     for s in range(0, len(positions_px), 64):  # bounded memory for long scans
-        psi = exit_waves(obj, probe, positions_px[s : s + 64])
+        drift = None if drift_px is None else drift_px[s : s + 64]
+        psi = exit_waves(obj, probe, positions_px[s : s + 64], drift)
         far = sfft.fftshift(sfft.fft2(psi, workers=-1), axes=(-2, -1))
         out[s : s + 64] = far.real.astype(np.float64) ** 2 + far.imag.astype(np.float64) ** 2
     return out
@@ -135,7 +142,15 @@ def model_intensities(gt: GroundTruth, start: int = 0, stop: int | None = None) 
     """Noise-free model intensities of positions ``start:stop`` of ``gt`` (detector view)."""
     if gt.propagation.near_field:
         return holograms(gt.object, gt.probe, gt.positions_px[start:stop], gt.propagation)
-    return diffraction(gt.object, gt.probe, gt.positions_px[start:stop])
+    drift = None if gt.probe_drift_px is None else gt.probe_drift_px[start:stop]
+    return diffraction(gt.object, gt.probe, gt.positions_px[start:stop], drift)
+
+
+def fly_scan_drift(n: int, amplitude_px: float) -> np.ndarray:
+    """(n, 2) lateral beam drift along acquisition order: one slow loop of radius
+    ``amplitude_px`` over the scan (y, x out of phase), as a beam wanders during a fly scan."""
+    t = 2 * np.pi * np.arange(n) / max(n, 1)
+    return amplitude_px * np.stack([np.sin(t), np.cos(t) - 1.0], axis=1)
 
 
 # ------------------------------------------------------------------------------ sample, optics
@@ -373,9 +388,12 @@ def make_ground_truth(
     jitter_m: float = 10e-9,
     pattern: str = "spiral",
     geometry: Geometry = DEFAULT_GEOMETRY,
+    probe_drift_px: float = 0.0,
 ) -> GroundTruth:
     """The object, probe (scaled to ``photons`` mean counts per frame), positions and detector
-    defects of a scan, without writing anything. Deterministic for ``seed``."""
+    defects of a scan, without writing anything. Deterministic for ``seed``.
+    ``probe_drift_px`` > 0: the beam drifts along acquisition order (:func:`fly_scan_drift`)
+    — every frame sees a slightly different probe."""
     if positions < 1 or probe_size < 8 or photons <= 0:
         raise ValueError("need positions ≥ 1, probe_size ≥ 8 and photons > 0")
     rng_obj, rng_pos, rng_det = (
@@ -398,11 +416,13 @@ def make_ground_truth(
     obj = make_object(shape, rng_obj, field_centre, field_radius)
 
     pixel_mask, hot_rate = _bad_pixels(m, rng_det)
+    drift = fly_scan_drift(len(corners), probe_drift_px)
     # Scale the probe so the mean total counts per frame equal `photons` (Parseval: the
     # unnormalised FFT gives Σ|F ψ|² = M² Σ|ψ|²).
     power = (
         sum(
-            float(np.sum(np.abs(exit_waves(obj, probe, corners[s : s + 64])) ** 2))
+            float(np.sum(np.abs(exit_waves(obj, probe, corners[s : s + 64], drift[s : s + 64]))
+                         ** 2))
             for s in range(0, len(corners), 64)  # bounded memory for long scans
         )
         * m
@@ -425,6 +445,7 @@ def make_ground_truth(
         seed=int(seed),
         defocus_m=defocus,
         optics=zone_plate_optics(m, geometry, defocus),
+        probe_drift_px=drift if probe_drift_px else None,
     )
 
 
@@ -520,6 +541,7 @@ def simulate_scan(
     stop_after: int | None = None,
     overwrite: bool = False,
     propagation: str = "far-field",
+    probe_drift_px: float = 0.0,
 ) -> Path:
     """Simulate a scan and write it as a detector would; returns the master file path.
 
@@ -530,6 +552,8 @@ def simulate_scan(
     after each data file. ``propagation="near-field"``: a near-field cone-beam scan
     (:func:`make_near_field_ground_truth`, its own geometry; ``overlap`` and ``pattern`` do
     not apply), its regime and focus distance recorded in the master file.
+    ``probe_drift_px``: a fly scan whose beam drifts smoothly along acquisition order
+    (far field; :func:`fly_scan_drift`).
     """
     if frames_per_file < 1:
         raise ValueError("frames_per_file must be ≥ 1")
@@ -546,6 +570,8 @@ def simulate_scan(
             p.unlink(missing_ok=True)
     scan_dir.mkdir(parents=True, exist_ok=True)
 
+    if propagation == "near-field" and probe_drift_px:
+        raise ValueError("probe_drift_px applies to far-field scans only")
     if propagation == "near-field":
         gt = make_near_field_ground_truth(positions, probe_size, photons, seed,
                                           jitter_m=jitter_m)
@@ -553,6 +579,7 @@ def simulate_scan(
         gt = make_ground_truth(
             positions, probe_size, photons, seed,
             overlap=overlap, jitter_m=jitter_m, pattern=pattern, geometry=geometry,
+            probe_drift_px=probe_drift_px,
         )  # fmt: skip
     else:
         raise ValueError(f"propagation must be far-field or near-field, not {propagation!r}")

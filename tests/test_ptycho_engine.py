@@ -93,8 +93,12 @@ DEVICE_SETUPS = [
     {"algorithm": "epie"},
     {"algorithm": "dm"},
     {"algorithm": "lsqml", "noise_model": "poisson"},
+    {"algorithm": "mpie", "momentum_every": 2},
+    {"algorithm": "rpie", "opr_modes": 3},
+    {"algorithm": "lsqml", "opr_modes": 2, "probe_modes": 2},
 ]
-DEVICE_SETUP_IDS = ["rpie", "rpie-modes-poscorr", "epie", "dm", "lsqml"]
+DEVICE_SETUP_IDS = ["rpie", "rpie-modes-poscorr", "epie", "dm", "lsqml", "mpie", "rpie-opr",
+                    "lsqml-opr-modes"]
 
 
 def data_of(sim, positions=None, mask=None, intensities=None):

@@ -40,7 +40,8 @@ CHANGED: dict[str, Any] = {
     "probe_modes": 2, "alpha": 0.2, "beta": 0.5, "probe_update_start": 3,
     "object_update_start": 1, "position_correction": True, "position_correction_start": 4,
     "position_step_limit_px": 1.5, "noise_model": "poisson", "orthogonalize_every": 2,
-    "center_probe": True, "seed": 11,
+    "center_probe": True, "seed": 11, "momentum": 0.8, "probe_momentum": 0.4,
+    "momentum_every": 4, "opr_modes": 2, "opr_weight_smoothing": 0.3,
 }
 
 
@@ -168,13 +169,16 @@ def test_the_cli_takes_the_config_and_its_options_override_it(tmp_path, captured
          "--batch-size", "6", "--probe-update-start", "2", "--object-update-start", "5",
          "--orthogonalize-every", "3", "--position-correction-start", "9",
          "--position-step-limit-px", "0.25", "--probe-modes", "3", "--iterations", "4",
-         "--seed", "2")
+         "--seed", "2", "--momentum", "0.7", "--probe-momentum", "0.3", "--momentum-every",
+         "2", "--opr-modes", "3", "--opr-weight-smoothing", "0.1")
     assert captured["job"].params.model_dump(include=set(ENGINE_SETTINGS)) == {
         "algorithm": "rpie", "iterations": 4, "batch_size": 6, "batch_selection": "random",
         "probe_modes": 3, "alpha": 0.3, "beta": 0.4, "probe_update_start": 2,
         "object_update_start": 5, "position_correction": False,
         "position_correction_start": 9, "position_step_limit_px": 0.25,
-        "noise_model": "gaussian", "orthogonalize_every": 3, "center_probe": False, "seed": 2}
+        "noise_model": "gaussian", "orthogonalize_every": 3, "center_probe": False, "seed": 2,
+        "momentum": 0.7, "probe_momentum": 0.3, "momentum_every": 2, "opr_modes": 3,
+        "opr_weight_smoothing": 0.1}
 
 
 def test_the_cli_refuses_what_the_engine_refuses(tmp_path):

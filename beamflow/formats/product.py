@@ -14,6 +14,11 @@ also takes a 2-D object and a 2-/3-D probe.
 
 Coordinates: probe positions and the object centre share one frame, metres (x = columns,
 y = rows); ``center_*_m`` is the position of the object array's centre in that frame.
+
+A variable probe (orthogonal probe relaxation, :mod:`beamflow.ptycho.opr`) is stored as
+Ptychodus's ``ProbeSequence`` reads it: ``probe`` is (C, K, M, M) with [0] the shared modes
+and [c, 0] the eigen-probes of the first mode (the rest zero), and ``opr_weights`` (N, C)
+float64 makes position j's first mode Σ_c w_jc·probe[c, 0].
 """
 
 from __future__ import annotations
@@ -72,6 +77,11 @@ class Product(BaseModel):
     #: trust in the result (beamflow.ptycho.verdict): "trusted" / "suspect", and why
     verdict: Literal["trusted", "suspect"] | None = None
     verdict_reasons: list[str] = Field(default_factory=list)
+    #: a variable probe (orthogonal probe relaxation): eigen-probes U_1.. (K−1, M, M) of the
+    #: first mode and the weights (N, K) of U_0 = probe[0], U_1, ... at each position;
+    #: stored as Ptychodus does (``probe`` (K, modes, M, M), ``opr_weights`` (N, K))
+    opr_eigen_probes: np.ndarray | None = None
+    opr_weights: np.ndarray | None = None
 
     @field_validator("probe", mode="before")
     @classmethod
@@ -111,6 +121,17 @@ class Product(BaseModel):
             )
         if self.loss_epochs.shape != self.loss_values.shape:
             raise ValueError("loss_epochs and loss_values differ in length")
+        if (self.opr_weights is None) != (self.opr_eigen_probes is None):
+            raise ValueError("opr_weights and opr_eigen_probes come together")
+        if self.opr_weights is not None:
+            w, u = np.asarray(self.opr_weights), np.asarray(self.opr_eigen_probes)
+            if w.ndim != 2 or w.shape != (n, u.shape[0] + 1):
+                raise ValueError(
+                    f"opr_weights has shape {w.shape}, expected ({n}, {u.shape[0] + 1}): one "
+                    "row per position, one column per OPR mode")
+            if u.shape[1:] != self.probe.shape[1:]:
+                raise ValueError(
+                    f"opr_eigen_probes are {u.shape[1:]}, the probe {self.probe.shape[1:]}")
         if self.object_layer_spacing_m.shape[0] != 0:
             raise ValueError("multi-slice objects are not supported (object_layer_spacing_m)")
         return self
@@ -145,7 +166,14 @@ def write_product(path: Path, product: Product) -> Path:
         f["probe_position_indexes"] = product.probe_position_indexes
         f["probe_position_x_m"] = product.probe_position_x_m
         f["probe_position_y_m"] = product.probe_position_y_m
-        probe = f.create_dataset("probe", data=product.probe[None])
+        stack = product.probe[None]
+        if product.opr_weights is not None:  # Ptychodus: [k, 0] the eigen-probes, rest zero
+            eigen = np.asarray(product.opr_eigen_probes, np.complex64)
+            stack = np.zeros((1 + len(eigen),) + product.probe.shape, np.complex64)
+            stack[0] = product.probe
+            stack[1:, 0] = eigen
+            f["opr_weights"] = np.asarray(product.opr_weights, np.float64)
+        probe = f.create_dataset("probe", data=stack)
         probe.attrs["pixel_width_m"] = product.probe_pixel_width_m
         probe.attrs["pixel_height_m"] = product.probe_pixel_height_m
         obj = f.create_dataset("object", data=product.object[None])
@@ -182,9 +210,14 @@ def read_product(path: Path) -> Product:
                 )
             o = o[0]
         p = read_array(f, path, "probe")
+        opr_eigen = opr_weights = None
         if p.ndim == 4:
             if p.shape[0] != 1:
-                raise ScanFormatError(path, "probe", f"{p.shape[0]} OPR modes are not supported")
+                if "opr_weights" not in f:
+                    raise ScanFormatError(
+                        path, "probe", f"{p.shape[0]} OPR modes but no opr_weights dataset")
+                opr_weights = read_array(f, path, "opr_weights", ndim=2)
+                opr_eigen = p[1:, 0]
             p = p[0]
         if p.ndim not in (2, 3) or o.ndim != 2:
             raise ScanFormatError(
@@ -247,6 +280,8 @@ def read_product(path: Path) -> Product:
             focus_distance_m=focus if focus > 0 else None,
             verdict=verdict.decode() if isinstance(verdict, bytes) else verdict,
             verdict_reasons=reasons,
+            opr_eigen_probes=opr_eigen,
+            opr_weights=opr_weights,
         )
     try:
         return Product(**values)

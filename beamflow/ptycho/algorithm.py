@@ -28,6 +28,7 @@ import numpy as np
 
 from .batches import compact_batches, overlap_neighbours, random_batches, sparse_batches
 from .forward import Chunk, Core
+from .opr import VariableProbe
 from .positions import clip_steps, object_gradient, position_steps
 
 __all__ = ["Algorithm", "PartSums", "Sweep"]
@@ -58,6 +59,7 @@ class PartSums:
     losses: list[Any] = field(default_factory=list)  # device scalars, one per chunk
     steps: list[Any] = field(default_factory=list)  # device (b, 2) position steps per chunk
     kept: list[Any] = field(default_factory=list)  # per-chunk values an algorithm keeps
+    opr_steps: list[Any] = field(default_factory=list)  # variable probe: per-position steps
 
 
 class Algorithm:
@@ -78,6 +80,11 @@ class Algorithm:
         self._neighbours: list[np.ndarray] | None = None
         self._neighbours_key: bytes | None = None
         self._pending: list[tuple[np.ndarray, list[Any]]] = []
+        # The variable probe (orthogonal probe relaxation), when params.opr_modes > 0.
+        self.opr: VariableProbe | None = None
+        if params.opr_modes:
+            self.opr = VariableProbe(core, params.opr_modes, params.opr_weight_smoothing,
+                                     params.seed)
 
     @classmethod
     def device_bytes(cls, params: Any, n: int, k: int, m: int) -> int:
@@ -100,6 +107,18 @@ class Algorithm:
 
     def shifted(self, s: tuple[float, float]) -> None:
         """Probe and object were moved by ``s`` (see Core.center_probe); follow if needed."""
+
+    def memory(self) -> dict[str, np.ndarray]:
+        """Everything to checkpoint: :meth:`extras` and the variable probe's."""
+        out = self.extras()
+        if self.opr is not None:
+            out.update(self.opr.extras())
+        return out
+
+    def load_memory(self, extras: dict[str, np.ndarray]) -> None:
+        self.load_extras(extras)
+        if self.opr is not None:
+            self.opr.load_extras(extras)
 
     # -- batches ----------------------------------------------------------------------------
     def batches(self, rng: np.random.Generator) -> list[np.ndarray]:
@@ -141,6 +160,8 @@ class Algorithm:
         sw = self.begin_batch(idx, it)
         sums = self.core.map_parts(lambda t, part: self.sweep_part(sw, t, part), idx)
         self.update(sw, sums)
+        if self.opr is not None:
+            self.opr.update([s for p in sums for s in p.opr_steps])
         if sw.correct_positions:
             self._pending.append((np.concatenate(sw.parts), [s for p in sums for s in p.steps]))
         return [v for p in sums for v in p.losses]
@@ -159,6 +180,8 @@ class Algorithm:
         bb = core.bbox(idx)
         grads = object_gradient(core.obj, core.xp) if pos_corr else None
         core.prepare()
+        if self.opr is not None:
+            self.opr.prepare()
         return Sweep(idx=idx, it=it, update_object=upd_obj, update_probe=upd_probe,
                      correct_positions=pos_corr, parts=parts, bbox=bb, accs=accs, grads=grads)
 
@@ -178,7 +201,7 @@ class Algorithm:
             sums.probe_den = xp.zeros((m, m), np.float32)
         for sub in core.subchunks(part):
             c = core.chunk(sub)
-            pd = core.shifted_probe(c)
+            pd = core.shifted_probe(c) if self.opr is None else self.opr.shifted_probe(c)
             oj = core.object_patches(c)
             big = core.to_detector(pd, oj, c)
             loss, chi = self.exit_correction(sw, c, big)
@@ -187,6 +210,8 @@ class Algorithm:
                 gy, gx = sw.grads
                 sums.steps.append(position_steps(pd, be.gather(gy, c.dy, c.dx, m),
                                                  be.gather(gx, c.dy, c.dx, m), chi, xp))
+            if self.opr is not None and sw.update_probe:
+                sums.opr_steps.append(self.opr.chunk_steps(c, oj, chi))
             self.chunk_update(sw, sums, c, pd, oj, big, chi)
         return sums
 

@@ -36,6 +36,7 @@ from .epie import EPIE
 from .forward import Core
 from .lsqml import LSQML
 from .modes import make_modes, orthogonalize_modes
+from .mpie import MPIE
 from .positions import remove_drift
 from .probe import (
     mean_counts_per_frame,
@@ -50,7 +51,8 @@ from .state import PtychoData, ReconParams, ReconState
 __all__ = ["ALGORITHMS", "PendingSnapshot", "Reconstructor", "StateView", "initial_state",
            "mean_pattern", "probe_from_data", "scale_probe", "counter_rng"]
 
-ALGORITHMS: dict[str, type[Algorithm]] = {"epie": EPIE, "rpie": RPIE, "dm": DM, "lsqml": LSQML}
+ALGORITHMS: dict[str, type[Algorithm]] = {"epie": EPIE, "rpie": RPIE, "mpie": MPIE, "dm": DM,
+                                         "lsqml": LSQML}
 
 # Stream offset for the RNG used by initial_state (so it never collides with iterations').
 _INIT_STREAM = 2**62
@@ -243,7 +245,7 @@ class Reconstructor:
                                           data.frame_size)
         self.core = Core(data, state, backend, consume=consume_data, reserved_bytes=reserved)
         self.algorithm: Algorithm = algorithm(self.core, self.params)
-        self.algorithm.load_extras(state.extras)
+        self.algorithm.load_memory(state.extras)
         self.iteration = int(state.iteration)
         self.loss_history = list(state.loss_history)
         self.rng_seed = int(state.rng_seed)
@@ -276,6 +278,8 @@ class Reconstructor:
             losses.extend(self.algorithm.run_batch(batch, it))
         self.algorithm.apply_position_steps()
         self.algorithm.end_iteration(it)
+        if self.algorithm.opr is not None:
+            self.algorithm.opr.end_iteration()
         loss = core.total(losses) / core.norm
         if core.K > 1 and (it + 1) % p.orthogonalize_every == 0:
             core.probe, transform = orthogonalize_modes(core.probe, core.xp, True)
@@ -287,6 +291,8 @@ class Reconstructor:
             shift = core.center_probe()
             if shift is not None:
                 self.algorithm.shifted(shift)
+                if self.algorithm.opr is not None:
+                    self.algorithm.opr.shifted(shift)
         if not np.isfinite(loss):
             raise FloatingPointError(
                 f"reconstruction diverged at iteration {it + 1} ({p.algorithm}): loss is {loss}"
@@ -334,7 +340,7 @@ class Reconstructor:
             dict(positions_px=self.core.pos.copy(), params=self.params,
                  iteration=self.iteration, loss_history=list(self.loss_history),
                  rng_seed=self.rng_seed, rng_counter=self.rng_counter,
-                 extras=self.algorithm.extras()))
+                 extras=self.algorithm.memory()))
 
 
 class PendingSnapshot:

@@ -326,6 +326,11 @@ class Core:
             self._probe_int = (xp.square(p.real) + xp.square(p.imag)).sum(axis=0)
         return self._probe_int
 
+    def set_illumination(self, intensity: Any) -> None:
+        """Replace :meth:`probe_intensity` (M, M) until the probe changes: a variable probe
+        (``opr``) gives the mean over positions, which the preconditioners need."""
+        self._probe_int = intensity
+
     def probe_changed(self) -> None:
         self._probe_hat = None
         self._probe_int = None

@@ -23,11 +23,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .propagation import Propagation
 
-__all__ = ["ReconParams", "PtychoData", "ReconState", "ALGORITHM_DEFAULTS", "STATE_FORMAT"]
+__all__ = ["ReconParams", "PtychoData", "ReconState", "ALGORITHM_DEFAULTS", "OPR_ALGORITHMS",
+           "STATE_FORMAT"]
 
 STATE_FORMAT = "beamflow.ptycho.state/1"
 
-Algorithm = Literal["epie", "rpie", "dm", "lsqml"]
+#: The algorithms that model a variable probe (``opr_modes``).
+OPR_ALGORITHMS = ("rpie", "mpie", "lsqml")
+
+Algorithm = Literal["epie", "rpie", "mpie", "dm", "lsqml"]
 
 # Per-algorithm meaning and default of alpha/beta, batch size and batch selection.
 # (alpha, beta, batch_size, batch_selection, allowed alpha range, allowed beta range)
@@ -37,6 +41,10 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
              "alpha_range": (0.0, 2.0), "beta_range": (0.0, 2.0)},
     # rPIE: object / probe regularisation weights of the max-denominator (Maiden et al. 2017).
     "rpie": {"alpha": 0.1, "beta": 0.1, "batch_size": 32, "batch_selection": "random",
+             "alpha_range": (0.0, 1.0), "beta_range": (0.0, 1.0)},
+    # mPIE: rPIE's weights, plus momentum (Maiden et al. 2017, section 4); near field needs
+    # the object's low frequencies, which rPIE moves slowly, so alpha is rPIE's.
+    "mpie": {"alpha": 0.1, "beta": 0.1, "batch_size": 32, "batch_selection": "random",
              "alpha_range": (0.0, 1.0), "beta_range": (0.0, 1.0)},
     # DM: object / probe Tikhonov weights, as fractions of the largest denominator.
     "dm": {"alpha": 1e-2, "beta": 1e-2, "batch_size": None, "batch_selection": "all",
@@ -58,6 +66,7 @@ class ReconParams(BaseModel):
     ========  ============================================  =====================================
     epie      object step (0, 2], default 1                 probe step (0, 2], default 1
     rpie      object regularisation (0, 1], default 0.1     probe regularisation (0, 1], 0.1
+    mpie      as rpie                                       as rpie
     dm        object Tikhonov weight (x max) (0, 1], 1e-2   probe Tikhonov weight (0, 1], 1e-2
     lsqml     preconditioner regularisation (0, 1], 0.1     step-length damping (0, 1], 0.9
     ========  ============================================  =====================================
@@ -109,6 +118,22 @@ class ReconParams(BaseModel):
         "object with it (None: on for far-field dm, whose probe and object otherwise drift "
         "together once it reaches the noise floor; off for the others).",
     )
+    momentum: float = Field(
+        0.9, ge=0.0, lt=1.0,
+        description="mpie: the object's momentum η (friction of the heavy-ball velocity).")
+    probe_momentum: float = Field(0.5, ge=0.0, lt=1.0, description="mpie: the probe's η.")
+    momentum_every: int = Field(
+        8, ge=1, le=1024, description="mpie: apply the momentum every N batches.")
+    opr_modes: int = Field(
+        0, ge=0, le=16,
+        description="Variable probe (orthogonal probe relaxation): the first probe mode at "
+        "position j is Σ_k w_jk U_k over K eigen-probes (U_0 the mean probe); 0 = off. "
+        "rpie, mpie and lsqml.")
+    opr_weight_smoothing: float = Field(
+        0.5, ge=0.0, le=1.0,
+        description="Variable probe: pull each position's weights towards the mean of its "
+        "neighbours in acquisition order by this fraction per iteration (0 = off). A beam "
+        "varies slowly in time; unsmoothed weights also absorb object errors.")
     seed: int = Field(0, ge=0, lt=2**63, description="Seed of the batch order.")
     propagation: Propagation = Field(
         default_factory=Propagation,
@@ -136,6 +161,11 @@ class ReconParams(BaseModel):
             raise ValueError(
                 "center_probe=True does not apply to near-field propagation: the probe's "
                 "place relative to the detector is part of the hologram"
+            )
+        if self.opr_modes and self.algorithm not in OPR_ALGORITHMS:
+            raise ValueError(
+                f"opr_modes={self.opr_modes} (variable probe) is implemented by "
+                f"{', '.join(OPR_ALGORITHMS)}, not '{self.algorithm}'"
             )
         if self.algorithm == "dm" and self.batch_selection not in ("auto", "all"):
             raise ValueError(

@@ -22,6 +22,9 @@ result suspect.
    481, 2008: ≳ 60 % linear overlap for robust phasing).
 5. **Health.** Everything finite; the probe neither collapsed into a few pixels nor carries a
    power far from what the data's counts call for.
+6. **Modes.** Incoherent probe modes beyond the first that hold a real share of the power
+   while the misfit stays well above the noise floor are absorbing something they cannot
+   model — typically a probe that varies along the scan (use ``opr_modes``).
 
 The thresholds are module constants, documented in docs/reconstruction.md with the scans they
 were calibrated on.
@@ -65,6 +68,10 @@ BLANK_AMPLITUDE_CONTRAST = 0.01
 BLANK_PHASE_SPREAD_RAD = 0.02
 #: Linear overlap 1 − step/width below this is too little to phase reliably.
 MIN_OVERLAP = 0.3
+#: Modes absorbing a varying probe: the modes beyond the first hold at least this share of
+#: the power while the misfit ends at least this many times the noise floor.
+MODES_MIN_POWER = 0.02
+MODES_MAX_MISFIT = 3.0
 #: Probe collapse: more than this share of its power in its brightest 1 % of pixels ...
 COLLAPSED_PROBE_FRACTION = 0.9
 #: ... and the model's counts over the measured ones outside [1/x, x].
@@ -327,7 +334,36 @@ def judge(
         if not 1.0 / MAX_POWER_RATIO <= ratio <= MAX_POWER_RATIO:
             reasons.append(f"The model's counts are {ratio:.3g}× the measured ones: the "
                            "probe blew up or faded away.")
+    # 6. Incoherent modes that absorb a varying probe.
+    reason = _modes_absorb_a_varying_probe(p, metrics.get("misfit_over_noise_floor"), metrics)
+    if reason:
+        reasons.append(reason)
     return Verdict("suspect" if reasons else "trusted", reasons, metrics)
+
+
+def _modes_absorb_a_varying_probe(p: np.ndarray, misfit_over_floor: float | None,
+                                  metrics: dict[str, float | None]) -> str | None:
+    """A reason when the probe modes beyond the first hold a real share of the power and the
+    misfit still stays well above the noise floor.
+
+    Incoherent modes model a beam that is the same mixture at every position; a partially
+    coherent beam is explained by them down to the noise floor. When the beam varies along
+    the scan (a fly scan's drift), extra modes take up power — blurring the object — without
+    bringing the misfit down: that combination is the sign of a variable probe, which
+    ``opr_modes`` models."""
+    powers = np.sum(np.abs(p.reshape(p.shape[0], -1)) ** 2, axis=1)
+    total = float(powers.sum())
+    share = float(powers[1:].sum()) / total if total > 0 and len(powers) > 1 else 0.0
+    metrics["minor_modes_power"] = share
+    if misfit_over_floor is None or not math.isfinite(misfit_over_floor):
+        return None
+    if share >= MODES_MIN_POWER and misfit_over_floor >= MODES_MAX_MISFIT:
+        return (f"The probe modes beyond the first hold {share:.1%} of the power, yet the "
+                f"misfit stays at {misfit_over_floor:.3g}× the noise floor (at most "
+                f"{MODES_MAX_MISFIT:g}× with modes): the modes may be absorbing a probe that "
+                "varies along the scan (beam drift, vibration); try a variable probe "
+                "(opr_modes).")
+    return None
 
 
 def _phase_spread(o: np.ndarray, region: np.ndarray) -> float:
