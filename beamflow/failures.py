@@ -29,7 +29,8 @@ from beamflow.store import Run
 
 # Compute exceptions by type. functions/reconstruct.py raises ValueError for bad input and
 # RuntimeError for a reconstruction that failed on good input (built-ins: they deserialise
-# anywhere); the engine says WorkerLost when the worker running a task died.
+# anywhere); the engine says WorkerLost when the worker running a task died, and the local
+# compute provider TaskLost when no worker took a task, or its worker made no progress, in time.
 _COMPUTE_KINDS: dict[str, ErrorKind] = {
     "ValueError": ErrorKind.BAD_INPUT,
     "ValidationError": ErrorKind.BAD_INPUT,
@@ -38,6 +39,7 @@ _COMPUTE_KINDS: dict[str, ErrorKind] = {
     "IncompatibleCheckpoint": ErrorKind.BAD_INPUT,
     "WorkerLost": ErrorKind.LOST,
     "ManagerLost": ErrorKind.LOST,
+    "TaskLost": ErrorKind.LOST,
     "Canceled": ErrorKind.CANCELLED,
     "TaskCancelled": ErrorKind.CANCELLED,
     "CancelledError": ErrorKind.CANCELLED,

@@ -76,6 +76,10 @@ def test_a_cause_without_a_file_still_names_the_scan() -> None:
     ("ActionFailedException", {"error": {"type": "WorkerLost", "message": "the worker process "
                                          "running reconstruct ended (killed)"}},
      ErrorKind.LOST, "the worker process running reconstruct ended (killed)"),
+    # the local compute provider's watch: a task no worker took, or that made no progress
+    ("ActionFailedException", {"error": {"type": "TaskLost", "message": "no progress for 600 s: "
+                                         "the task is lost"}},
+     ErrorKind.LOST, "no progress for 600 s: the task is lost"),
     # Globus Compute's traceback text: the raised type on its last "Type: message" line.
     ("ActionFailedException", {"exception": "Traceback (most recent call last):\n  File "
                                "\"f\", line 2\nValueError: scan /x: invalid arguments: "
