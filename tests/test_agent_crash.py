@@ -262,7 +262,7 @@ def test_kill_9_of_an_idle_worker_then_the_next_scan_succeeds(
                       lambda runs: len(runs) == 2 and all(r.status.finished for r in runs),
                       timeout=180, log=log)  # fmt: skip
     assert agent.terminate() == 0
-    assert [(r.scan, r.status) for r in runs] == [
+    assert [(r.scan_name, r.status) for r in runs] == [
         ("k1", RunStatus.SUCCEEDED), ("k2", RunStatus.SUCCEEDED)], [r.error for r in runs]
     text = log.read_text()
     assert "compute engine: restarting: 1 idle worker died" in text

@@ -250,14 +250,23 @@ def idle_workers(engine: ComputeEngine) -> list[int]:
 
 
 def retried_by_the_agent(error: dict[str, Any]) -> bool:
-    """Whether the agent's rules retry a run that failed with this compute error."""
+    """Whether the agent's rules retry a run whose Reconstruct step failed with this compute
+    error: the kind is read from the flow's failure record as the run path reads it."""
+    import json
+
+    from beamflow.backend import FlowRunInfo
+    from beamflow.failures import failure_of
     from beamflow.store import Run, RunStatus
     from edge_agent.policy import is_transient
 
-    run = Run(id="r", scan="s", flow="f", backend="local", status=RunStatus.FAILED,
-              created_at=0, updated_at=0, error=f"{error['type']}: {error['message']}",
-              error_step="Reconstruct")  # fmt: skip
-    return is_transient(run)
+    cause = json.dumps({"status": "FAILED", "details": {"error": error}})
+    info = FlowRunInfo(backend_run_id="b", status=RunStatus.FAILED, error="ReconstructFailed",
+                       output={"failure": {"step": "Reconstruct", "error": {
+                           "Error": "ActionFailedException", "Cause": cause}}})
+    run = Run(id="r", scan_name="s", scan_path="/beamline/s", flow="f", backend="local",
+              status=RunStatus.FAILED, created_at=0, updated_at=0)
+    kind = failure_of(run, info).kind
+    return is_transient(run.model_copy(update={"error_kind": kind}))
 
 
 def signal_all(pids: list[int], sig: int) -> None:
