@@ -143,7 +143,8 @@ class VariableProbe:
         c = (self.weights.T @ self.weights / len(self.weights)).astype(np.float32)
         # Σ_kl C_kl Re(U_k conj(U_l)): on the float views, Σ_k (C U)_k · U_k.
         bv = basis.reshape(self.K, -1).view(np.float32)
-        mixed = (c @ bv) * bv
+        mixed = xp.einsum("kl,lp->kp", c, bv)  # not BLAS (see _rdot_matrix)
+        mixed *= bv
         inten += mixed.sum(axis=0).reshape(core.M, core.M, 2).sum(axis=-1)
         return inten
 
