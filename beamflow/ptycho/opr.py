@@ -191,8 +191,9 @@ class VariableProbe:
         g *= den
         return c.didx, g
 
-    def update(self, steps: list[tuple[np.ndarray, Any]]) -> None:
-        """Weights and eigen-probes from the batch's per-position steps."""
+    def update(self, steps: list[tuple[Any, Any]]) -> None:
+        """Weights and eigen-probes from the batch's per-position steps (device indices and
+        steps, from :meth:`chunk_steps`)."""
         if not steps:
             return
         core, xp = self.core, self.core.xp
