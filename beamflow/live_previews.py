@@ -3,8 +3,9 @@
 Drawing the preview PNGs takes ~0.5 s of matplotlib, which holds the GIL (the engine's
 threads stall meanwhile), and ~60 MB (matplotlib itself, the phase unwrapping, the figures)
 on top of a job whose peak memory is budgeted at twice its frames. So the job hands a helper
-process the current object, probe, loss history and probe positions in a file of four
-``.npy`` arrays (no pickle, written without an intermediate copy) and goes on; the helper
+process the current object, probe, loss history, probe positions and the variable probe's
+weights (when it has one) in a file of five ``.npy`` arrays (no pickle, written without an
+intermediate copy) and goes on; the helper
 draws the newest one whenever it is free, and a state handed over while it draws replaces
 the waiting one. The final previews are drawn by the job itself, after the engine has
 released its memory.
@@ -71,12 +72,15 @@ class LivePreviews:
                title: str, pixel_size_m: float,
                scan_extent_px: Sequence[int] | None = None,
                positions_px: np.ndarray | None = None,
-               noise_floor: float | None = None) -> None:
+               noise_floor: float | None = None,
+               opr_weights: np.ndarray | None = None) -> None:
         """Hand over a state to draw (the arrays are written out at once; no wait).
 
         ``pixel_size_m``, ``scan_extent_px``, ``title``, ``positions_px`` (the probe
         windows' corners, for the illuminated region) and ``noise_floor`` are those of
-        :func:`beamflow.ptycho.previews.write_previews`.
+        :func:`beamflow.ptycho.previews.write_previews`; ``opr_weights`` (N, K), the
+        variable probe's weights, adds ``probe_variation.png``
+        (:func:`beamflow.ptycho.opr_previews.write_opr_preview`).
         """
         if self._proc is None and self._starts >= self.MAX_STARTS:
             return  # no helper any more: live previews are off for this job
@@ -84,10 +88,11 @@ class LivePreviews:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             with (atomic_path(self.out_dir / BUNDLE, durable=False) as tmp,
                   open(tmp, "wb") as f):  # np.save to a real file writes the array as it is
-                # No positions travel as an empty [0, 2] array: the helper reads four arrays.
+                # No positions (no weights) travel as an empty array: the helper reads five.
                 corners = np.zeros((0, 2)) if positions_px is None else positions_px
+                weights = np.zeros((0, 0)) if opr_weights is None else opr_weights
                 for a in (obj, probe, np.asarray(loss_history, np.float64),
-                          np.asarray(corners, np.float64)):
+                          np.asarray(corners, np.float64), np.asarray(weights, np.float64)):
                     np.save(f, a, allow_pickle=False)
         except OSError as e:  # a full disk must not stop the reconstruction
             self.errors.append(f"live preview not handed over: {e}")
@@ -203,18 +208,23 @@ def main(argv: Sequence[str]) -> None:
     die_with_parent(parent)
     with contextlib.suppress(OSError):
         os.nice(10)
-    from beamflow.ptycho.previews import write_previews  # noqa: PLC0415 - matplotlib: here
+    # matplotlib: here, not in the job
+    from beamflow.ptycho.opr_previews import PROBE_VARIATION_NAME, write_opr_preview  # noqa: PLC0415
+    from beamflow.ptycho.previews import write_previews  # noqa: PLC0415
 
     for line in sys.stdin:
         request = json.loads(line)
         try:
             with open(out_dir / BUNDLE, "rb") as f:
-                obj, probe, losses, corners = (np.load(f, allow_pickle=False)
-                                               for _ in range(4))
+                obj, probe, losses, corners, weights = (np.load(f, allow_pickle=False)
+                                                        for _ in range(5))
             files = write_previews(out_dir, obj, probe, request["pixel_size_m"], losses,
                                    scan_extent_px=request["scan_extent_px"],
                                    title=request["title"], positions_px=corners,
                                    noise_floor=request.get("noise_floor"))
+            if weights.size:
+                files[PROBE_VARIATION_NAME] = write_opr_preview(out_dir, weights, probe,
+                                                                title=request["title"])
             reply = {"files": {k: str(v) for k, v in files.items()}}
         except Exception as e:  # a refused state, a vanished bundle: report, keep serving
             reply = {"error": f"{type(e).__name__}: {e}"[:2000]}

@@ -435,7 +435,8 @@ def _iterate(job: ReconstructJob, inputs: _Inputs, start: _Start, given: _Engine
                     live.submit(st.object, st.probe, st.loss_history, inputs.title(it),
                                 frame.pixel_size_m, scan_extent_px=given.extent,
                                 positions_px=st.positions_px,
-                                noise_floor=given.regime.noise_floor)
+                                noise_floor=given.regime.noise_floor,
+                                opr_weights=st.extras.get("opr_weights"))
                     last_preview[0] = time.monotonic()
                 if progress is not None:
                     progress(it, target, float(info["loss"]))

@@ -208,12 +208,19 @@ SETUPS = [
     ({"algorithm": "lsqml", "position_correction": True, "position_correction_start": 0}, 2),
     # DM re-centres its probe after every iteration: one more read.
     ({"algorithm": "dm"}, 2),
+    ({"algorithm": "mpie", "momentum_every": 1}, 1),
+    # The variable probe solves its weights' systems, the gauge and the eigen-probes' power
+    # step on the device: no read of its own, per batch or per iteration.
+    ({"algorithm": "rpie", "opr_modes": 3}, 1),
+    ({"algorithm": "rpie", "opr_modes": 1}, 1),
+    ({"algorithm": "lsqml", "opr_modes": 3, "probe_modes": 2}, 1),
 ]
 
 
 @pytest.mark.parametrize("extra, reads", SETUPS,
                          ids=["rpie", "rpie-compact", "rpie-modes-poscorr", "epie", "lsqml",
-                              "lsqml-poscorr", "dm"])
+                              "lsqml-poscorr", "dm", "mpie", "rpie-opr", "rpie-opr1",
+                              "lsqml-opr-modes"])
 def test_an_iteration_reads_the_device_a_fixed_number_of_times(device, extra, reads):
     with _reconstructor(device, **extra) as rec:
         rec.iterate()  # caches and plans of the first iteration
@@ -223,12 +230,16 @@ def test_an_iteration_reads_the_device_a_fixed_number_of_times(device, extra, re
     assert total["read"] == reads, total
 
 
-@pytest.mark.parametrize("algorithm", ["rpie", "lsqml"])
-def test_kernels_per_batch_do_not_grow_with_the_batch(device, algorithm):
+@pytest.mark.parametrize("extra", [{"algorithm": "rpie"}, {"algorithm": "lsqml"},
+                                   # every batch takes mPIE's momentum step, the same kernels
+                                   {"algorithm": "mpie", "momentum_every": 1},
+                                   {"algorithm": "rpie", "opr_modes": 3},
+                                   {"algorithm": "lsqml", "opr_modes": 3}],
+                         ids=["rpie", "lsqml", "mpie", "rpie-opr", "lsqml-opr"])
+def test_kernels_per_batch_do_not_grow_with_the_batch(device, extra):
     launches, uploads = {}, {}
     for size in (8, 32):
-        with _reconstructor(device, algorithm=algorithm, batch_size=size,
-                            batch_selection="random") as rec:
+        with _reconstructor(device, batch_size=size, batch_selection="random", **extra) as rec:
             rec.iterate()
             _, per_batch = _count_iteration(rec)
         assert len(per_batch) == 64 // size
@@ -259,3 +270,4 @@ def test_the_stand_in_counts_what_it_should(device):
     device.to_host(b)
     device.synchronize()
     assert COUNTS["read"] == 3
+

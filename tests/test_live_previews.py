@@ -82,6 +82,28 @@ def test_positions_reach_the_helper(live: LivePreviews) -> None:
     assert changed == {"object_phase", "object_phase_full", "object_amplitude"}
 
 
+def test_the_variable_probes_weights_are_drawn_too(tmp_path: Path) -> None:
+    """A state with OPR weights adds probe_variation.png; one without draws only the usual
+    previews (the weights travel in the bundle, so the two differ only by them)."""
+    obj, probe, losses = _state(np.random.default_rng(6))
+    weights = np.column_stack([np.ones(40), 0.1 * np.sin(np.linspace(0, 6, 40))])
+    for name, w in (("plain", None), ("opr", weights)):
+        lp = LivePreviews(tmp_path / name)
+        try:
+            lp.submit(obj, probe, losses, "scan · rpie · iteration 4", 1e-8, opr_weights=w)
+            assert lp.wait(120) and lp.errors == [], lp.errors
+            files = dict(lp.files)
+        finally:
+            lp.close()
+        if w is None:
+            assert set(files) == FILES
+            assert not (tmp_path / name / "probe_variation.png").exists()
+        else:
+            assert set(files) == FILES | {"probe_variation"}
+            assert files["probe_variation"] == tmp_path / name / "probe_variation.png"
+            assert files["probe_variation"].read_bytes().startswith(PNG)
+
+
 def test_a_refused_state_is_reported_and_the_helper_goes_on(
         live: LivePreviews, caplog: pytest.LogCaptureFixture) -> None:
     rng = np.random.default_rng(1)

@@ -104,3 +104,9 @@ def test_device_path_matches_the_cpu_path(device: ArrayBackend, extra: dict) -> 
     assert np.abs(dev.object - cpu.object).max() < 2e-3 * np.abs(cpu.object).max()
     assert np.abs(dev.probe - cpu.probe).max() < 2e-3 * np.abs(cpu.probe).max()
     np.testing.assert_allclose(dev.positions_px, cpu.positions_px, atol=1e-3)
+    if extra.get("opr_modes"):  # the weights' solves, gauge and power step on the device
+        w_dev, w_cpu = dev.extras["opr_weights"], cpu.extras["opr_weights"]
+        assert type(w_dev) is np.ndarray and np.abs(w_cpu[:, 1:]).max() > 1e-3
+        assert np.abs(w_dev - w_cpu).max() < 2e-3 * np.abs(w_cpu).max()
+        assert np.abs(dev.extras["opr_eigen_probes"] - cpu.extras["opr_eigen_probes"]).max() < (
+            2e-3 * np.abs(cpu.extras["opr_eigen_probes"]).max())

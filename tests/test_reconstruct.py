@@ -13,6 +13,7 @@ import pytest
 from beamflow.checkpoint import IncompatibleCheckpoint, list_checkpoints, load_latest
 from beamflow.formats import ScanFormatError, read_product
 from beamflow.ground_truth import read_ground_truth, score_product
+from beamflow.live_previews import LivePreviews
 from beamflow.ptycho import previews as previews_module
 from beamflow.ptycho.arrays import cpu_ffts
 from beamflow.ptycho.previews import PREVIEW_NAMES
@@ -249,6 +250,30 @@ def test_previews_command_renders_the_latest_checkpoint(scan: Path, tmp_path: Pa
     assert ok.exit_code == 0, ok.output
     assert sorted(p.name for p in (tmp_path / "p").glob("*.png")) == sorted(
         f"{name}.png" for name in PREVIEW_NAMES)
+
+
+def test_live_previews_show_the_variable_probes_weights(
+        scan: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With opr_modes, every live state handed to the helper carries the weights of that
+    iteration, and the helper draws probe_variation.png from them."""
+    handed: list[tuple[LivePreviews, np.ndarray | None]] = []
+    submit = LivePreviews.submit
+
+    def recorded(self, *args, **kwargs):
+        handed.append((self, kwargs.get("opr_weights")))
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(LivePreviews, "submit", recorded)
+    run_reconstruction(job(scan, tmp_path, iterations=6, preview_every=2,
+                           preview_min_seconds=0, checkpoint_every=0,
+                           params={"algorithm": "rpie", "opr_modes": 2}))
+    assert len(handed) == 2  # after iterations 2 and 4 (6 is the final previews')
+    weights = [w for _, w in handed]
+    assert all(w is not None and w.shape == (N_POS, 2) for w in weights)
+    assert not np.array_equal(weights[0], weights[1])  # each iteration's own
+    live = handed[0][0]
+    assert live.drawn >= 1 and live.errors == [], live.errors
+    assert live.files["probe_variation"].name == "probe_variation.png"
 
 
 def test_live_previews_are_drawn_by_the_helper_during_the_run(

@@ -233,3 +233,36 @@ def test_cli_simulate(tmp_path):
     assert again.exit_code == 1 and "already holds" in again.output
     usage = CliRunner().invoke(app, ["simulate", str(tmp_path), "--name", "c2", "--pattern", "zig"])
     assert usage.exit_code == 2
+
+
+def test_cli_simulate_a_drifting_fly_scan(tmp_path):
+    """`beamflow simulate --probe-drift PX` writes a fly scan whose beam drifts (the ground
+    truth keeps the drift); near field and drifts that leave the window are one-line errors."""
+    from beamflow.cli import app
+
+    args = ["--positions", "12", "--probe-size", "16", "--frames-per-file", "6", "--seed", "3"]
+    runner = CliRunner()
+    for name, extra in (("steady", []), ("fly", ["--probe-drift", "0.5"])):
+        res = runner.invoke(app, ["simulate", str(tmp_path), "--name", name, *args, *extra])
+        assert res.exit_code == 0, res.output
+    assert "--opr-modes" in res.output  # the hint for reconstructing it
+    steady = read_ground_truth(tmp_path / "steady" / "ground_truth.h5")
+    fly = read_ground_truth(tmp_path / "fly" / "ground_truth.h5")
+    assert steady.probe_drift_px is None
+    np.testing.assert_allclose(fly.probe_drift_px, sim.fly_scan_drift(12, 0.5))
+    np.testing.assert_array_equal(fly.object, steady.object)  # the same sample, another beam
+    frames = [load_scan(tmp_path / n).frames() for n in ("steady", "fly")]
+    assert not np.array_equal(*frames)
+
+    near = runner.invoke(app, ["simulate", str(tmp_path), "--name", "nf", *args,
+                               "--propagation", "near-field", "--probe-drift", "0.5"])
+    assert near.exit_code == 2
+    lines = near.output.strip().splitlines()
+    assert len(lines) == 1 and "--probe-drift" in lines[0] and "near-field" in lines[0], lines
+    assert not (tmp_path / "nf").exists()
+    big = runner.invoke(app, ["simulate", str(tmp_path), "--name", "big", *args,
+                              "--probe-drift", "3"])
+    assert big.exit_code == 2 and "at most 2" in big.output, big.output
+    negative = runner.invoke(app, ["simulate", str(tmp_path), "--name", "neg", *args,
+                                   "--probe-drift", "-1"])
+    assert negative.exit_code == 2

@@ -11,6 +11,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from beamflow.cli.common import ConfigOption, console, err_console, fail, settings_from
 from beamflow.config import CONFIG_NAME, globus_workspace_toml, local_workspace_toml
 
+# `simulate --probe-drift` at most --probe-size / this: the beam stays well inside its window.
+DRIFT_PER_PROBE = 8
+
 
 def init(
     directory: Annotated[Path, typer.Argument(help="Workspace directory to create.")],
@@ -74,6 +77,12 @@ def simulate(
     propagation: Annotated[
         str, typer.Option(help="far-field, or near-field (a PETRA-like cone beam: holograms).")
     ] = "far-field",
+    probe_drift: Annotated[
+        float, typer.Option(
+            "--probe-drift", metavar="PX", min=0.0,
+            help="A fly scan whose beam drifts: one slow loop of this radius in pixels over "
+                 "the scan (far field; reconstruct it with --opr-modes).")
+    ] = 0.0,
     config: ConfigOption = None,
 ) -> None:
     """Simulate a ptychography scan and write it as the detector would, file by file.
@@ -87,6 +96,14 @@ def simulate(
         fail(f"--pattern must be 'spiral' or 'raster', not {pattern!r}", code=2)
     if propagation not in ("far-field", "near-field"):
         fail(f"--propagation must be 'far-field' or 'near-field', not {propagation!r}", code=2)
+    if probe_drift and propagation == "near-field":
+        fail("--probe-drift simulates a far-field fly scan; it does not apply to "
+             "--propagation near-field", code=2)
+    if probe_drift > probe_size / DRIFT_PER_PROBE:
+        # The loop moves the beam by up to twice its radius, circularly within its window.
+        fail(f"--probe-drift {probe_drift:g} px moves the beam up to {2 * probe_drift:g} px in "
+             f"its {probe_size}-px window: at most {probe_size / DRIFT_PER_PROBE:g} "
+             f"(--probe-size / {DRIFT_PER_PROBE})", code=2)
     if out_dir is None:
         out_dir = settings_from(config).beamline.detector_dir
     with Progress(
@@ -99,11 +116,14 @@ def simulate(
                 out_dir, name, positions=positions, probe_size=probe_size, photons=photons,
                 seed=seed, frames_per_file=frames_per_file, rate_hz=rate, overlap=overlap,
                 pattern=pattern, stop_after=stop_after, overwrite=overwrite,
-                propagation=propagation,
+                propagation=propagation, probe_drift_px=probe_drift,
                 progress=lambda done, total: bar.update(task, completed=done),
             )  # fmt: skip
         except (FileExistsError, ValueError, OSError) as exc:
             fail(str(exc))
     console.print(f"[green]scan written:[/] {master}")
     console.print(f"  ground truth  {master.parent / 'ground_truth.h5'}")
+    if probe_drift:
+        console.print(f"  probe drift   a {probe_drift:g} px loop along the scan: reconstruct "
+                      "with --opr-modes 3 to 5")
 

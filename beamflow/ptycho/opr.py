@@ -43,6 +43,10 @@ drift or defocus change adds), the weights at (1, 0, …, 0). Both are algorithm
 (``opr_eigen_probes``, ``opr_weights`` in :meth:`VariableProbe.extras`): checkpoints carry
 them, and the product file stores them as Ptychodus does (probe (K, modes, M, M), weights
 (N, K); see :func:`ptychodus_layout`).
+
+Everything lives on the device, the weights too (float64): the small K×K systems are
+solved there (``xp.linalg``), so an iteration never waits for the device on their account
+— no host read per batch, none for the once-per-iteration steps either.
 """
 
 from __future__ import annotations
@@ -62,21 +66,22 @@ STEP_REGULARISATION = 0.1
 
 
 class VariableProbe:
-    """Eigen-probes (device) and per-position weights (host float64) of the first mode."""
+    """Eigen-probes and per-position weights (float64) of the first mode, on the device."""
 
     def __init__(self, core: Core, n_modes: int, smoothing: float, seed: int):
         self.core = core
         self.K = int(n_modes)
         self.smoothing = float(smoothing)
-        self.weights = np.zeros((core.N, self.K), np.float64)
-        self.weights[:, 0] = 1.0
+        weights = np.zeros((core.N, self.K), np.float64)
+        weights[:, 0] = 1.0
+        self.weights = core.backend.to_device(weights)
         xp = core.xp
         m = core.M
         if self.K > 1:
             u0 = core.backend.to_host(core.probe[0])
             rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x0F12]))
             extra = make_modes(np.asarray(u0), self.K, rng)[1:]
-            self.eigen = core.backend.to_device(_orthonormal(extra)[0])
+            self.eigen = core.backend.to_device(_orthonormal(extra, np)[0])
         else:
             self.eigen = xp.zeros((0, m, m), np.complex64)
         self._eigen_hat: Any = None
@@ -84,8 +89,9 @@ class VariableProbe:
 
     # -- state ------------------------------------------------------------------------------
     def extras(self) -> dict[str, np.ndarray]:
-        return {"opr_eigen_probes": np.array(self.core.backend.to_host(self.eigen), copy=True),
-                "opr_weights": self.weights.copy()}
+        to_host = self.core.backend.to_host
+        return {"opr_eigen_probes": np.array(to_host(self.eigen), copy=True),
+                "opr_weights": np.array(to_host(self.weights), copy=True)}
 
     def load_extras(self, extras: dict[str, np.ndarray]) -> None:
         """Restore eigen-probes and weights. A state with another number of OPR modes gives
@@ -102,15 +108,17 @@ class VariableProbe:
                 f"variable probe: the state's eigen-probes {u.shape} and weights {w.shape} do "
                 f"not fit {self.core.M}x{self.core.M} frames")
         n, k = min(len(w), self.core.N), min(w.shape[1], self.K)
-        self.weights[:n, :k] = w[:n, :k]
         be = self.core.backend
+        weights = np.array(be.to_host(self.weights), copy=True)
+        weights[:n, :k] = w[:n, :k]
         if k == self.K:  # as saved (fewer modes: the first, already orthonormal)
             self.eigen = be.to_device(np.ascontiguousarray(u[: self.K - 1]))
         elif self.K > 1:
             eigen = np.concatenate([u[: k - 1], np.asarray(be.to_host(self.eigen))[k - 1:]])
-            q, tri = _orthonormal(eigen)
-            self.weights[:, 1:] = self.weights[:, 1:] @ tri.T
+            q, tri = _orthonormal(eigen, np)
+            weights[:, 1:] = weights[:, 1:] @ tri.T
             self.eigen = be.to_device(q)
+        self.weights = be.to_device(weights)
         self._eigen_hat = None
 
     def shifted(self, s: tuple[float, float]) -> None:
@@ -132,15 +140,16 @@ class VariableProbe:
         p = core.probe
         inten = (xp.square(p[1:].real) + xp.square(p[1:].imag)).sum(axis=0)
         basis = xp.concatenate([p[:1], self.eigen])
-        c = self.weights.T @ self.weights / len(self.weights)
-        for k in range(self.K):
-            for m in range(k, self.K):
-                term = basis[k].real * basis[m].real + basis[k].imag * basis[m].imag
-                inten += np.float32(c[k, m] * (1 if k == m else 2)) * term
+        c = (self.weights.T @ self.weights / len(self.weights)).astype(np.float32)
+        # Σ_kl C_kl Re(U_k conj(U_l)): on the float views, Σ_k (C U)_k · U_k.
+        bv = basis.reshape(self.K, -1).view(np.float32)
+        mixed = xp.einsum("kl,lp->kp", c, bv)  # not BLAS (see _rdot_matrix)
+        mixed *= bv
+        inten += mixed.sum(axis=0).reshape(core.M, core.M, 2).sum(axis=-1)
         return inten
 
     def _weights(self, c: Chunk) -> Any:
-        return self.core.backend.to_device(self.weights[c.idx].astype(np.float32))
+        return self.weights[c.didx].astype(np.float32)
 
     def shifted_probe(self, c: Chunk) -> Any:
         """(b, K_incoherent, M, M) probes of the chunk's positions (owned): the first mode
@@ -165,9 +174,9 @@ class VariableProbe:
         return out
 
     # -- the update -------------------------------------------------------------------------
-    def chunk_steps(self, c: Chunk, oj: Any, chi: Any) -> tuple[np.ndarray, Any]:
+    def chunk_steps(self, c: Chunk, oj: Any, chi: Any) -> tuple[Any, Any]:
         """Each position's own probe step d_j for the first mode (before the algorithm's
-        terms overwrite ``oj``/``chi``): (indices, (b, M, M))."""
+        terms overwrite ``oj``/``chi``): (device indices, (b, M, M))."""
         core, xp, be = self.core, self.core.xp, self.core.backend
         g = xp.conj(oj) * chi[:, 0]
         if c.ramp is not None:  # S_j^H: shift back by −δ_j
@@ -180,28 +189,30 @@ class VariableProbe:
         den += STEP_REGULARISATION * dmax + 1e-30
         xp.reciprocal(den, out=den)  # complex / real is a complex division: multiply instead
         g *= den
-        return c.idx, g
+        return c.didx, g
 
-    def update(self, steps: list[tuple[np.ndarray, Any]]) -> None:
-        """Weights and eigen-probes from the batch's per-position steps."""
+    def update(self, steps: list[tuple[Any, Any]]) -> None:
+        """Weights and eigen-probes from the batch's per-position steps (device indices and
+        steps, from :meth:`chunk_steps`)."""
         if not steps:
             return
-        core, xp, be = self.core, self.core.xp, self.core.backend
-        idx = np.concatenate([s[0] for s in steps])
+        core, xp = self.core, self.core.xp
+        idx = xp.concatenate([s[0] for s in steps])
         r = xp.concatenate([s[1] for s in steps]).reshape(len(idx), -1)
         r -= r.mean(axis=0, keepdims=True)
         basis = xp.concatenate([core.probe[:1], self.eigen]).reshape(self.K, -1)
-        # Real least squares per position: G Δw_j = Re(Uᴴ r_j).
-        gram = be.to_host(_rdot_matrix(basis, basis, xp)).astype(np.float64)
-        proj = be.to_host(_rdot_matrix(r, basis, xp)).astype(np.float64)  # (B, K)
-        dw = np.linalg.solve(gram + 1e-9 * np.trace(gram) * np.eye(self.K), proj.T).T
+        # Real least squares per position, G Δw_j = Re(Uᴴ r_j), solved on the device in
+        # float64 (one K×K system, the batch's positions its right-hand sides).
+        gram = _rdot_matrix(basis, basis, xp).astype(np.float64)
+        proj = _rdot_matrix(r, basis, xp).astype(np.float64)  # (B, K)
+        gram += (1e-9 * xp.trace(gram)) * xp.eye(self.K)
+        dw = xp.linalg.solve(gram, proj.T).T
         self.weights[idx] += dw
         if self.K == 1:
             return
         # What the basis cannot express feeds the eigen-probes' power iteration.
-        r -= _mix(be.to_device(dw.astype(np.float32)), basis, xp)
-        w = be.to_device(self.weights[idx, 1:].astype(np.float32))
-        y = _mix(w.T.copy(), r, xp)
+        r -= _mix(dw, basis, xp)
+        y = _mix(self.weights[idx, 1:].T.copy(), r, xp)
         self._y = y if self._y is None else self._y + y
 
     def end_iteration(self) -> None:
@@ -213,7 +224,7 @@ class VariableProbe:
         s = self.smoothing
         if s > 0 and self.core.N > 2:
             w = self.weights
-            nb = np.empty_like(w)
+            nb = self.core.xp.empty_like(w)
             nb[1:-1] = 0.5 * (w[:-2] + w[2:])
             nb[0], nb[-1] = w[1], w[-2]
             self.weights = (1.0 - s) * w + s * nb
@@ -222,16 +233,19 @@ class VariableProbe:
         """Keep U_0 the mean probe: mean_j w_j0 = 1 and mean_j w_jk = 0 (k ≥ 1), moving the
         means into U_0. Without this gauge the eigen-probes can take over the mean probe's
         power, and the object step, preconditioned by |U_0|², overshoots."""
-        core, be = self.core, self.core.backend
+        core, xp = self.core, self.core.xp
         mean = self.weights.mean(axis=0)
-        if not mean[0] > 0:
-            return
-        u0 = core.probe[0] * np.float32(mean[0])
-        self.weights[:, 0] /= mean[0]
+        # A degenerate mean (≤ 0, never seen) leaves everything as it is: decided on the
+        # device, so the host does not wait for the weights.
+        ok = mean[0] > 0
+        scale = xp.where(ok, mean[0], 1.0)
+        shift = xp.where(ok, mean[1:], 0.0)
+        u0 = core.probe[0] * scale.astype(np.float32)
+        self.weights[:, 0] /= scale
         if self.K > 1:
             # exact for w_j0 = 1; the rest is second order in the variation
-            u0 += _mix(be.to_device(mean[None, 1:].astype(np.float32)), self.eigen, core.xp)[0]
-            self.weights[:, 1:] -= mean[1:]
+            u0 += _mix(shift[None], self.eigen, xp)[0]
+            self.weights[:, 1:] -= shift
         core.probe[0] = u0
         core.probe_changed()
 
@@ -239,15 +253,15 @@ class VariableProbe:
         """U ← orth(Σ_j w_j V_j) with V_j = Σ_k w_jk U_k + r_j each position's target
         variation: one block power iteration of the per-position probes; the weights follow
         the new basis (w_j ← Re⟨U_new, Σ_k w_jk U_k⟩)."""
-        be = self.core.backend
-        old = np.asarray(be.to_host(self.eigen))
+        xp = self.core.xp
+        old = self.eigen
         w = self.weights[:, 1:]
-        y = _mix(w.T @ w, old, np) + np.asarray(be.to_host(self._y)).reshape(old.shape)
+        y = _mix(w.T @ w, old, xp) + self._y.reshape(old.shape)
         self._y = None
-        new, _ = _orthonormal(y)
-        t = _rdot_matrix(new.reshape(len(new), -1), old.reshape(len(old), -1), np)
+        new, _ = _orthonormal(y, xp)
+        t = _rdot_matrix(new.reshape(len(new), -1), old.reshape(len(old), -1), xp)
         self.weights[:, 1:] = w @ t.T.astype(np.float64)
-        self.eigen = be.to_device(new)
+        self.eigen = new
         self._eigen_hat = None
 
 
@@ -270,17 +284,18 @@ def _mix(w: Any, z: Any, xp: Any) -> Any:
     return flat.view(np.complex64).reshape((w.shape[0],) + z.shape[1:])
 
 
-def _orthonormal(eigen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Orthonormalise (k, M, M) complex modes in the real inner product Re⟨a, b⟩ (host).
+def _orthonormal(eigen: Any, xp: Any) -> tuple[Any, Any]:
+    """Orthonormalise (k, M, M) complex modes in the real inner product Re⟨a, b⟩, in
+    float64 where they live (``xp``).
 
     Returns (Q, T) with Σ_k w_k eigen_k = Σ_k (T w)_k Q_k: the modes' real Gram matrix
     G = L Lᵀ (Cholesky, positive diagonal: reproducible), Q = L⁻¹·eigen, T = Lᵀ."""
     k = eigen.shape[0]
-    a = np.ascontiguousarray(eigen.reshape(k, -1), np.complex128).view(np.float64)
-    gram = np.einsum("ip,jp->ij", a, a)
-    gram += 1e-12 * np.trace(gram) * np.eye(k)  # a vanishing mode stays finite
-    low = np.linalg.cholesky(gram)
-    q = np.linalg.solve(low, a)
+    a = xp.ascontiguousarray(eigen.reshape(k, -1).astype(np.complex128)).view(np.float64)
+    gram = xp.einsum("ip,jp->ij", a, a)
+    gram += (1e-12 * xp.trace(gram)) * xp.eye(k)  # a vanishing mode stays finite
+    low = xp.linalg.cholesky(gram)
+    q = xp.ascontiguousarray(xp.linalg.solve(low, a))  # CuPy's solve answers in F order
     return q.view(np.complex128).reshape(eigen.shape).astype(np.complex64), low.T
 
 
