@@ -242,6 +242,25 @@ def test_the_run_page_lists_the_parameters_and_what_the_engine_used():
     assert rows["batch_size"] == "– → 8 used"
 
 
+def test_the_run_page_leaves_out_settings_that_do_nothing_for_the_run():
+    def rows_of(**settings: Any) -> dict[str, str]:
+        used = settings_used(ReconParams(**settings), n_positions=100)
+        run = Run(id="r1", scan_name="s", scan_path="/d/s", flow="f", backend="local",
+                  status="SUCCEEDED", created_at=0.0, updated_at=0.0, parameters=settings,
+                  result={"summary": {"parameters": used}})
+        return dict(parameters_of(run))
+
+    rpie = rows_of(algorithm="rpie")
+    assert "momentum" not in rpie and "opr_weight_smoothing" not in rpie
+    assert "noise_model" not in rpie and "position_step_limit_px" not in rpie
+    assert "alpha" in rpie and "opr_modes" in rpie and "position_correction" in rpie
+    mpie = rows_of(algorithm="mpie", opr_modes=3, position_correction=True, probe_modes=2)
+    for name in ("momentum", "probe_momentum", "momentum_every", "opr_weight_smoothing",
+                 "position_step_limit_px", "orthogonalize_every"):
+        assert name in mpie, name
+    assert "noise_model" in rows_of(algorithm="lsqml")
+
+
 def test_a_run_with_settings_from_the_config_applies_and_records_them(tmp_path: Path):
     import numpy as np
 

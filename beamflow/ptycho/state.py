@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .propagation import Propagation
 
-__all__ = ["ReconParams", "PtychoData", "ReconState", "ALGORITHM_DEFAULTS", "OPR_ALGORITHMS",
-           "STATE_FORMAT"]
+__all__ = ["ReconParams", "settings_that_apply", "PtychoData", "ReconState",
+           "ALGORITHM_DEFAULTS", "OPR_ALGORITHMS", "STATE_FORMAT"]
 
 STATE_FORMAT = "beamflow.ptycho.state/1"
 
@@ -83,7 +83,8 @@ class ReconParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    algorithm: Algorithm = Field("rpie", description="The algorithm: rpie, epie, dm or lsqml.")
+    algorithm: Algorithm = Field(
+        "rpie", description="The algorithm: rpie, epie, mpie, dm or lsqml.")
     iterations: int = Field(100, ge=0, le=1_000_000, description="Target total iteration count.")
     batch_size: int | None = Field(
         None, ge=1, description="Positions whose updates are applied together (None: the "
@@ -220,6 +221,26 @@ class ReconParams(BaseModel):
                 target = n_positions / (3 if n_positions >= 256 else 8)
                 b = int(min(128, max(4, 2 ** round(math.log2(max(target, 1.0))))))
         return max(1, min(int(b or n_positions), n_positions))
+
+
+def settings_that_apply(settings: dict[str, Any]) -> set[str]:
+    """The names in ``settings`` (ReconParams' fields as a plain dict, e.g. a run's recorded
+    parameters) that change what the engine does with the others as given: mPIE's momenta
+    only for mpie, the variable probe's smoothing only with opr_modes, the position
+    correction's start and step limit only with it on, the noise model only for lsqml,
+    orthogonalisation only with several probe modes."""
+    algorithm = settings.get("algorithm")
+    needs = {
+        "momentum": algorithm == "mpie",
+        "probe_momentum": algorithm == "mpie",
+        "momentum_every": algorithm == "mpie",
+        "opr_weight_smoothing": bool(settings.get("opr_modes")),
+        "position_correction_start": bool(settings.get("position_correction")),
+        "position_step_limit_px": bool(settings.get("position_correction")),
+        "noise_model": algorithm == "lsqml",
+        "orthogonalize_every": (settings.get("probe_modes") or 1) > 1,
+    }
+    return {name for name in settings if needs.get(name, True)}
 
 
 def _as_float_array(

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_serializer
 
+from beamflow.ptycho.state import settings_that_apply
 from beamflow.store import Event, Run, RunStatus, Step
 
 # Icon ids in static/icons.svg. Every status has an icon and a word, never colour alone.
@@ -300,7 +301,9 @@ def parameters_of(run: Run) -> list[tuple[str, str]]:
     used = summary.get("parameters") if isinstance(summary, dict) else None
     used = used if isinstance(used, dict) else {}
     rows = []
-    for key in sorted(set(run.parameters) | set(used)):
+    # Settings that do nothing for this run (mPIE's momenta on an rpie run, ...) are left out.
+    shown = settings_that_apply({**run.parameters, **used})
+    for key in sorted(shown):
         text = format_value(run.parameters[key]) if key in run.parameters else "–"
         if key in used and used[key] != run.parameters.get(key):
             text += f" → {format_value(used[key])} used"
