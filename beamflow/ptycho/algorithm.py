@@ -208,8 +208,9 @@ class Algorithm:
             sums.losses.append(loss)
             if sw.grads is not None:
                 gy, gx = sw.grads
-                sums.steps.append(position_steps(pd, be.gather(gy, c.dy, c.dx, m),
-                                                 be.gather(gx, c.dy, c.dx, m), chi, xp))
+                sums.steps.append(position_steps(
+                    pd, be.gather(gy, c.dy, c.dx, m, flat=c.flat),
+                    be.gather(gx, c.dy, c.dx, m, flat=c.flat), chi, xp))
             if self.opr is not None and sw.update_probe:
                 sums.opr_steps.append(self.opr.chunk_steps(c, oj, chi))
             self.chunk_update(sw, sums, c, pd, oj, big, chi)

@@ -73,6 +73,9 @@ class Chunk:
     dy: Any  # the corners on the device (gather/scatter take these)
     dx: Any
     ramp: Any  # (b, M, M) complex64 exp(-2πi k·δ_j) (an owned copy), or None
+    # GPU: the corners' flat offsets iy·W + ix into object-sized arrays, on the device (one
+    # upload with the corners; gather and scatter then need no index arithmetic); else None.
+    flat: Any = None
 
 
 class Core:
@@ -186,9 +189,10 @@ class Core:
         """exp(−2πi (k_y δy + k_x δx)) for each row of d (b, 2) → (b, M, M) complex64, made
         where ``d`` lives (``xp``)."""
         kf = self.kfreq if xp is np else self._dkfreq
-        ey = xp.exp(-2j * np.pi * xp.outer(d[:, 0], kf)).astype(np.complex64)
-        ex = xp.exp(-2j * np.pi * xp.outer(d[:, 1], kf)).astype(np.complex64)
-        return ey[:, :, None] * ex[:, None, :]
+        # Both axes at once (b, 2, M): the same products as two outer products, half the
+        # kernels.
+        e = xp.exp(-2j * np.pi * (d[:, :, None] * kf)).astype(np.complex64)
+        return e[:, 0, :, None] * e[:, 1, None, :]
 
     # -- chunks and threads -----------------------------------------------------------------
     def chunk(self, idx: np.ndarray) -> Chunk:
@@ -198,12 +202,12 @@ class Core:
             ramp = self._ramps[idx] if self._ramps is not None else self._outer_ramps(
                 self.frac[idx], np)
         iy, ix = self.corner[idx, 0], self.corner[idx, 1]
-        didx, dy, dx = idx, iy, ix
+        didx, dy, dx, flat = idx, iy, ix, None
         if self.backend.is_gpu:  # one upload per chunk: indices and corners together
-            didx, dy, dx = self.backend.to_device(np.stack([idx, iy, ix]))
+            didx, dy, dx, flat = self.backend.to_device(np.stack([idx, iy, ix, iy * self.W + ix]))
             if self.subpixel:
                 ramp = self._outer_ramps(self._dfrac[didx], self.xp)
-        return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp)
+        return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp, flat=flat)
 
     def split(self, idx: np.ndarray) -> list[np.ndarray]:
         """Split a batch into one contiguous part per thread (deterministic).
@@ -285,15 +289,18 @@ class Core:
         slabs = [(slice(int(r[0]), int(r[-1]) + 1), bb[1]) for r in rows if len(r)]
         combined = self.map_list(lambda _t, sl: self.combine(accs, sl), slabs)
         xp = self.xp
-        dmax = self.backend.scalar(xp.stack([d.max() for _, d in combined]).max())
+        top = (combined[0][1].max() if len(combined) == 1
+               else xp.stack([d.max() for _, d in combined]).max())
+        dmax = self.backend.scalar(top)
 
         def apply(t: int, sl: tuple[slice, slice]) -> None:
             num, den = combined[t]
             upd = step(num, den, dmax, sl)
             if replace:
                 tgt[sl] = upd
-            else:
-                tgt[sl] += upd
+            else:  # out= on the view: no copy of the view onto itself after
+                region = tgt[sl]
+                xp.add(region, upd, out=region)
 
         self.map_list(apply, slabs)
 
@@ -323,7 +330,10 @@ class Core:
         if self._probe_int is None:
             xp = self.xp
             p = self.probe
-            self._probe_int = (xp.square(p.real) + xp.square(p.imag)).sum(axis=0)
+            inten = xp.square(p.real)
+            inten += xp.square(p.imag)
+            # One mode: the sum over it is the value itself (a kernel saved per batch).
+            self._probe_int = inten[0] if p.shape[0] == 1 else inten.sum(axis=0)
         return self._probe_int
 
     def set_illumination(self, intensity: Any) -> None:
@@ -352,8 +362,9 @@ class Core:
         return self.backend.ifft2(pd, workers=self.fft_workers, scale=False)
 
     def object_patches(self, c: Chunk, obj: Any = None) -> Any:
-        """(b, M, M) copies of the object windows."""
-        return self.backend.gather(self.obj if obj is None else obj, c.dy, c.dx, self.M)
+        """(b, M, M) copies of the object windows (``obj``: another object-sized array)."""
+        return self.backend.gather(self.obj if obj is None else obj, c.dy, c.dx, self.M,
+                                   flat=c.flat)
 
     def to_detector(self, pd: Any, oj: Any, c: Chunk) -> Any:
         """The wave at the detector for the chunk's positions, a new (b, K, M, M) array.
@@ -418,7 +429,10 @@ class Core:
         amp += self.eps
         d /= amp  # (√I − |Ψ|)/|Ψ| on valid pixels, 0 elsewhere
         if big_psi.shape[1] == 1:
-            big_psi[:, 0] *= d
+            # out= on the view: ``a[:, 0] *= d`` would copy the view onto itself after (a
+            # second kernel on a GPU).
+            psi0 = big_psi[:, 0]
+            self.xp.multiply(psi0, d, out=psi0)
         else:
             big_psi *= d[:, None]
         return loss
@@ -438,13 +452,15 @@ class Core:
         """Σ_k conj(P_k,j)·χ_jk → (b, M, M).
 
         Overwrites an owned ``pd``: conjugated, and with one mode the result is written into
-        it (one chunk-sized array fewer at the memory peak) unless ``keep_probe``.
+        it (one chunk-sized array fewer at the memory peak) unless ``keep_probe``, which
+        leaves ``pd`` as it was (the same kernels: a conjugate into a new array).
         """
         xp = self.xp
         # Unshifted: pd is the (1, K, M, M) probe itself, small and not ours to modify.
-        pdc = xp.conj(pd) if c.ramp is None else xp.conjugate(pd, out=pd)
+        own = c.ramp is not None and not keep_probe
+        pdc = xp.conjugate(pd, out=pd) if own else xp.conj(pd)
         if chi.shape[1] == 1:
-            out = pdc[:, 0] if c.ramp is not None and not keep_probe else None
+            out = pdc[:, 0] if own else None
             return xp.multiply(pdc[:, 0], chi[:, 0], out=out)
         return (pdc * chi).sum(axis=1)
 
@@ -458,19 +474,22 @@ class Core:
         |P_j|² per position.
         """
         be, xp = self.backend, self.xp
-        be.scatter_add(acc[0], num, c.dy, c.dx)
+        be.scatter_add(acc[0], num, c.dy, c.dx, flat=c.flat)
         if pd is not None and c.ramp is not None:
             inten = (xp.square(pd.real) + xp.square(pd.imag)).sum(axis=1)
         else:
             inten = self.probe_intensity()
             inten = xp.broadcast_to(inten, (len(c.idx),) + inten.shape)
-        be.scatter_add(acc[1], inten, c.dy, c.dx)
+        be.scatter_add(acc[1], inten, c.dy, c.dx, flat=c.flat)
 
-    def probe_terms(self, oj: Any, chi: Any, c: Chunk, out_num: Any, out_den: Any) -> None:
+    def probe_terms(self, oj: Any, chi: Any, c: Chunk, out_num: Any, out_den: Any,
+                    keep: bool = False) -> None:
         """Accumulate Σ_j S_j^H[conj(O_j)·χ_jk] and Σ_j |O_j|².
 
         With sub-pixel shifts the numerator is accumulated in the Fourier domain and
-        conjugated (:meth:`probe_from_terms` undoes both). Overwrites ``oj`` and ``chi``.
+        conjugated (:meth:`probe_from_terms` undoes both). Overwrites ``oj`` and ``chi``
+        unless ``keep`` (then the products go to new arrays: the same kernels, where a
+        caller that needs them after would otherwise copy them first).
         """
         xp, be = self.xp, self.backend
         b, m = oj.shape[0], self.M
@@ -478,23 +497,27 @@ class Core:
         sq = xp.einsum("jp,jp->p", ov, ov)
         out_den += sq[0::2].reshape(m, m)
         out_den += sq[1::2].reshape(m, m)
-        ocj = xp.conjugate(oj, out=oj)
+        ocj = xp.conj(oj) if keep else xp.conjugate(oj, out=oj)
         if chi.shape[1] == 1:
-            chi[:, 0] *= ocj
+            chi0 = chi[:, 0]
+            g = xp.multiply(chi0, ocj, out=None if keep else chi0)[:, None]
+        elif keep:
+            g = chi * ocj[:, None]
         else:
             chi *= ocj[:, None]
-        g = chi
+            g = chi
         if c.ramp is not None:
             # Σ_j conj(r_j)·F[g_j] = conj(Σ_j r_j·conj(F[g_j])): conjugate in place, no copy.
             g = be.fft2(g, workers=self.fft_workers)
             xp.conjugate(g, out=g)
             if g.shape[1] == 1:
-                g[:, 0] *= c.ramp
+                g0 = g[:, 0]
+                xp.multiply(g0, c.ramp, out=g0)
             else:
                 g *= c.ramp[:, None]
         k = g.shape[1]
-        out_num.view(np.float32).reshape(k, m, 2 * m)[...] += g.view(np.float32).reshape(
-            b, k, m, 2 * m).sum(axis=0)
+        acc = out_num.view(np.float32).reshape(k, m, 2 * m)
+        xp.add(acc, g.view(np.float32).reshape(b, k, m, 2 * m).sum(axis=0), out=acc)
 
     def probe_from_terms(self, num: Any) -> Any:
         """Finish the probe adjoint from the summed terms (a new array)."""

@@ -64,7 +64,8 @@ class LSQML(Algorithm):
         for _ in range(3):  # fixed point of the 1-D likelihood optimum, damped
             t = xp.maximum(1.0 - a[:, None, None] * xi, 1e-3)
             num = (xi * (imod - meas / t)).sum(axis=(1, 2))
-            a = xp.clip(0.5 * a + 0.5 * num / den, 0.0, 1.0).astype(np.float32)
+            # float32 already (a, num and den are): no astype copy.
+            a = xp.clip(0.5 * a + 0.5 * num / den, 0.0, 1.0)
         xi *= -a[:, None, None]
         big *= xi[:, None]
         return loss
@@ -81,10 +82,14 @@ class LSQML(Algorithm):
 
     def chunk_update(self, sw: Sweep, sums: PartSums, c: Chunk, pd: Any, oj: Any, big: Any,
                      chi: Any) -> None:
-        # The step-length systems need P_j, O_j and χ_j after the batch: keep copies (the
-        # default terms overwrite them).
-        sums.kept.append((c, pd if c.ramp is None else pd.copy(), oj.copy(), chi.copy()))
-        super().chunk_update(sw, sums, c, pd, oj, big, chi)
+        # The step-length systems need P_j, O_j and χ_j after the batch: the terms are made
+        # into new arrays instead of over them (no copies to keep).
+        core = self.core
+        sums.kept.append((c, pd, oj, chi))
+        if sums.acc is not None:
+            core.accumulate_object(sums.acc, core.object_num(pd, chi, c, keep_probe=True), c)
+        if sums.probe_num is not None:
+            core.probe_terms(oj, chi, c, sums.probe_num, sums.probe_den, keep=True)
 
     def update(self, sw: Sweep, sums: list[PartSums]) -> None:
         core, xp, be = self.core, self.core.xp, self.core.backend
@@ -106,15 +111,18 @@ class LSQML(Algorithm):
         d_probe = d_probe_hat = None
         if upd_probe:
             pnum, pden = self.probe_sums(sums)
-            d_probe = core.probe_from_terms(pnum) / (pden + alpha * be.scalar(pden.max()))
-            d_probe = d_probe.astype(np.complex64)
+            # In place on the new array from probe_from_terms: complex64 already.
+            d_probe = core.probe_from_terms(pnum)
+            d_probe /= pden + alpha * be.scalar(pden.max())
             if core.subpixel:
                 d_probe_hat = core.spectrum(d_probe)
 
         def systems(t: int, _part: np.ndarray) -> Any:
             rows = []
             for c, pd, oj, chi in sums[t].kept:
-                a_o = pd * be.gather(d_obj, c.dy, c.dx, m)[:, None] if upd_obj else None
+                a_o = None
+                if upd_obj:
+                    a_o = pd * be.gather(d_obj, c.dy, c.dx, m, flat=c.flat)[:, None]
                 if upd_probe:
                     if c.ramp is None:
                         sp = d_probe[None]
@@ -130,25 +138,30 @@ class LSQML(Algorithm):
                     _rdot(a_o, chi) if upd_obj else zero,
                     _rdot(a_p, chi) if upd_probe else zero,
                 ], axis=1))
-            return xp.concatenate(rows) if rows else None
+            if len(rows) > 1:
+                return xp.concatenate(rows)
+            return rows[0] if rows else None
 
         if upd_obj or upd_probe:
             # Solved on the device, in float64: no copy to the host inside the iteration.
-            sys = xp.concatenate([r for r in core.map_list(systems, sw.parts)
-                                  if r is not None]).astype(np.float64)
+            parts = [r for r in core.map_list(systems, sw.parts) if r is not None]
+            sys = (parts[0] if len(parts) == 1 else xp.concatenate(parts)).astype(np.float64)
             a11, a12, a22, b1, b2 = sys.T
             lam = 1e-6 * (a11 + a22) + 1e-30
+            a11 = a11 + lam
+            a22 = a22 + lam
             if upd_obj and upd_probe:
-                det = (a11 + lam) * (a22 + lam) - a12**2
-                beta_o = ((a22 + lam) * b1 - a12 * b2) / det
-                beta_p = ((a11 + lam) * b2 - a12 * b1) / det
+                det = a11 * a22 - a12**2
+                beta_o = (a22 * b1 - a12 * b2) / det
+                beta_p = (a11 * b2 - a12 * b1) / det
             else:
-                beta_o = b1 / (a11 + lam)
-                beta_p = b2 / (a22 + lam)
+                beta_o = b1 / a11
+                beta_p = b2 / a22
             damp = self.params.beta_value
             if upd_obj:
                 step = damp * be.scalar(xp.mean(xp.maximum(beta_o, 0.0)))
-                core.obj[bb] += step * d_obj[bb]
+                region = core.obj[bb]
+                xp.add(region, step * d_obj[bb], out=region)
             if upd_probe:
                 step = damp * be.scalar(xp.mean(xp.maximum(beta_p, 0.0)))
                 core.probe += step * d_probe
