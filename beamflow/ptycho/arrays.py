@@ -228,8 +228,8 @@ class ArrayBackend:
         """The value of a 0-d reduction for further arithmetic, without waiting for the
         device: a Python float on the CPU; a 0-d float32 array on a GPU (reading it there
         would stall the queue, so the engine never does inside an iteration)."""
-        if self.is_gpu:
-            return a.astype(np.float32)
+        if self.is_gpu:  # a float32 reduction is one already: no copy kernel
+            return a if a.dtype == np.float32 else a.astype(np.float32)
         return float(a)
 
     def at_least(self, x: Any, low: float) -> Any:

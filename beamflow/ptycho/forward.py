@@ -483,9 +483,12 @@ class Core:
         be.scatter_add(acc[1], inten, c.dy, c.dx, flat=c.flat)
 
     def probe_terms(self, oj: Any, chi: Any, c: Chunk, out_num: Any, out_den: Any,
-                    keep: bool = False) -> None:
-        """Accumulate Σ_j S_j^H[conj(O_j)·χ_jk] and Σ_j |O_j|².
+                    keep: bool = False) -> tuple[Any, Any]:
+        """Accumulate Σ_j S_j^H[conj(O_j)·χ_jk] and Σ_j |O_j|²; return (num, den).
 
+        ``out_num``/``out_den`` are the sums so far, added to in place; None for the first
+        chunk, whose terms become new sums (no zeroed arrays to add them to: two kernels
+        fewer per batch, and the same values — 0 + x is x).
         With sub-pixel shifts the numerator is accumulated in the Fourier domain and
         conjugated (:meth:`probe_from_terms` undoes both). Overwrites ``oj`` and ``chi``
         unless ``keep`` (then the products go to new arrays: the same kernels, where a
@@ -495,8 +498,11 @@ class Core:
         b, m = oj.shape[0], self.M
         ov = oj.view(np.float32).reshape(b, 2 * m * m)
         sq = xp.einsum("jp,jp->p", ov, ov)
-        out_den += sq[0::2].reshape(m, m)
-        out_den += sq[1::2].reshape(m, m)
+        if out_den is None:
+            out_den = xp.add(sq[0::2].reshape(m, m), sq[1::2].reshape(m, m))
+        else:
+            out_den += sq[0::2].reshape(m, m)
+            out_den += sq[1::2].reshape(m, m)
         ocj = xp.conj(oj) if keep else xp.conjugate(oj, out=oj)
         if chi.shape[1] == 1:
             chi0 = chi[:, 0]
@@ -516,8 +522,12 @@ class Core:
             else:
                 g *= c.ramp[:, None]
         k = g.shape[1]
+        terms = g.view(np.float32).reshape(b, k, m, 2 * m).sum(axis=0)
+        if out_num is None:
+            return terms.view(np.complex64), out_den
         acc = out_num.view(np.float32).reshape(k, m, 2 * m)
-        xp.add(acc, g.view(np.float32).reshape(b, k, m, 2 * m).sum(axis=0), out=acc)
+        xp.add(acc, terms, out=acc)
+        return out_num, out_den
 
     def probe_from_terms(self, num: Any) -> Any:
         """Finish the probe adjoint from the summed terms (a new array)."""

@@ -99,8 +99,9 @@ class LSQML(Algorithm):
         sums.kept.append((c, pd, oj, chi))
         if sums.acc is not None:
             core.accumulate_object(sums.acc, core.object_num(pd, chi, c, keep_probe=True), c)
-        if sums.probe_num is not None:
-            core.probe_terms(oj, chi, c, sums.probe_num, sums.probe_den, keep=True)
+        if sums.probe:
+            sums.probe_num, sums.probe_den = core.probe_terms(
+                oj, chi, c, sums.probe_num, sums.probe_den, keep=True)
 
     def update(self, sw: Sweep, sums: list[PartSums]) -> None:
         core, xp, be = self.core, self.core.xp, self.core.backend
