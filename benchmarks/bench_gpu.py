@@ -58,7 +58,8 @@ counting stand-in for CuPy (``tests/counting_cupy.py``: the engine's GPU code pa
 memory; an iteration after one warm-up, the same batches as the timed run), on any
 machine; ``launch_seconds`` is that count times an assumed :data:`LAUNCH_SECONDS` (7.5 µs,
 the middle of CuPy's 5-10 µs on a current CPU — measure it on the GPU host and pass
-``--launch-us``), ``launch_ratio`` that over ``floor_seconds``: above 1 the case is
+``--launch-us``; on a GPU ``measured_launch_us`` gives the host cost of a tiny in-place
+kernel there), ``launch_ratio`` that over ``floor_seconds``: above 1 the case is
 launch-bound before it is memory-bound. The stand-in runs the iteration's arithmetic in
 numpy on one thread (seconds at 4000 × 128², minutes at 10000 × 256²); ``--no-launches``
 skips it. What it counts differs from CuPy in small ways: the fused modulus kernel (CuPy
@@ -144,6 +145,23 @@ def copy_bandwidth(backend: ArrayBackend, nbytes: int = 2**30) -> float:
     if backend.is_gpu:  # give the 2 GiB back: the engine plans on the free memory
         xp.get_default_memory_pool().free_all_blocks()
     return 2 * n * 4 / best
+
+
+def launch_cost(backend: ArrayBackend, n: int = 2000) -> float | None:
+    """Seconds per launch of a tiny in-place kernel on a GPU (the queue never fills, so
+    this is the host's cost per launch), best of 5 runs of ``n``; None on the CPU."""
+    if not backend.is_gpu:
+        return None
+    a = backend.xp.zeros(1, np.float32)
+    best = float("inf")
+    for _ in range(5):
+        backend.synchronize()
+        t = time.perf_counter()
+        for _ in range(n):
+            a += 1
+        backend.synchronize()
+        best = min(best, (time.perf_counter() - t) / n)
+    return best
 
 
 def simulate(field: str, n: int, m: int, seed: int) -> dict[str, Any]:
@@ -265,6 +283,7 @@ def main() -> None:
     bandwidth = copy_bandwidth(backend)
     device = _describe(backend)
     log(f"{device}: copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    per_launch = launch_cost(backend)
     with_ptychi = ptychi_available(args.ptychi_python)
     if not with_ptychi:
         _emit(args, {"engine": "ptychi", "skipped": f"no Pty-Chi at {args.ptychi_python}"})
@@ -276,6 +295,8 @@ def main() -> None:
             case = simulate(field, n, m, args.seed)
             common = {"field": field, "positions": n, "frame": m, "device": device,
                       "copy_gbs": bandwidth / 1e9}
+            if per_launch is not None:
+                common["measured_launch_us"] = per_launch * 1e6
             probe, batch = None, args.batch or 32
             for algorithm in args.algorithms:
                 log(f"beamflow {algorithm} {field} {n} x {m}²")
