@@ -58,7 +58,10 @@ MIN_PART = 4
 PARALLEL_UPDATE_PX = 2**16
 # Sub-pixel phase ramps are cached per position on CPU: gathering them costs a third of
 # numpy's broadcast outer product. Above this size (bigger scans, where holding ~2x the frames
-# again would break the memory budget) they are recomputed per chunk instead.
+# again would break the memory budget) they are recomputed per chunk instead. On a GPU they
+# are kept on the device whenever they fit beside the frames and a chunk's work (the memory
+# plan): a chunk's ramps are then one gather instead of six kernels, and they are remade on
+# the device, all at once, only when the positions change.
 RAMP_CACHE_BYTES = 64 * 2**20
 
 
@@ -109,7 +112,11 @@ class Core:
         mask_s = to_engine(data.mask, (0, 1))
         counts = backend.compact_frames and frames_are_counts(data.intensities, data.mask)
         self.chunk_size = GPU_CHUNK if backend.is_gpu else max(1, CPU_CHUNK_PX // (m * m))
-        resident = self._plan_memory(m * m * (2 if counts else 4), reserved_bytes)
+        frame_bytes = m * m * (2 if counts else 4)
+        ramp_bytes = self.N * m * m * 8
+        device_ramps = backend.is_gpu and self._fits(frame_bytes, reserved_bytes + ramp_bytes)
+        resident = self._plan_memory(frame_bytes,
+                                     reserved_bytes + (ramp_bytes if device_ramps else 0))
         self.frames, norm, max_amp = load_frames(
             data.intensities, mask_s, backend, lambda a: to_engine(a, (-2, -1)), counts,
             resident, in_place=consume and not backend.is_gpu)
@@ -132,6 +139,8 @@ class Core:
         cache = (not backend.is_gpu) and self.N * m * m * 8 <= RAMP_CACHE_BYTES
         self._ramps: np.ndarray | None = np.empty((self.N, m, m), np.complex64) if cache else None
         self._ramp_frac = np.full((self.N, 2), np.nan)
+        self._device_ramps = device_ramps
+        self._dramps: Any = None  # (N, M, M) on the device (GPU, when they fit)
         self._pool: ThreadPoolExecutor | None = None
         self._acc: list[tuple[Any, Any]] = []
         self._probe_hat = None
@@ -146,21 +155,31 @@ class Core:
         An estimate: the object with one accumulator pair per thread and a spare, the object
         gradient (position correction), the algorithm's reservation, and per position in a
         chunk about 6K+2 complex64 frames of work (shifted probe, exit and detector waves,
-        patches, temporaries) plus its frame."""
+        patches, temporaries) plus its frame. ``reserved_bytes`` holds the algorithm's memory
+        and, on a GPU, the sub-pixel ramps kept on the device when they fit."""
         be = self.backend
         limit = be.memory_limit_bytes
-        if limit is None:
+        if self._fits(frame_bytes, reserved_bytes):
             return True
-        m2 = self.M * self.M
-        fixed = reserved_bytes + self.H * self.W * (8 + 12 * (be.threads + 1) + 16)
-        per_position = m2 * 8 * (6 * self.K + 2) + frame_bytes
-        if fixed + self.N * frame_bytes + self.chunk_size * per_position <= limit:
-            return True
+        fixed, per_position = self._memory_terms(frame_bytes, reserved_bytes)
         be.check_fits(fixed + per_position,
                       f"a reconstruction of a {self.H} x {self.W} object with {self.M}x{self.M} "
                       "frames streamed one at a time")
         self.chunk_size = max(1, min(self.chunk_size, (limit - fixed) // per_position))
         return False
+
+    def _memory_terms(self, frame_bytes: int, reserved_bytes: int) -> tuple[int, int]:
+        """(fixed bytes, bytes per position of a chunk) of :meth:`_plan_memory`'s estimate."""
+        fixed = reserved_bytes + self.H * self.W * (8 + 12 * (self.backend.threads + 1) + 16)
+        return fixed, self.M * self.M * 8 * (6 * self.K + 2) + frame_bytes
+
+    def _fits(self, frame_bytes: int, reserved_bytes: int) -> bool:
+        """Whether resident frames and a full chunk fit beside ``reserved_bytes``."""
+        limit = self.backend.memory_limit_bytes
+        if limit is None:
+            return True
+        fixed, per_position = self._memory_terms(frame_bytes, reserved_bytes)
+        return fixed + self.N * frame_bytes + self.chunk_size * per_position <= limit
 
     # -- positions --------------------------------------------------------------------------
     def set_positions(self, pos: np.ndarray) -> None:
@@ -178,6 +197,9 @@ class Core:
         self.subpixel = bool(np.any(frac != 0.0))
         if self.backend.is_gpu:  # the chunks' ramps are made on the device from these
             self._dfrac = self.backend.to_device(frac)
+            self._dramps = None  # freed before the new ones are made
+            if self._device_ramps and self.subpixel:
+                self._dramps = self._outer_ramps(self._dfrac, self.xp)
         if self._ramps is not None and self.subpixel:
             stale = np.flatnonzero(np.any(self._ramp_frac != frac, axis=1))
             for s in range(0, len(stale), 256):
@@ -205,7 +227,9 @@ class Core:
         didx, dy, dx, flat = idx, iy, ix, None
         if self.backend.is_gpu:  # one upload per chunk: indices and corners together
             didx, dy, dx, flat = self.backend.to_device(np.stack([idx, iy, ix, iy * self.W + ix]))
-            if self.subpixel:
+            if self._dramps is not None:
+                ramp = self._dramps[didx]  # a gather: an owned copy
+            elif self.subpixel:
                 ramp = self._outer_ramps(self._dfrac[didx], self.xp)
         return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp, flat=flat)
 
