@@ -232,6 +232,17 @@ class ArrayBackend:
             return a if a.dtype == np.float32 else a.astype(np.float32)
         return float(a)
 
+    def scalars(self, a: Any, factor: float = 1.0) -> list[Any]:
+        """``factor`` × each value of a small 1-d array, as :meth:`scalar` gives them: Python
+        floats on the CPU; 0-d float32 device arrays on a GPU, from one cast and one product
+        for all of them (values cast to float32 first, then scaled, as :meth:`scalar`'s
+        caller would)."""
+        if self.is_gpu:
+            v = a if a.dtype == np.float32 else a.astype(np.float32)
+            v = factor * v
+            return [v[i] for i in range(v.shape[0])]
+        return [factor * float(x) for x in a]
+
     def at_least(self, x: Any, low: float) -> Any:
         """max(x, low) for a :meth:`scalar`."""
         return max(x, low) if isinstance(x, float) else self.xp.maximum(x, low)

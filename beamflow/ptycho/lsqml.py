@@ -179,23 +179,25 @@ class LSQML(Algorithm):
             # Solved on the device, in float64: no copy to the host inside the iteration.
             parts = [r for r in core.map_list(systems, sw.parts) if r is not None]
             sys = (parts[0] if len(parts) == 1 else xp.concatenate(parts)).astype(np.float64)
-            a11, a12, a22, b1, b2 = sys.T
-            lam = 1e-6 * (a11 + a22) + 1e-30
-            a11 = a11 + lam
-            a22 = a22 + lam
+            # Rows of sys.T: a11, a12, a22, b1, b2. Both step lengths at once, as the rows
+            # (β_O, β_P) of a (2, b) array: the same arithmetic per position as one at a time.
+            st = sys.T
+            lam = 1e-6 * (st[0] + st[2]) + 1e-30
+            diag = st[[0, 2]] + lam  # a11 + λ, a22 + λ
             if upd_obj and upd_probe:
-                det = a11 * a22 - a12**2
-                beta_o = (a22 * b1 - a12 * b2) / det
-                beta_p = (a11 * b2 - a12 * b1) / det
+                det = diag[0] * diag[1] - st[1] ** 2
+                # β_O = ((a22+λ) b1 − a12 b2)/det, β_P = ((a11+λ) b2 − a12 b1)/det
+                betas = diag[::-1] * st[[3, 4]] - st[1] * st[[4, 3]]
+                betas /= det
             else:
-                beta_o = b1 / a11
-                beta_p = b2 / a22
-            damp = self.params.beta_value
+                betas = st[[3, 4]] / diag
+            # Their batch means, clipped at 0 and damped (each row a contiguous mean, as
+            # the 1-D one it replaces).
+            step_o, step_p = be.scalars(xp.maximum(betas, 0.0).mean(axis=1),
+                                        self.params.beta_value)
             if upd_obj:
-                step = damp * be.scalar(xp.mean(xp.maximum(beta_o, 0.0)))
                 region = core.obj[bb]
-                xp.add(region, step * d_obj[bb], out=region)
+                xp.add(region, step_o * d_obj[bb], out=region)
             if upd_probe:
-                step = damp * be.scalar(xp.mean(xp.maximum(beta_p, 0.0)))
-                core.probe += step * d_probe
+                core.probe += step_p * d_probe
                 core.probe_changed()
