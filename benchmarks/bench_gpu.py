@@ -51,10 +51,27 @@ ePIE, rPIE and LSQ-ML cases also run in Pty-Chi on the same device, frames, prob
 batch size (``benchmarks/ptychi_runner.py --device``), one line each with
 ``"engine": "ptychi"``. Without it, one line says it was skipped.
 
+Launches: a kernel launch costs the host ~5-10 µs (CuPy's Python side and the CUDA launch)
+whatever the kernel's size, so an iteration that launches more kernels than its bytes take
+to move is launch-bound, whatever the card. ``launches_per_iteration`` counts them on the
+counting stand-in for CuPy (``tests/counting_cupy.py``: the engine's GPU code path on numpy
+memory; an iteration after one warm-up, the same batches as the timed run), on any
+machine; ``launch_seconds`` is that count times an assumed :data:`LAUNCH_SECONDS` (7.5 µs,
+the middle of CuPy's 5-10 µs on a current CPU — measure it on the GPU host and pass
+``--launch-us``; on a GPU ``measured_launch_us`` gives the host cost of a tiny in-place
+kernel there), ``launch_ratio`` that over ``floor_seconds``: above 1 the case is
+launch-bound before it is memory-bound. The stand-in runs the iteration's arithmetic in
+numpy on one thread (seconds at 4000 × 128², minutes at 10000 × 256²); ``--no-launches``
+skips it. What it counts differs from CuPy in small ways: the fused modulus kernel (CuPy
+only) is 2 launches where the stand-in counts 6 or 7, and CuPy's allocations (``zeros``) and
+its ``broadcast_to`` (a view) are not/are counted the other way round.
+
 Output (``--json``): one line per case: ``engine``, ``algorithm``, ``field``, ``positions``,
 ``frame``, ``device``, ``iterations``, ``seconds_per_iteration``, ``floor_seconds``,
 ``floor_ratio`` (seconds / floor), ``bytes_per_iteration``, ``copy_gbs``, ``nrmse``
-(complex NRMSE of the object against the truth over the well-lit region), ``final_loss``.
+(complex NRMSE of the object against the truth over the well-lit region), ``final_loss``,
+``launches_per_iteration``, ``launch_us`` (the assumed cost), ``launch_seconds`` and
+``launch_ratio``.
 """
 
 from __future__ import annotations
@@ -73,6 +90,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))  # the counting stand-in for CuPy
 
 from beamflow.ptycho import (  # noqa: E402
     ArrayBackend,
@@ -95,6 +113,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "gpu"
 PIE_PASSES = 1 + 3 + 3 + 2 + 2 + 2 + 3 + 3 + 2
 PASSES = {"epie": PIE_PASSES, "rpie": PIE_PASSES, "lsqml": PIE_PASSES + 15, "dm": 30}
 NEAR_FIELD_PASSES = 12
+# Assumed host cost of one kernel launch on a GPU (CuPy: 5-10 µs; see the docstring).
+LAUNCH_SECONDS = 7.5e-6
 
 
 def log(msg: str) -> None:
@@ -127,6 +147,23 @@ def copy_bandwidth(backend: ArrayBackend, nbytes: int = 2**30) -> float:
     return 2 * n * 4 / best
 
 
+def launch_cost(backend: ArrayBackend, n: int = 2000) -> float | None:
+    """Seconds per launch of a tiny in-place kernel on a GPU (the queue never fills, so
+    this is the host's cost per launch), best of 5 runs of ``n``; None on the CPU."""
+    if not backend.is_gpu:
+        return None
+    a = backend.xp.zeros(1, np.float32)
+    best = float("inf")
+    for _ in range(5):
+        backend.synchronize()
+        t = time.perf_counter()
+        for _ in range(n):
+            a += 1
+        backend.synchronize()
+        best = min(best, (time.perf_counter() - t) / n)
+    return best
+
+
 def simulate(field: str, n: int, m: int, seed: int) -> dict[str, Any]:
     from beamflow.simulate import (  # noqa: PLC0415
         detector_frames,
@@ -147,21 +184,40 @@ def simulate(field: str, n: int, m: int, seed: int) -> dict[str, Any]:
                                         fraction=0.3)}
 
 
-def run_beamflow(case: dict[str, Any], algorithm: str, backend: ArrayBackend,
-                 args: argparse.Namespace) -> dict[str, Any]:
+def _setup(case: dict[str, Any], algorithm: str, iterations: int,
+           args: argparse.Namespace) -> tuple[PtychoData, ReconParams]:
     gt = case["gt"]
     data = PtychoData(intensities=case["frames"], positions_px=gt.positions_px,
                       object_shape=gt.object.shape, mask=gt.mask)
-    params = ReconParams(algorithm=algorithm, iterations=args.warmup + args.iterations,
+    params = ReconParams(algorithm=algorithm, iterations=iterations,
                          propagation=gt.propagation, seed=args.seed,
                          batch_size=args.batch if algorithm in ("rpie", "lsqml") else None)
+    return data, params
+
+
+def count_launches(case: dict[str, Any], algorithm: str, args: argparse.Namespace) -> int:
+    """Kernel launches of the case's second iteration on the counting stand-in for CuPy."""
+    from counting_cupy import COUNTS, installed  # noqa: PLC0415 - tests/, on the path
+
+    data, params = _setup(case, algorithm, 2, args)
+    with installed() as backend, Reconstructor(data, initial_state(data, params),
+                                               backend) as rec:
+        rec.iterate()  # caches and index offsets made once
+        COUNTS.clear()
+        rec.iterate()
+        return COUNTS["launch"]
+
+
+def run_beamflow(case: dict[str, Any], algorithm: str, backend: ArrayBackend,
+                 args: argparse.Namespace) -> dict[str, Any]:
+    data, params = _setup(case, algorithm, args.warmup + args.iterations, args)
     state = initial_state(data, params)
     seconds: list[float] = []
     with Reconstructor(data, state, backend) as rec:
         final = rec.run(callback=lambda _view, info: seconds.append(info["seconds"]))
         frame_bytes = rec.core.frames.data.dtype.itemsize
     timed = seconds[args.warmup:] or seconds
-    score = compare(final.object, gt.object, case["region"])
+    score = compare(final.object, case["gt"].object, case["region"])
     return {"seconds_per_iteration": float(np.median(timed)),
             "first_iteration_seconds": seconds[0], "frame_bytes": frame_bytes,
             "nrmse": float(score.nrmse), "final_loss": final.loss_history[-1],
@@ -217,12 +273,17 @@ def main() -> None:
                     help="rPIE/LSQ-ML batch size (default: the engine's, by scan size)")
     ap.add_argument("--ptychi-python", type=Path, default=PEER_PYTHON)
     ap.add_argument("--json", action="store_true", help="one JSON line per case on stdout")
+    ap.add_argument("--launch-us", type=float, default=LAUNCH_SECONDS * 1e6,
+                    help="assumed host cost of a kernel launch, µs (default 7.5)")
+    ap.add_argument("--no-launches", action="store_true",
+                    help="do not count launches on the stand-in (it costs a CPU iteration)")
     args = ap.parse_args()
 
     backend = array_backend(args.device)
     bandwidth = copy_bandwidth(backend)
     device = _describe(backend)
     log(f"{device}: copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    per_launch = launch_cost(backend)
     with_ptychi = ptychi_available(args.ptychi_python)
     if not with_ptychi:
         _emit(args, {"engine": "ptychi", "skipped": f"no Pty-Chi at {args.ptychi_python}"})
@@ -234,6 +295,8 @@ def main() -> None:
             case = simulate(field, n, m, args.seed)
             common = {"field": field, "positions": n, "frame": m, "device": device,
                       "copy_gbs": bandwidth / 1e9}
+            if per_launch is not None:
+                common["measured_launch_us"] = per_launch * 1e6
             probe, batch = None, args.batch or 32
             for algorithm in args.algorithms:
                 log(f"beamflow {algorithm} {field} {n} x {m}²")
@@ -244,6 +307,11 @@ def main() -> None:
                 nbytes = bytes_per_iteration(algorithm, field == "near", n, m, 1,
                                              r.pop("frame_bytes"))
                 floor = nbytes / bandwidth
+                if not args.no_launches:
+                    launches = count_launches(case, algorithm, args)
+                    launch_s = launches * args.launch_us * 1e-6
+                    r.update(launches_per_iteration=launches, launch_us=args.launch_us,
+                             launch_seconds=launch_s, launch_ratio=launch_s / floor)
                 _emit(args, {"engine": "beamflow", "algorithm": algorithm, **common, **r,
                              "bytes_per_iteration": nbytes, "floor_seconds": floor,
                              "floor_ratio": r["seconds_per_iteration"] / floor})

@@ -10,168 +10,33 @@ numpy cannot show but this stand-in can:
   steps when positions are corrected), not once per batch or chunk;
 * the kernels launched per batch do not grow with the batch size (no per-position loops).
 
-The stand-in is numpy memory behind the GPU code path of :class:`ArrayBackend`: its arrays
-count element-wise and reduction kernels, fancy-index gathers, FFTs and scatters, uploads,
-and every conversion to a host value.
+The stand-in (``tests/counting_cupy.py``) is numpy memory behind the GPU code path of
+:class:`ArrayBackend`: its arrays count element-wise and reduction kernels, fancy-index
+gathers, FFTs and scatters, uploads, and every conversion to a host value. The launches per
+batch of rPIE and LSQ-ML are also held under a ceiling: at 5-10 µs each they are a floor of
+their own on a GPU (docs/performance.md, "Launches per batch").
 """
 
 from __future__ import annotations
 
 import sys
-import types
 from collections import Counter
 from typing import Any
 
 import numpy as np
 import pytest
-import scipy.fft
+from counting_cupy import COUNTS, counting_backend, counting_modules
 from test_ptycho_engine import data_of, simulate
 
 from beamflow.ptycho import ReconParams, Reconstructor, initial_state
 from beamflow.ptycho.arrays import ArrayBackend
 
-COUNTS: Counter[str] = Counter()
-
-
-def _host(a: Any) -> Any:
-    return a.view(np.ndarray) if isinstance(a, DeviceArray) else a
-
-
-def _dev(a: Any) -> Any:
-    if isinstance(a, np.generic):  # a reduction's result stays on the device, 0-d
-        a = np.asarray(a)
-    if isinstance(a, np.ndarray) and not isinstance(a, DeviceArray):
-        return a.view(DeviceArray)
-    if isinstance(a, tuple):
-        return tuple(_dev(x) for x in a)
-    if isinstance(a, list):
-        return [_dev(x) for x in a]
-    return a
-
-
-def _is_gather(key: Any) -> bool:
-    keys = key if isinstance(key, tuple) else (key,)
-    return any(isinstance(k, (np.ndarray, list)) for k in keys)
-
-
-class DeviceArray(np.ndarray):
-    """numpy memory standing in for device memory: kernels and host reads are counted."""
-
-    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        COUNTS["launch"] += 1
-        if "out" in kwargs:
-            kwargs["out"] = tuple(_host(o) for o in kwargs["out"])
-        out = getattr(ufunc, method)(*(_host(i) for i in inputs), **kwargs)
-        return _dev(out)
-
-    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        COUNTS["launch"] += 1
-        conv = [_host(a) if not isinstance(a, (list, tuple)) else type(a)(_host(x) for x in a)
-                for a in args]
-        if "out" in kwargs:
-            kwargs = {**kwargs, "out": _host(kwargs["out"])}
-        return _dev(func(*conv, **kwargs))
-
-    def __getitem__(self, key: Any) -> Any:
-        if _is_gather(key):
-            COUNTS["launch"] += 1
-        key = tuple(_host(k) for k in key) if isinstance(key, tuple) else _host(key)
-        return _dev(np.ndarray.__getitem__(self.view(np.ndarray), key))
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        COUNTS["launch"] += 1
-        key = tuple(_host(k) for k in key) if isinstance(key, tuple) else _host(key)
-        np.ndarray.__setitem__(self.view(np.ndarray), key, _host(value))
-
-    def copy(self, *args: Any, **kwargs: Any) -> Any:
-        COUNTS["launch"] += 1
-        return _dev(self.view(np.ndarray).copy(*args, **kwargs))
-
-    def astype(self, *args: Any, **kwargs: Any) -> Any:
-        COUNTS["launch"] += 1
-        return _dev(self.view(np.ndarray).astype(*args, **kwargs))
-
-    # Reading a value on the host waits for the device.
-    def _read(self) -> np.ndarray:
-        COUNTS["read"] += 1
-        return self.view(np.ndarray)
-
-    def __float__(self) -> float:
-        return float(self._read())
-
-    def __int__(self) -> int:
-        return int(self._read())
-
-    def __bool__(self) -> bool:
-        return bool(self._read())
-
-    def __complex__(self) -> complex:
-        return complex(self._read())
-
-    def item(self, *args: Any) -> Any:
-        return self._read().item(*args)
-
-    def tolist(self) -> Any:
-        return self._read().tolist()
-
-
-class _XP(types.ModuleType):
-    """The array module: numpy's functions, their results on the 'device'."""
-
-    def __getattr__(self, name: str) -> Any:
-        obj = getattr(np, name)
-        if callable(obj) and not isinstance(obj, type):
-            def call(*args: Any, **kwargs: Any) -> Any:
-                if name in ("asarray", "array") and not isinstance(args[0], DeviceArray):
-                    COUNTS["upload"] += 1
-                return _dev(obj(*args, **kwargs))
-            return call
-        return obj
-
-
-def _fft(forward: bool):
-    def fft(a: Any, axes: Any = (-2, -1), overwrite_x: bool = False, norm: str = "backward"):
-        COUNTS["launch"] += 1
-        f = scipy.fft.fft2 if forward else scipy.fft.ifft2
-        return _dev(f(_host(a), axes=axes, overwrite_x=overwrite_x, norm=norm, workers=1))
-    return fft
-
-
-def _upload(a: Any, dtype: Any = None) -> DeviceArray:
-    COUNTS["upload"] += 1
-    return np.array(_host(a), dtype=dtype).view(DeviceArray)
-
-
-def _download(a: Any) -> np.ndarray:
-    COUNTS["read"] += 1
-    return np.array(_host(a))
-
-
-def _synchronize() -> None:
-    COUNTS["read"] += 1
-
-
-def _scatter_add(a: Any, idx: Any, values: Any) -> None:
-    COUNTS["launch"] += 1
-    np.add.at(_host(a), _host(idx), _host(values))
-
 
 @pytest.fixture
 def device(monkeypatch: pytest.MonkeyPatch) -> ArrayBackend:
-    stream = types.SimpleNamespace(synchronize=_synchronize)
-    cupy = types.SimpleNamespace(
-        ndarray=DeviceArray, asarray=_upload, asnumpy=_download, iscomplexobj=np.iscomplexobj,
-        float32=np.float32, cuda=types.SimpleNamespace(get_current_stream=lambda: stream))
-    cupyx = types.ModuleType("cupyx")
-    cupyx.scatter_add = _scatter_add
-    scipy_mod = types.ModuleType("cupyx.scipy")
-    fft_mod = types.ModuleType("cupyx.scipy.fft")
-    fft_mod.fft2, fft_mod.ifft2 = _fft(True), _fft(False)
-    cupyx.scipy, scipy_mod.fft = scipy_mod, fft_mod
-    monkeypatch.setitem(sys.modules, "cupyx", cupyx)
-    monkeypatch.setitem(sys.modules, "cupyx.scipy", scipy_mod)
-    monkeypatch.setitem(sys.modules, "cupyx.scipy.fft", fft_mod)
-    return ArrayBackend(name="cuda:0", xp=_XP("counting_cupy"), threads=1, _cupy=cupy)
+    for name, mod in counting_modules().items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    return counting_backend()
 
 
 def _reconstructor(backend: ArrayBackend, n: int = 64, **kw: Any) -> Reconstructor:
@@ -251,6 +116,23 @@ def test_kernels_per_batch_do_not_grow_with_the_batch(device, extra):
     assert uploads[8] == uploads[32] == {1}, uploads
 
 
+# Kernel launches per batch on the stand-in (one chunk per batch, 2026-11-25): rPIE was 90
+# and LSQ-ML 158 before the launch cuts of docs/performance.md; a change that adds a launch
+# to every batch fails here, and one that removes launches lowers the ceiling with it.
+LAUNCH_CEILINGS = {"rpie": 56, "lsqml": 95}
+
+
+@pytest.mark.parametrize("algorithm", list(LAUNCH_CEILINGS))
+def test_launches_per_batch_stay_under_their_ceiling(device, algorithm):
+    with _reconstructor(device, algorithm=algorithm, batch_size=32,
+                        batch_selection="random") as rec:
+        rec.iterate()
+        _, per_batch = _count_iteration(rec)
+    launches = {b["launch"] for b in per_batch}
+    assert len(per_batch) == 2 and rec.core.subpixel  # the sub-pixel path: the most kernels
+    assert max(launches) <= LAUNCH_CEILINGS[algorithm], launches
+
+
 def test_epie_sparse_batches_cost_the_same_kernels_whatever_their_size(device):
     with _reconstructor(device, algorithm="epie") as rec:
         rec.iterate()
@@ -271,3 +153,53 @@ def test_the_stand_in_counts_what_it_should(device):
     device.synchronize()
     assert COUNTS["read"] == 3
 
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_lsqml_step_systems_give_the_same_sums_batched_or_per_pair(n):
+    """A GPU sums the step-length systems in one product per kind, numpy one dot product
+    per pair: the same float32 arithmetic, so the same bits (the engine's losses on either
+    path rest on it)."""
+    from beamflow.ptycho.lsqml import _systems
+
+    rng = np.random.default_rng(3)
+
+    def waves(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(
+            np.complex64)
+
+    dirs, chi = waves(5, n, 2, 16, 16), waves(5, 2, 16, 16)
+    gram_b, rhs_b = _systems(dirs, chi, np, batched=True)
+    gram_p, rhs_p = _systems(dirs, chi, np, batched=False)
+    assert gram_b.shape == gram_p.shape == (5, n, n) and rhs_b.shape == rhs_p.shape == (5, n)
+    np.testing.assert_array_equal(gram_b, gram_p)
+    np.testing.assert_array_equal(rhs_b, rhs_p)
+    # and they are the systems: Re Σ conj(d_s)·d_t, Re Σ conj(d_s)·χ
+    want = np.einsum("bskyx,btkyx->bst", dirs.conj(), dirs).real
+    np.testing.assert_allclose(gram_p, want, rtol=1e-4)
+    np.testing.assert_allclose(rhs_p, np.einsum("bskyx,bkyx->bs", dirs.conj(), chi).real,
+                               rtol=1e-4)
+
+
+def test_device_ramps_follow_the_positions_and_the_memory_plan(device):
+    """On a GPU the sub-pixel ramps are kept on the device when the memory plan has room
+    (one gather per chunk instead of six kernels) and remade when positions move: with
+    position correction the losses are those of ramps made per chunk, bit for bit; without
+    room they are made per chunk."""
+    kw = {"algorithm": "rpie", "position_correction": True, "position_correction_start": 0}
+    losses = {}
+    for room in (True, False):
+        device.memory_limit_bytes = None
+        if not room:  # the frames and a chunk fit, the ramps beside them do not
+            with _reconstructor(device, **kw) as probe_rec:
+                core = probe_rec.core
+                fixed, per_position = core._memory_terms(core.M * core.M * 4, 0)
+                need = fixed + core.N * core.M * core.M * 4 + core.chunk_size * per_position
+            device.memory_limit_bytes = need + core.N * core.M * core.M * 4
+        with _reconstructor(device, **kw) as rec:
+            assert rec.core.subpixel and rec.core.frames.resident
+            assert (rec.core._dramps is not None) == room
+            losses[room] = rec.run().loss_history
+            moved = np.abs(rec.core.pos - rec.core.nominal).max()
+    assert moved > 0.01  # the positions (and their sub-pixel ramps) changed
+    assert losses[True] == losses[False]

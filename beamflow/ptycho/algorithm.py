@@ -54,8 +54,9 @@ class PartSums:
     """What one part of a batch (one host thread's positions) sums up during the sweep."""
 
     acc: tuple[Any, Any] | None  # the part's object accumulator (zeroed over the box)
-    probe_num: Any = None  # Σ_j S_j^H[conj(O_j)χ_j] (see Core.probe_terms), or None
-    probe_den: Any = None  # Σ_j |O_j|²
+    probe: bool = False  # whether the part sums the probe terms (into the two below)
+    probe_num: Any = None  # Σ_j S_j^H[conj(O_j)χ_j] (see Core.probe_terms); None until
+    probe_den: Any = None  # Σ_j |O_j|²                  the first chunk's terms
     losses: list[Any] = field(default_factory=list)  # device scalars, one per chunk
     steps: list[Any] = field(default_factory=list)  # device (b, 2) position steps per chunk
     kept: list[Any] = field(default_factory=list)  # per-chunk values an algorithm keeps
@@ -189,7 +190,7 @@ class Algorithm:
         """The forward model, the correction and the update terms for part ``t``, chunk by
         chunk (runs in the part's thread)."""
         core, xp, be = self.core, self.core.xp, self.core.backend
-        k, m = core.K, core.M
+        m = core.M
         acc = None
         if sw.accs is not None:
             acc = sw.accs[t]
@@ -197,8 +198,7 @@ class Algorithm:
             acc[1][sw.bbox] = 0
         sums = PartSums(acc)
         if sw.update_probe and self.probe_terms_in_sweep:
-            sums.probe_num = xp.zeros((k, m, m), np.complex64)
-            sums.probe_den = xp.zeros((m, m), np.float32)
+            sums.probe = True
         for sub in core.subchunks(part):
             c = core.chunk(sub)
             pd = core.shifted_probe(c) if self.opr is None else self.opr.shifted_probe(c)
@@ -208,8 +208,9 @@ class Algorithm:
             sums.losses.append(loss)
             if sw.grads is not None:
                 gy, gx = sw.grads
-                sums.steps.append(position_steps(pd, be.gather(gy, c.dy, c.dx, m),
-                                                 be.gather(gx, c.dy, c.dx, m), chi, xp))
+                sums.steps.append(position_steps(
+                    pd, be.gather(gy, c.dy, c.dx, m, flat=c.flat),
+                    be.gather(gx, c.dy, c.dx, m, flat=c.flat), chi, xp))
             if self.opr is not None and sw.update_probe:
                 sums.opr_steps.append(self.opr.chunk_steps(c, oj, chi))
             self.chunk_update(sw, sums, c, pd, oj, big, chi)
@@ -235,8 +236,9 @@ class Algorithm:
         core = self.core
         if sums.acc is not None:
             core.accumulate_object(sums.acc, core.object_num(pd, chi, c), c)
-        if sums.probe_num is not None:
-            core.probe_terms(oj, chi, c, sums.probe_num, sums.probe_den)
+        if sums.probe:
+            sums.probe_num, sums.probe_den = core.probe_terms(oj, chi, c, sums.probe_num,
+                                                              sums.probe_den)
 
     def update(self, sw: Sweep, sums: list[PartSums]) -> None:  # pragma: no cover
         """Update object and probe from the parts' sums (in part order)."""

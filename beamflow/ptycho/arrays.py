@@ -195,6 +195,7 @@ class ArrayBackend:
     _cupy: Any = field(default=None, repr=False)
     _staging: list[Any] = field(default_factory=list, repr=False)
     _kernels: dict[str, Any] = field(default_factory=dict, repr=False)
+    _offsets: dict[tuple[int, int, int], Any] = field(default_factory=dict, repr=False)
 
     @property
     def is_gpu(self) -> bool:
@@ -227,9 +228,20 @@ class ArrayBackend:
         """The value of a 0-d reduction for further arithmetic, without waiting for the
         device: a Python float on the CPU; a 0-d float32 array on a GPU (reading it there
         would stall the queue, so the engine never does inside an iteration)."""
-        if self.is_gpu:
-            return a.astype(np.float32)
+        if self.is_gpu:  # a float32 reduction is one already: no copy kernel
+            return a if a.dtype == np.float32 else a.astype(np.float32)
         return float(a)
+
+    def scalars(self, a: Any, factor: float = 1.0) -> list[Any]:
+        """``factor`` × each value of a small 1-d array, as :meth:`scalar` gives them: Python
+        floats on the CPU; 0-d float32 device arrays on a GPU, from one cast and one product
+        for all of them (values cast to float32 first, then scaled, as :meth:`scalar`'s
+        caller would)."""
+        if self.is_gpu:
+            v = a if a.dtype == np.float32 else a.astype(np.float32)
+            v = factor * v
+            return [v[i] for i in range(v.shape[0])]
+        return [factor * float(x) for x in a]
 
     def at_least(self, x: Any, low: float) -> Any:
         """max(x, low) for a :meth:`scalar`."""
@@ -370,14 +382,17 @@ class ArrayBackend:
         return self.threads if a.size >= PARALLEL_FFT_MIN else 1
 
     # -- patches --------------------------------------------------------------------------
-    def gather(self, arr: Any, iy: np.ndarray, ix: np.ndarray, m: int, out: Any = None) -> Any:
+    def gather(self, arr: Any, iy: np.ndarray, ix: np.ndarray, m: int, out: Any = None,
+               flat: Any = None) -> Any:
         """Patches ``arr[iy_j:iy_j+m, ix_j:ix_j+m]`` stacked to ``(b, m, m)`` (a copy).
 
         ``iy``/``ix`` are integer arrays of top-left corners, already inside ``arr``: on the
-        host (CPU), on the host or the device (GPU).
+        host (CPU), on the host or the device (GPU). ``flat`` (GPU, optional): the corners'
+        flat offsets ``iy·W + ix`` on the device for an ``arr`` of W columns, made once per
+        chunk — it saves the index arithmetic's kernels in every call.
         """
         if self.is_gpu:
-            idx = self._flat_index(arr.shape[1], iy, ix, m, 1)
+            idx = self._flat_index(arr.shape[1], iy, ix, m, 1, flat)
             return self.xp.take(arr.ravel(), idx, out=out)
         # fancy indexing of the (H-m+1, W-m+1, m, m) window view copies b contiguous-row
         # blocks in one C loop: measured ~1.5x faster than slicing in a Python loop.
@@ -387,7 +402,8 @@ class ArrayBackend:
         out[...] = view[iy, ix]
         return out
 
-    def scatter_add(self, acc: Any, patches: Any, iy: np.ndarray, ix: np.ndarray) -> None:
+    def scatter_add(self, acc: Any, patches: Any, iy: np.ndarray, ix: np.ndarray,
+                    flat: Any = None) -> None:
         """``acc[iy_j:iy_j+m, ix_j:ix_j+m, ...] += patches[j]`` for every j (overlaps add).
 
         ``acc`` is (H, W, *tail) and ``patches`` (b, m, m, *tail), same dtype.
@@ -400,7 +416,8 @@ class ArrayBackend:
         as a scatter-add is one call that releases the GIL and scales (1.3-1.5x with two),
         but costs 1.25-1.5x the loop's CPU: in the engine on 2 cores it made an rPIE
         iteration ~5 % slower against the FFT floor, so the loop stays.
-        GPU: one atomic scatter-add kernel over flat indices.
+        GPU: one atomic scatter-add kernel over flat indices (``flat``: as in :meth:`gather`,
+        for an ``acc`` of W columns).
         """
         m = patches.shape[1]
         if self.is_gpu:
@@ -408,11 +425,11 @@ class ArrayBackend:
             tail = int(np.prod(acc.shape[2:], dtype=np.int64))
             a = acc.reshape(acc.shape[0], acc.shape[1] * tail)
             p = patches.reshape(patches.shape[0], m, m * tail)
-            if cp.iscomplexobj(a):  # atomics on the float32 halves
+            if a.dtype.kind == "c":  # atomics on the float32 halves
                 a = a.view(cp.float32)
                 p = p.view(cp.float32)
                 tail *= 2
-            idx = self._flat_index(a.shape[1], iy, ix * tail, m, tail)
+            idx = self._flat_index(a.shape[1], iy, ix * tail, m, tail, flat)
             import cupyx  # noqa: PLC0415
 
             cupyx.scatter_add(a.ravel(), idx.ravel(), p.ravel())
@@ -421,25 +438,39 @@ class ArrayBackend:
             y, x = int(iy[j]), int(ix[j])
             acc[y : y + m, x : x + m] += patches[j]
 
-    def scatter_set(self, arr: Any, patches: Any, iy: np.ndarray, ix: np.ndarray) -> None:
-        """``arr[iy_j:iy_j+m, ix_j:ix_j+m] = patches[j]``; the patches must not overlap."""
+    def scatter_set(self, arr: Any, patches: Any, iy: np.ndarray, ix: np.ndarray,
+                    flat: Any = None) -> None:
+        """``arr[iy_j:iy_j+m, ix_j:ix_j+m] = patches[j]``; the patches must not overlap
+        (``flat``: as in :meth:`gather`)."""
         m = patches.shape[1]
         if self.is_gpu:
-            idx = self._flat_index(arr.shape[1], iy, ix, m, 1)
+            idx = self._flat_index(arr.shape[1], iy, ix, m, 1, flat)
             arr.ravel()[idx.ravel()] = patches.ravel()
             return
         for j in range(len(iy)):
             y, x = int(iy[j]), int(ix[j])
             arr[y : y + m, x : x + m] = patches[j]
 
-    def _flat_index(self, row_len: int, iy: np.ndarray, ix: np.ndarray, m: int, tail: int):
-        """Device int64 flat indices (b, m, m*tail) of patches in a row-major 2-D array."""
+    def _flat_index(self, row_len: int, iy: np.ndarray, ix: np.ndarray, m: int, tail: int,
+                    flat: Any = None):
+        """Device int64 flat indices (b, m, m*tail) of patches in a row-major 2-D array.
+
+        The window's own offsets (r·row_len + c) are made once per shape and kept: every
+        kernel saved here is saved three times per chunk (a gather and two scatters). With
+        ``flat`` (iy·W + ix, W = row_len / tail) the corners cost one kernel, or none."""
         xp = self.xp
-        r = xp.arange(m, dtype=xp.int64)[:, None] * row_len
-        c = xp.arange(m * tail, dtype=xp.int64)[None, :]
-        # Corners may be host arrays (uploaded here) or already on the device (no copy).
-        base = xp.asarray(iy, dtype=xp.int64) * row_len + xp.asarray(ix, dtype=xp.int64)
-        return base[:, None, None] + (r + c)[None]
+        key = (row_len, m, tail)
+        offsets = self._offsets.get(key)
+        if offsets is None:
+            r = xp.arange(m, dtype=xp.int64)[:, None] * row_len
+            c = xp.arange(m * tail, dtype=xp.int64)[None, :]
+            offsets = self._offsets[key] = (r + c)[None]
+        if flat is not None:
+            base = flat if tail == 1 else flat * tail
+        else:
+            # Corners may be host arrays (uploaded here) or already on the device (no copy).
+            base = xp.asarray(iy, dtype=xp.int64) * row_len + xp.asarray(ix, dtype=xp.int64)
+        return base[:, None, None] + offsets
 
 
 def array_backend(device: str = "auto", threads: int | None = None,

@@ -119,13 +119,13 @@ class DM(Algorithm):
 
     def probe_pass(self, _t: int, part: np.ndarray) -> PartSums:
         """Σ_j S_j^H[conj(O_j) ψ_j] and Σ_j |O_j|² with the refitted object."""
-        core, xp = self.core, self.core.xp
-        k, m = core.K, core.M
-        sums = PartSums(None, xp.zeros((k, m, m), np.complex64), xp.zeros((m, m), np.float32))
+        core = self.core
+        sums = PartSums(None, probe=True)
         for sub in core.subchunks(part):
             c = core.chunk(sub)
             psi = core.to_sample(self.exit[c.didx], c)
-            core.probe_terms(core.object_patches(c), psi, c, sums.probe_num, sums.probe_den)
+            sums.probe_num, sums.probe_den = core.probe_terms(
+                core.object_patches(c), psi, c, sums.probe_num, sums.probe_den)
         return sums
 
     def update(self, sw: Sweep, sums: list[PartSums]) -> None:

@@ -58,7 +58,10 @@ MIN_PART = 4
 PARALLEL_UPDATE_PX = 2**16
 # Sub-pixel phase ramps are cached per position on CPU: gathering them costs a third of
 # numpy's broadcast outer product. Above this size (bigger scans, where holding ~2x the frames
-# again would break the memory budget) they are recomputed per chunk instead.
+# again would break the memory budget) they are recomputed per chunk instead. On a GPU they
+# are kept on the device whenever they fit beside the frames and a chunk's work (the memory
+# plan): a chunk's ramps are then one gather instead of six kernels, and they are remade on
+# the device, all at once, only when the positions change.
 RAMP_CACHE_BYTES = 64 * 2**20
 
 
@@ -73,6 +76,9 @@ class Chunk:
     dy: Any  # the corners on the device (gather/scatter take these)
     dx: Any
     ramp: Any  # (b, M, M) complex64 exp(-2πi k·δ_j) (an owned copy), or None
+    # GPU: the corners' flat offsets iy·W + ix into object-sized arrays, on the device (one
+    # upload with the corners; gather and scatter then need no index arithmetic); else None.
+    flat: Any = None
 
 
 class Core:
@@ -106,7 +112,11 @@ class Core:
         mask_s = to_engine(data.mask, (0, 1))
         counts = backend.compact_frames and frames_are_counts(data.intensities, data.mask)
         self.chunk_size = GPU_CHUNK if backend.is_gpu else max(1, CPU_CHUNK_PX // (m * m))
-        resident = self._plan_memory(m * m * (2 if counts else 4), reserved_bytes)
+        frame_bytes = m * m * (2 if counts else 4)
+        ramp_bytes = self.N * m * m * 8
+        device_ramps = backend.is_gpu and self._fits(frame_bytes, reserved_bytes + ramp_bytes)
+        resident = self._plan_memory(frame_bytes,
+                                     reserved_bytes + (ramp_bytes if device_ramps else 0))
         self.frames, norm, max_amp = load_frames(
             data.intensities, mask_s, backend, lambda a: to_engine(a, (-2, -1)), counts,
             resident, in_place=consume and not backend.is_gpu)
@@ -129,6 +139,8 @@ class Core:
         cache = (not backend.is_gpu) and self.N * m * m * 8 <= RAMP_CACHE_BYTES
         self._ramps: np.ndarray | None = np.empty((self.N, m, m), np.complex64) if cache else None
         self._ramp_frac = np.full((self.N, 2), np.nan)
+        self._device_ramps = device_ramps
+        self._dramps: Any = None  # (N, M, M) on the device (GPU, when they fit)
         self._pool: ThreadPoolExecutor | None = None
         self._acc: list[tuple[Any, Any]] = []
         self._probe_hat = None
@@ -143,21 +155,31 @@ class Core:
         An estimate: the object with one accumulator pair per thread and a spare, the object
         gradient (position correction), the algorithm's reservation, and per position in a
         chunk about 6K+2 complex64 frames of work (shifted probe, exit and detector waves,
-        patches, temporaries) plus its frame."""
+        patches, temporaries) plus its frame. ``reserved_bytes`` holds the algorithm's memory
+        and, on a GPU, the sub-pixel ramps kept on the device when they fit."""
         be = self.backend
         limit = be.memory_limit_bytes
-        if limit is None:
+        if self._fits(frame_bytes, reserved_bytes):
             return True
-        m2 = self.M * self.M
-        fixed = reserved_bytes + self.H * self.W * (8 + 12 * (be.threads + 1) + 16)
-        per_position = m2 * 8 * (6 * self.K + 2) + frame_bytes
-        if fixed + self.N * frame_bytes + self.chunk_size * per_position <= limit:
-            return True
+        fixed, per_position = self._memory_terms(frame_bytes, reserved_bytes)
         be.check_fits(fixed + per_position,
                       f"a reconstruction of a {self.H} x {self.W} object with {self.M}x{self.M} "
                       "frames streamed one at a time")
         self.chunk_size = max(1, min(self.chunk_size, (limit - fixed) // per_position))
         return False
+
+    def _memory_terms(self, frame_bytes: int, reserved_bytes: int) -> tuple[int, int]:
+        """(fixed bytes, bytes per position of a chunk) of :meth:`_plan_memory`'s estimate."""
+        fixed = reserved_bytes + self.H * self.W * (8 + 12 * (self.backend.threads + 1) + 16)
+        return fixed, self.M * self.M * 8 * (6 * self.K + 2) + frame_bytes
+
+    def _fits(self, frame_bytes: int, reserved_bytes: int) -> bool:
+        """Whether resident frames and a full chunk fit beside ``reserved_bytes``."""
+        limit = self.backend.memory_limit_bytes
+        if limit is None:
+            return True
+        fixed, per_position = self._memory_terms(frame_bytes, reserved_bytes)
+        return fixed + self.N * frame_bytes + self.chunk_size * per_position <= limit
 
     # -- positions --------------------------------------------------------------------------
     def set_positions(self, pos: np.ndarray) -> None:
@@ -175,6 +197,9 @@ class Core:
         self.subpixel = bool(np.any(frac != 0.0))
         if self.backend.is_gpu:  # the chunks' ramps are made on the device from these
             self._dfrac = self.backend.to_device(frac)
+            self._dramps = None  # freed before the new ones are made
+            if self._device_ramps and self.subpixel:
+                self._dramps = self._outer_ramps(self._dfrac, self.xp)
         if self._ramps is not None and self.subpixel:
             stale = np.flatnonzero(np.any(self._ramp_frac != frac, axis=1))
             for s in range(0, len(stale), 256):
@@ -186,9 +211,10 @@ class Core:
         """exp(−2πi (k_y δy + k_x δx)) for each row of d (b, 2) → (b, M, M) complex64, made
         where ``d`` lives (``xp``)."""
         kf = self.kfreq if xp is np else self._dkfreq
-        ey = xp.exp(-2j * np.pi * xp.outer(d[:, 0], kf)).astype(np.complex64)
-        ex = xp.exp(-2j * np.pi * xp.outer(d[:, 1], kf)).astype(np.complex64)
-        return ey[:, :, None] * ex[:, None, :]
+        # Both axes at once (b, 2, M): the same products as two outer products, half the
+        # kernels.
+        e = xp.exp(-2j * np.pi * (d[:, :, None] * kf)).astype(np.complex64)
+        return e[:, 0, :, None] * e[:, 1, None, :]
 
     # -- chunks and threads -----------------------------------------------------------------
     def chunk(self, idx: np.ndarray) -> Chunk:
@@ -198,12 +224,14 @@ class Core:
             ramp = self._ramps[idx] if self._ramps is not None else self._outer_ramps(
                 self.frac[idx], np)
         iy, ix = self.corner[idx, 0], self.corner[idx, 1]
-        didx, dy, dx = idx, iy, ix
+        didx, dy, dx, flat = idx, iy, ix, None
         if self.backend.is_gpu:  # one upload per chunk: indices and corners together
-            didx, dy, dx = self.backend.to_device(np.stack([idx, iy, ix]))
-            if self.subpixel:
+            didx, dy, dx, flat = self.backend.to_device(np.stack([idx, iy, ix, iy * self.W + ix]))
+            if self._dramps is not None:
+                ramp = self._dramps[didx]  # a gather: an owned copy
+            elif self.subpixel:
                 ramp = self._outer_ramps(self._dfrac[didx], self.xp)
-        return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp)
+        return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp, flat=flat)
 
     def split(self, idx: np.ndarray) -> list[np.ndarray]:
         """Split a batch into one contiguous part per thread (deterministic).
@@ -285,15 +313,18 @@ class Core:
         slabs = [(slice(int(r[0]), int(r[-1]) + 1), bb[1]) for r in rows if len(r)]
         combined = self.map_list(lambda _t, sl: self.combine(accs, sl), slabs)
         xp = self.xp
-        dmax = self.backend.scalar(xp.stack([d.max() for _, d in combined]).max())
+        top = (combined[0][1].max() if len(combined) == 1
+               else xp.stack([d.max() for _, d in combined]).max())
+        dmax = self.backend.scalar(top)
 
         def apply(t: int, sl: tuple[slice, slice]) -> None:
             num, den = combined[t]
             upd = step(num, den, dmax, sl)
             if replace:
                 tgt[sl] = upd
-            else:
-                tgt[sl] += upd
+            else:  # out= on the view: no copy of the view onto itself after
+                region = tgt[sl]
+                xp.add(region, upd, out=region)
 
         self.map_list(apply, slabs)
 
@@ -323,7 +354,10 @@ class Core:
         if self._probe_int is None:
             xp = self.xp
             p = self.probe
-            self._probe_int = (xp.square(p.real) + xp.square(p.imag)).sum(axis=0)
+            inten = xp.square(p.real)
+            inten += xp.square(p.imag)
+            # One mode: the sum over it is the value itself (a kernel saved per batch).
+            self._probe_int = inten[0] if p.shape[0] == 1 else inten.sum(axis=0)
         return self._probe_int
 
     def set_illumination(self, intensity: Any) -> None:
@@ -352,8 +386,9 @@ class Core:
         return self.backend.ifft2(pd, workers=self.fft_workers, scale=False)
 
     def object_patches(self, c: Chunk, obj: Any = None) -> Any:
-        """(b, M, M) copies of the object windows."""
-        return self.backend.gather(self.obj if obj is None else obj, c.dy, c.dx, self.M)
+        """(b, M, M) copies of the object windows (``obj``: another object-sized array)."""
+        return self.backend.gather(self.obj if obj is None else obj, c.dy, c.dx, self.M,
+                                   flat=c.flat)
 
     def to_detector(self, pd: Any, oj: Any, c: Chunk) -> Any:
         """The wave at the detector for the chunk's positions, a new (b, K, M, M) array.
@@ -418,7 +453,10 @@ class Core:
         amp += self.eps
         d /= amp  # (√I − |Ψ|)/|Ψ| on valid pixels, 0 elsewhere
         if big_psi.shape[1] == 1:
-            big_psi[:, 0] *= d
+            # out= on the view: ``a[:, 0] *= d`` would copy the view onto itself after (a
+            # second kernel on a GPU).
+            psi0 = big_psi[:, 0]
+            self.xp.multiply(psi0, d, out=psi0)
         else:
             big_psi *= d[:, None]
         return loss
@@ -438,13 +476,15 @@ class Core:
         """Σ_k conj(P_k,j)·χ_jk → (b, M, M).
 
         Overwrites an owned ``pd``: conjugated, and with one mode the result is written into
-        it (one chunk-sized array fewer at the memory peak) unless ``keep_probe``.
+        it (one chunk-sized array fewer at the memory peak) unless ``keep_probe``, which
+        leaves ``pd`` as it was (the same kernels: a conjugate into a new array).
         """
         xp = self.xp
         # Unshifted: pd is the (1, K, M, M) probe itself, small and not ours to modify.
-        pdc = xp.conj(pd) if c.ramp is None else xp.conjugate(pd, out=pd)
+        own = c.ramp is not None and not keep_probe
+        pdc = xp.conjugate(pd, out=pd) if own else xp.conj(pd)
         if chi.shape[1] == 1:
-            out = pdc[:, 0] if c.ramp is not None and not keep_probe else None
+            out = pdc[:, 0] if own else None
             return xp.multiply(pdc[:, 0], chi[:, 0], out=out)
         return (pdc * chi).sum(axis=1)
 
@@ -458,43 +498,60 @@ class Core:
         |P_j|² per position.
         """
         be, xp = self.backend, self.xp
-        be.scatter_add(acc[0], num, c.dy, c.dx)
+        be.scatter_add(acc[0], num, c.dy, c.dx, flat=c.flat)
         if pd is not None and c.ramp is not None:
             inten = (xp.square(pd.real) + xp.square(pd.imag)).sum(axis=1)
         else:
             inten = self.probe_intensity()
             inten = xp.broadcast_to(inten, (len(c.idx),) + inten.shape)
-        be.scatter_add(acc[1], inten, c.dy, c.dx)
+        be.scatter_add(acc[1], inten, c.dy, c.dx, flat=c.flat)
 
-    def probe_terms(self, oj: Any, chi: Any, c: Chunk, out_num: Any, out_den: Any) -> None:
-        """Accumulate Σ_j S_j^H[conj(O_j)·χ_jk] and Σ_j |O_j|².
+    def probe_terms(self, oj: Any, chi: Any, c: Chunk, out_num: Any, out_den: Any,
+                    keep: bool = False) -> tuple[Any, Any]:
+        """Accumulate Σ_j S_j^H[conj(O_j)·χ_jk] and Σ_j |O_j|²; return (num, den).
 
+        ``out_num``/``out_den`` are the sums so far, added to in place; None for the first
+        chunk, whose terms become new sums (no zeroed arrays to add them to: two kernels
+        fewer per batch, and the same values — 0 + x is x).
         With sub-pixel shifts the numerator is accumulated in the Fourier domain and
-        conjugated (:meth:`probe_from_terms` undoes both). Overwrites ``oj`` and ``chi``.
+        conjugated (:meth:`probe_from_terms` undoes both). Overwrites ``oj`` and ``chi``
+        unless ``keep`` (then the products go to new arrays: the same kernels, where a
+        caller that needs them after would otherwise copy them first).
         """
         xp, be = self.xp, self.backend
         b, m = oj.shape[0], self.M
         ov = oj.view(np.float32).reshape(b, 2 * m * m)
         sq = xp.einsum("jp,jp->p", ov, ov)
-        out_den += sq[0::2].reshape(m, m)
-        out_den += sq[1::2].reshape(m, m)
-        ocj = xp.conjugate(oj, out=oj)
+        if out_den is None:
+            out_den = xp.add(sq[0::2].reshape(m, m), sq[1::2].reshape(m, m))
+        else:
+            out_den += sq[0::2].reshape(m, m)
+            out_den += sq[1::2].reshape(m, m)
+        ocj = xp.conj(oj) if keep else xp.conjugate(oj, out=oj)
         if chi.shape[1] == 1:
-            chi[:, 0] *= ocj
+            chi0 = chi[:, 0]
+            g = xp.multiply(chi0, ocj, out=None if keep else chi0)[:, None]
+        elif keep:
+            g = chi * ocj[:, None]
         else:
             chi *= ocj[:, None]
-        g = chi
+            g = chi
         if c.ramp is not None:
             # Σ_j conj(r_j)·F[g_j] = conj(Σ_j r_j·conj(F[g_j])): conjugate in place, no copy.
             g = be.fft2(g, workers=self.fft_workers)
             xp.conjugate(g, out=g)
             if g.shape[1] == 1:
-                g[:, 0] *= c.ramp
+                g0 = g[:, 0]
+                xp.multiply(g0, c.ramp, out=g0)
             else:
                 g *= c.ramp[:, None]
         k = g.shape[1]
-        out_num.view(np.float32).reshape(k, m, 2 * m)[...] += g.view(np.float32).reshape(
-            b, k, m, 2 * m).sum(axis=0)
+        terms = g.view(np.float32).reshape(b, k, m, 2 * m).sum(axis=0)
+        if out_num is None:
+            return terms.view(np.complex64), out_den
+        acc = out_num.view(np.float32).reshape(k, m, 2 * m)
+        xp.add(acc, terms, out=acc)
+        return out_num, out_den
 
     def probe_from_terms(self, num: Any) -> Any:
         """Finish the probe adjoint from the summed terms (a new array)."""
