@@ -75,6 +75,7 @@ from beamflow.reconstruct_resume import (
     protected_files,
     resume,
 )
+from beamflow.snapshot_consumer import SnapshotConsumer
 
 log = logging.getLogger(__name__)
 
@@ -381,14 +382,20 @@ class _Iterated:
 def _iterate(job: ReconstructJob, inputs: _Inputs, start: _Start, given: _EngineInput,
              progress: Progress | None, live: LivePreviews) -> _Iterated:
     """Run the engine to the target iteration: checkpoints as the policy says them (and one
-    on SIGTERM, then exit 143), live previews, progress; a final checkpoint at the end."""
+    on SIGTERM, then exit 143), live previews, progress; a final checkpoint at the end.
+
+    A due checkpoint or preview starts a copy of the state to the host and goes on; the
+    snapshot consumer (:mod:`beamflow.snapshot_consumer`) waits for the copy and hands the
+    state to the checkpointer and the preview helper. With a snapshot still in flight, what
+    is due stays due: the iterations never wait for a copy."""
     backend = array_backend(job.device, threads=job.threads)
     log.info("device %s, %d thread(s), FFTs: %s", backend.name, backend.threads, backend.fft)
     job.out.mkdir(parents=True, exist_ok=True)
     scan, frame, target = inputs.scan, start.frame, start.target
 
-    def meta_of_job() -> dict[str, Any]:
-        return job_meta(frame, start.since, scan, start.initial_probe)
+    def meta_of(state: ReconState) -> dict[str, Any]:
+        return {"state": state.meta(),
+                "job": job_meta(frame, start.since, scan, start.initial_probe)}
 
     assert given.state is not None
     start_iteration = given.state.iteration
@@ -397,8 +404,21 @@ def _iterate(job: ReconstructJob, inputs: _Inputs, start: _Start, given: _Engine
     guard: TerminationGuard | None = None
     if job.handle_sigterm and threading.current_thread() is threading.main_thread():
         guard = TerminationGuard(ck, defer=True).install()
+    snapshots: SnapshotConsumer[ReconState] = SnapshotConsumer()
+    previews = _PreviewCadence(job, start_iteration, target)
     times: list[float] = []
-    last_preview = [-math.inf]
+
+    def hand_over(state: ReconState, levels: set[str], preview: bool) -> None:
+        """On the consumer's thread, once the state is on the host."""
+        if levels:
+            ck.save(state.iteration, state.to_host_arrays(), meta_of(state), levels=levels)
+        if preview:
+            live.submit(state.object, state.probe, state.loss_history,
+                        inputs.title(state.iteration), frame.pixel_size_m,
+                        scan_extent_px=given.extent, positions_px=state.positions_px,
+                        noise_floor=given.regime.noise_floor,
+                        opr_weights=state.extras.get("opr_weights"))
+
     try:
         # The engine turns the frames into amplitudes in place (on the GPU it copies them
         # to the device): the frames are never held twice, and `data` is spent.
@@ -408,15 +428,6 @@ def _iterate(job: ReconstructJob, inputs: _Inputs, start: _Start, given: _Engine
             last_loss = given.state.loss_history[-1] if given.state.loss_history else None
             given.data = given.state = None
             _release_freed_memory()
-            cache: dict[str, Any] = {}
-
-            def snapshot() -> ReconState:
-                if cache.get("it") != rec.iteration:
-                    cache.update(it=rec.iteration, state=rec.snapshot())
-                return cache["state"]
-
-            def meta() -> dict[str, Any]:
-                return {"state": snapshot().meta(), "job": meta_of_job()}
 
             def callback(view: Any, info: dict[str, Any]) -> None:
                 # wall time between callbacks: the iteration plus what we do here
@@ -424,31 +435,28 @@ def _iterate(job: ReconstructJob, inputs: _Inputs, start: _Start, given: _Engine
                 times.append(now - t_iter[0])
                 t_iter[0] = now
                 it = int(info["iteration"])
-                ck.maybe_save(it, lambda: snapshot().to_host_arrays(), meta)
                 if guard is not None and guard.requested:
-                    ck.save(it, snapshot().to_host_arrays(), meta())
+                    # A copy in flight holds an older state: drop it, save this one, here.
+                    snapshots.abandon()
+                    state = rec.snapshot()
+                    ck.save(it, state.to_host_arrays(), meta_of(state))
                     guard.exit()  # flush, exit 143
-                if (job.preview_every and (it - start_iteration) % job.preview_every == 0
-                        and time.monotonic() - last_preview[0] >= job.preview_min_seconds
-                        and it < target):
-                    st = snapshot()  # the checkpoint's, when one is due now too
-                    live.submit(st.object, st.probe, st.loss_history, inputs.title(it),
-                                frame.pixel_size_m, scan_extent_px=given.extent,
-                                positions_px=st.positions_px,
-                                noise_floor=given.regime.noise_floor,
-                                opr_weights=st.extras.get("opr_weights"))
-                    last_preview[0] = time.monotonic()
+                if not snapshots.in_flight():  # else what is due stays due
+                    levels, preview = ck.ready_levels(it), previews.due(it)
+                    if levels or preview:  # one copy serves both
+                        snapshots.submit(rec.snapshot_async(),
+                                         lambda state: hand_over(state, levels, preview))
                 if progress is not None:
                     progress(it, target, float(info["loss"]))
-                cache.clear()
 
             if progress is not None:
                 progress(start_iteration, target, last_loss)
             t_iter = [time.perf_counter()]
             final = rec.run(max(0, target - start_iteration), callback=callback)
-        ck.finalize(final.iteration, final.to_host_arrays,
-                    {"state": final.meta(), "job": meta_of_job()})
+        snapshots.close()  # the snapshot in hand is saved before the final one
+        ck.finalize(final.iteration, final.to_host_arrays, meta_of(final))
     finally:
+        snapshots.close()  # after an error too: the copy in hand is saved (not if abandoned)
         ck.close()
         live.close()  # before the final previews: they are the same files
         if guard is not None:
@@ -461,6 +469,30 @@ def _iterate(job: ReconstructJob, inputs: _Inputs, start: _Start, given: _Engine
                      checkpoint_file=str(job.l2_dir / l2.file) if l2 is not None else None,
                      checkpoint_errors=[str(e) for e in ck.errors],
                      live_previews=dict(live.files))
+
+
+class _PreviewCadence:
+    """When a live preview is due: every ``preview_every`` iterations from the start, at
+    most once per ``preview_min_seconds`` (one that comes too soon waits for the next
+    multiple), never at the target (the final previews are drawn then). ``due`` takes the
+    preview: a caller that cannot take it (a snapshot in flight) does not ask, and it stays
+    due."""
+
+    def __init__(self, job: ReconstructJob, start_iteration: int, target: int) -> None:
+        self.every, self.min_seconds = job.preview_every, job.preview_min_seconds
+        self.start, self.target = start_iteration, target
+        self.next = start_iteration + self.every
+        self.last = -math.inf  # time.monotonic() of the last one
+
+    def due(self, iteration: int) -> bool:
+        if not self.every or iteration < self.next or iteration >= self.target:
+            return False
+        # the next multiple of `every` after this iteration, whether this one is taken or not
+        self.next = self.start + ((iteration - self.start) // self.every + 1) * self.every
+        if time.monotonic() - self.last < self.min_seconds:
+            return False
+        self.last = time.monotonic()
+        return True
 
 
 # --------------------------------------------------------------------------- 5. finish

@@ -224,6 +224,21 @@ class Checkpointer:
         `get_arrays` (and `meta`, if callable) are called only when something is saved.
         Returns the levels saved; a due level with a busy writer stays due.
         """
+        ready = self.ready_levels(iteration)
+        if ready:
+            m = meta() if callable(meta) else meta
+            self.save(iteration, get_arrays(), m, levels=ready)
+        return ready
+
+    def ready_levels(self, iteration: int) -> set[str]:
+        """The due levels whose writer is idle and within its CPU budget: those `maybe_save`
+        would save now. A level left out stays due.
+
+        For a caller that gets its arrays later, off its thread (a device->host copy still
+        on its way), and then calls ``save(iteration, ..., levels=ready)``. The caller-side
+        methods (`ready_levels`, `maybe_save`, `save`, `finalize`) must not run on two
+        threads at once: hand the checkpointer from one thread to the other.
+        """
         due = self.due_levels(iteration)
         if not due:
             return due
@@ -237,9 +252,6 @@ class Checkpointer:
                 self._boosted.add(name)  # starving at idle priority: compete from now on
                 if name in self._tids:
                     _set_thread_priority(self._tids[name], "normal")
-        if ready:
-            m = meta() if callable(meta) else meta
-            self.save(iteration, get_arrays(), m, levels=ready)
         return ready
 
     def save(
