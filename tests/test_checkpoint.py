@@ -569,6 +569,22 @@ def test_cpu_budget_spaces_out_policy_saves_but_not_explicit_ones(tmp_path: Path
     assert [it for it, _ in list_checkpoints(tmp_path)] == [4, 1]
 
 
+def test_ready_levels_are_what_maybe_save_would_save_and_save_nothing(tmp_path: Path) -> None:
+    """For a caller whose arrays arrive later (a device->host copy on its way): it asks which
+    levels to save, then saves them itself; a level not saved stays due."""
+    pol = CheckpointPolicy(l1=LevelConfig(dir=tmp_path / "l1", every_iterations=1),
+                           l2=LevelConfig(dir=tmp_path / "l2", every_iterations=2),
+                           max_overhead=None)
+    with Checkpointer(pol) as ck:
+        assert ck.ready_levels(1) == {"L1"}
+        assert ck.stats.snapshots == 0 and ck.ready_levels(2) == {"L1", "L2"}  # still due
+        ck.save(2, arrays_for(2), levels={"L1", "L2"})
+        assert ck.ready_levels(2) == set()  # saved: no longer due (and its writers busy)
+        ck.flush()
+        assert ck.ready_levels(3) == {"L1"}
+    assert [it for it, _ in list_checkpoints(tmp_path / "l2")] == [2]
+
+
 # --------------------------------------------------------------------------- writer process
 
 
