@@ -438,6 +438,43 @@ class ArrayBackend:
             y, x = int(iy[j]), int(ix[j])
             acc[y : y + m, x : x + m] += patches[j]
 
+    def stacked_pair(self, n: int, m: int) -> tuple[Any, Any, Any]:
+        """One float32 buffer of 3·n·m·m values holding a (n, m, m) complex64 array and a
+        (n, m, m) float32 array side by side — object accumulator pairs (n = 1, m×m = H×W,
+        zeroed by the caller) and a chunk's patches for them (n windows of m×m): returns
+        (buffer, complex view, float view), both views C-contiguous (CuPy views a
+        different-size dtype only on those). For :meth:`scatter_add_pair`."""
+        buf = self.xp.empty(3 * n * m * m, np.float32)
+        k = 2 * n * m * m
+        return buf, buf[:k].view(np.complex64).reshape(n, m, m), buf[k:].reshape(n, m, m)
+
+    def scatter_add_pair(self, acc: Any, patches: Any, h: int, w: int, m: int, flat: Any,
+                         flat2: Any) -> None:
+        """GPU: scatter-add a chunk's numerator and denominator patches into an object
+        accumulator pair in one kernel: ``acc`` (3·h·w,) float32 = [(h, w) complex64 | (h, w)
+        float32] and ``patches`` (3·b·m·m,) = [(b, m, m) complex64 | (b, m, m) float32], as
+        :meth:`stacked_pair` lays them out; ``flat``/``flat2``: the corners' offsets iy·w + ix
+        and twice that on the device. Two index kernels and one scatter where two scatters
+        took three index kernels and a broadcast (the numerators' order per element is the
+        same: one position after another)."""
+        xp = self.xp
+        key = (-1, h, w, m)  # negative: not a (row_len, m, tail) key of _flat_index
+        offsets = self._offsets.get(key)
+        if offsets is None:
+            r = xp.arange(m, dtype=xp.int64)[:, None]
+            c2 = xp.arange(2 * m, dtype=xp.int64)[None, :]
+            c = xp.arange(m, dtype=xp.int64)[None, :]
+            offsets = self._offsets[key] = ((r * 2 * w + c2)[None],
+                                            (r * w + c + 2 * h * w)[None])
+        b = patches.size // (3 * m * m)
+        k = 2 * b * m * m
+        idx = xp.empty(patches.size, xp.int64)
+        xp.add(flat2[:, None, None], offsets[0], out=idx[:k].reshape(b, m, 2 * m))
+        xp.add(flat[:, None, None], offsets[1], out=idx[k:].reshape(b, m, m))
+        import cupyx  # noqa: PLC0415
+
+        cupyx.scatter_add(acc, idx, patches)
+
     def scatter_set(self, arr: Any, patches: Any, iy: np.ndarray, ix: np.ndarray,
                     flat: Any = None) -> None:
         """``arr[iy_j:iy_j+m, ix_j:ix_j+m] = patches[j]``; the patches must not overlap

@@ -36,7 +36,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from .arrays import ArrayBackend
 from .frames import frames_are_counts, load_frames
 from .state import PtychoData, ReconState
 
-__all__ = ["Core", "Chunk"]
+__all__ = ["Core", "Chunk", "ObjectAccumulator"]
 
 # Pixels per work chunk on CPU: 32 windows of 64x64 (1 MiB per complex64 array), so a
 # chunk's handful of arrays stays in L3 between the elementwise passes while the per-chunk
@@ -65,6 +65,15 @@ PARALLEL_UPDATE_PX = 2**16
 RAMP_CACHE_BYTES = 64 * 2**20
 
 
+class ObjectAccumulator(NamedTuple):
+    """An object accumulator pair (see :meth:`Core.accumulators`)."""
+
+    num: Any  # (H, W) complex64: Σ_j conj(P_j)·χ_j
+    den: Any  # (H, W) float32: Σ_j |P_j|²
+    # GPU: the one float32 buffer of 3·H·W values that num and den are views of; else None.
+    flat: Any = None
+
+
 @dataclass
 class Chunk:
     """One chunk of positions, prepared for the forward model."""
@@ -79,6 +88,7 @@ class Chunk:
     # GPU: the corners' flat offsets iy·W + ix into object-sized arrays, on the device (one
     # upload with the corners; gather and scatter then need no index arithmetic); else None.
     flat: Any = None
+    flat2: Any = None  # GPU: 2·flat, the same offsets into float32 pairs (complex64 arrays)
 
 
 class Core:
@@ -142,7 +152,7 @@ class Core:
         self._device_ramps = device_ramps
         self._dramps: Any = None  # (N, M, M) on the device (GPU, when they fit)
         self._pool: ThreadPoolExecutor | None = None
-        self._acc: list[tuple[Any, Any]] = []
+        self._acc: list[ObjectAccumulator] = []
         self._probe_hat = None
         self._probe_int = None
         self.set_positions(np.array(state.positions_px, np.float64, copy=True))
@@ -224,14 +234,17 @@ class Core:
             ramp = self._ramps[idx] if self._ramps is not None else self._outer_ramps(
                 self.frac[idx], np)
         iy, ix = self.corner[idx, 0], self.corner[idx, 1]
-        didx, dy, dx, flat = idx, iy, ix, None
+        didx, dy, dx, flat, flat2 = idx, iy, ix, None, None
         if self.backend.is_gpu:  # one upload per chunk: indices and corners together
-            didx, dy, dx, flat = self.backend.to_device(np.stack([idx, iy, ix, iy * self.W + ix]))
+            off = iy * self.W + ix
+            didx, dy, dx, flat, flat2 = self.backend.to_device(
+                np.stack([idx, iy, ix, off, 2 * off]))
             if self._dramps is not None:
                 ramp = self._dramps[didx]  # a gather: an owned copy
             elif self.subpixel:
                 ramp = self._outer_ramps(self._dfrac[didx], self.xp)
-        return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp, flat=flat)
+        return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp, flat=flat,
+                     flat2=flat2)
 
     def split(self, idx: np.ndarray) -> list[np.ndarray]:
         """Split a batch into one contiguous part per thread (deterministic).
@@ -279,15 +292,26 @@ class Core:
             self._pool = None
 
     # -- accumulators -----------------------------------------------------------------------
-    def accumulators(self, n: int) -> list[tuple[Any, Any]]:
-        """``n`` persistent object-sized (numerator complex64, denominator float32) pairs."""
-        xp = self.xp
+    def accumulators(self, n: int) -> list[ObjectAccumulator]:
+        """``n`` persistent object-sized (numerator complex64, denominator float32) pairs.
+
+        On a GPU each pair is two views of one buffer (:meth:`ArrayBackend.stacked_pair`), so
+        a chunk's numerators and illumination go in with one scatter; on the CPU two arrays
+        (its scatter is a loop of row-bound slice adds: one per array is the fastest)."""
+        xp, h, w = self.xp, self.H, self.W
         while len(self._acc) < n:
-            self._acc.append((xp.zeros((self.H, self.W), np.complex64),
-                              xp.zeros((self.H, self.W), np.float32)))
+            if self.backend.is_gpu:
+                buf = xp.zeros(3 * h * w, np.float32)
+                k = 2 * h * w
+                self._acc.append(ObjectAccumulator(buf[:k].view(np.complex64).reshape(h, w),
+                                                   buf[k:].reshape(h, w), buf))
+            else:
+                self._acc.append(ObjectAccumulator(xp.zeros((h, w), np.complex64),
+                                                   xp.zeros((h, w), np.float32)))
         return self._acc[:n]
 
-    def combine(self, accs: Sequence[tuple[Any, Any]], bb: tuple[slice, slice]) -> tuple[Any, Any]:
+    def combine(self, accs: Sequence[ObjectAccumulator],
+                bb: tuple[slice, slice]) -> tuple[Any, Any]:
         """Sum the parts' accumulators over the box ``bb`` into the first (in part order) and
         return its views: no object-sized temporaries at the memory peak."""
         num, den = accs[0][0][bb], accs[0][1][bb]
@@ -296,7 +320,7 @@ class Core:
             den += a[1][bb]
         return num, den
 
-    def update_object(self, accs: Sequence[tuple[Any, Any]], bb: tuple[slice, slice],
+    def update_object(self, accs: Sequence[ObjectAccumulator], bb: tuple[slice, slice],
                       step: Callable[[Any, Any, float, tuple[slice, slice]], Any],
                       target: Any = None, replace: bool = False) -> None:
         """Apply an accumulated object update over the box ``bb``, in row slabs in parallel.
@@ -472,8 +496,9 @@ class Core:
         return be.ifft2(spec, workers=self.fft_workers)
 
     # -- update terms -----------------------------------------------------------------------
-    def object_num(self, pd: Any, chi: Any, c: Chunk, keep_probe: bool = False) -> Any:
-        """Σ_k conj(P_k,j)·χ_jk → (b, M, M).
+    def object_num(self, pd: Any, chi: Any, c: Chunk, keep_probe: bool = False,
+                   out: Any = None) -> Any:
+        """Σ_k conj(P_k,j)·χ_jk → (b, M, M) (into ``out`` when given).
 
         Overwrites an owned ``pd``: conjugated, and with one mode the result is written into
         it (one chunk-sized array fewer at the memory peak) unless ``keep_probe``, which
@@ -484,27 +509,41 @@ class Core:
         own = c.ramp is not None and not keep_probe
         pdc = xp.conjugate(pd, out=pd) if own else xp.conj(pd)
         if chi.shape[1] == 1:
-            out = pdc[:, 0] if own else None
+            if out is None and own:
+                out = pdc[:, 0]
             return xp.multiply(pdc[:, 0], chi[:, 0], out=out)
-        return (pdc * chi).sum(axis=1)
+        return xp.sum(pdc * chi, axis=1, out=out)
 
-    def accumulate_object(self, acc: tuple[Any, Any], num: Any, c: Chunk,
-                          pd: Any = None) -> None:
-        """Scatter-add a chunk's object numerators and illumination into ``acc``.
+    def accumulate_object(self, acc: ObjectAccumulator, pd: Any, chi: Any, c: Chunk,
+                          keep_probe: bool = False, shifted: bool = False) -> None:
+        """Scatter-add a chunk's object numerators :meth:`object_num` (``pd``, ``chi``,
+        ``keep_probe`` as there) and illumination into ``acc``.
 
-        The illumination Σ_k|P_k,j|² uses the shifted probes ``pd`` when given (DM needs
-        the exact least-squares denominator), else the unshifted probe intensity: for PIE
-        and LSQ-ML it only preconditions the step, and a constant patch saves computing
-        |P_j|² per position.
+        The illumination Σ_k|P_k,j|² uses the shifted probes ``pd`` with ``shifted`` (DM
+        needs the exact least-squares denominator), else the unshifted probe intensity: for
+        PIE and LSQ-ML it only preconditions the step, and a constant patch saves computing
+        |P_j|² per position. On a GPU numerators and illumination are made side by side in
+        one buffer and scattered together (:meth:`ArrayBackend.scatter_add_pair`).
         """
         be, xp = self.backend, self.xp
-        be.scatter_add(acc[0], num, c.dy, c.dx, flat=c.flat)
-        if pd is not None and c.ramp is not None:
-            inten = (xp.square(pd.real) + xp.square(pd.imag)).sum(axis=1)
+        exact = shifted and c.ramp is not None
+        if acc.flat is None:
+            if exact:  # before object_num, which may conjugate pd (the same squares)
+                inten = (xp.square(pd.real) + xp.square(pd.imag)).sum(axis=1)
+            be.scatter_add(acc.num, self.object_num(pd, chi, c, keep_probe), c.dy, c.dx,
+                           flat=c.flat)
+            if not exact:
+                inten = self.probe_intensity()
+                inten = xp.broadcast_to(inten, (len(c.idx),) + inten.shape)
+            be.scatter_add(acc.den, inten, c.dy, c.dx, flat=c.flat)
+            return
+        patches, num, den = be.stacked_pair(len(c.idx), self.M)
+        if exact:
+            xp.sum(xp.square(pd.real) + xp.square(pd.imag), axis=1, out=den)
         else:
-            inten = self.probe_intensity()
-            inten = xp.broadcast_to(inten, (len(c.idx),) + inten.shape)
-        be.scatter_add(acc[1], inten, c.dy, c.dx, flat=c.flat)
+            den[...] = self.probe_intensity()
+        self.object_num(pd, chi, c, keep_probe, out=num)
+        be.scatter_add_pair(acc.flat, patches, self.H, self.W, self.M, c.flat, c.flat2)
 
     def probe_terms(self, oj: Any, chi: Any, c: Chunk, out_num: Any, out_den: Any,
                     keep: bool = False) -> tuple[Any, Any]:

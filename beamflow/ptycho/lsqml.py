@@ -114,7 +114,7 @@ class LSQML(Algorithm):
         core = self.core
         sums.kept.append((c, pd, oj, chi))
         if sums.acc is not None:
-            core.accumulate_object(sums.acc, core.object_num(pd, chi, c, keep_probe=True), c)
+            core.accumulate_object(sums.acc, pd, chi, c, keep_probe=True)
         if sums.probe:
             sums.probe_num, sums.probe_den = core.probe_terms(
                 oj, chi, c, sums.probe_num, sums.probe_den, keep=True)
