@@ -189,8 +189,7 @@ class Algorithm:
     def sweep_part(self, sw: Sweep, t: int, part: np.ndarray) -> PartSums:
         """The forward model, the correction and the update terms for part ``t``, chunk by
         chunk (runs in the part's thread)."""
-        core, xp, be = self.core, self.core.xp, self.core.backend
-        m = core.M
+        core, xp = self.core, self.core.xp
         acc = None
         if sw.accs is not None:
             acc = sw.accs[t]
@@ -209,8 +208,7 @@ class Algorithm:
             if sw.grads is not None:
                 gy, gx = sw.grads
                 sums.steps.append(position_steps(
-                    pd, be.gather(gy, c.dy, c.dx, m, flat=c.flat),
-                    be.gather(gx, c.dy, c.dx, m, flat=c.flat), chi, xp))
+                    pd, core.object_patches(c, gy), core.object_patches(c, gx), chi, xp))
             if self.opr is not None and sw.update_probe:
                 sums.opr_steps.append(self.opr.chunk_steps(c, oj, chi))
             self.chunk_update(sw, sums, c, pd, oj, big, chi)

@@ -89,6 +89,9 @@ class Chunk:
     # upload with the corners; gather and scatter then need no index arithmetic); else None.
     flat: Any = None
     flat2: Any = None  # GPU: 2·flat, the same offsets into float32 pairs (complex64 arrays)
+    # GPU: the windows' flat indices (b, M, M) into object-sized arrays, made on first use
+    # (Core.window_index) and shared by the chunk's gathers and window writes.
+    window: Any = None
 
 
 class Core:
@@ -412,7 +415,21 @@ class Core:
     def object_patches(self, c: Chunk, obj: Any = None) -> Any:
         """(b, M, M) copies of the object windows (``obj``: another object-sized array)."""
         return self.backend.gather(self.obj if obj is None else obj, c.dy, c.dx, self.M,
-                                   flat=c.flat)
+                                   index=self.window_index(c))
+
+    def set_object_patches(self, c: Chunk, patches: Any) -> None:
+        """Write (b, M, M) windows into the object; the windows must not overlap."""
+        self.backend.scatter_set(self.obj, patches, c.dy, c.dx, index=self.window_index(c))
+
+    def window_index(self, c: Chunk) -> Any:
+        """GPU: the chunk's windows' flat indices into object-sized arrays, made once per
+        chunk (a gradient's or a direction's gather after the object's costs no index
+        kernel); None on the CPU."""
+        if c.flat is None:
+            return None
+        if c.window is None:
+            c.window = self.backend.window_index(self.W, self.M, c.flat)
+        return c.window
 
     def to_detector(self, pd: Any, oj: Any, c: Chunk) -> Any:
         """The wave at the detector for the chunk's positions, a new (b, K, M, M) array.

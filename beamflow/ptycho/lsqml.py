@@ -122,7 +122,6 @@ class LSQML(Algorithm):
     def update(self, sw: Sweep, sums: list[PartSums]) -> None:
         core, xp, be = self.core, self.core.xp, self.core.backend
         upd_obj, upd_probe, bb = sw.update_object, sw.update_probe, sw.bbox
-        m = core.M
         alpha = self.params.alpha_value
         d_obj = None
         if upd_obj:
@@ -153,7 +152,7 @@ class LSQML(Algorithm):
                 dirs = xp.empty((len(c.idx), int(upd_obj) + int(upd_probe)) + chi.shape[1:],
                                 np.complex64)
                 if upd_obj:
-                    xp.multiply(pd, be.gather(d_obj, c.dy, c.dx, m, flat=c.flat)[:, None],
+                    xp.multiply(pd, core.object_patches(c, d_obj)[:, None],
                                 out=dirs[:, 0])
                 if upd_probe:
                     if c.ramp is None:

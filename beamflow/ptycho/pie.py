@@ -53,7 +53,7 @@ class PIEFamily(Algorithm):
             core = self.core
             num = self.object_step(core.object_num(pd, chi, c), self._pint.copy(), self._pmax)
             num += oj
-            core.backend.scatter_set(core.obj, num, c.dy, c.dx, flat=c.flat)
+            core.set_object_patches(c, num)
         super().chunk_update(sw, sums, c, pd, oj, big, chi)
 
     def update(self, sw: Sweep, sums: list[PartSums]) -> None:
