@@ -230,7 +230,7 @@ class Algorithm:
                      chi: Any) -> None:
         """Take what the update needs from a chunk. Default: Σ conj(P_j)χ_j and the
         illumination into the part's object accumulator, and the probe terms (this
-        overwrites ``pd``, ``oj`` and ``chi``)."""
+        overwrites ``pd`` and ``chi``)."""
         core = self.core
         if sums.acc is not None:
             core.accumulate_object(sums.acc, pd, chi, c)

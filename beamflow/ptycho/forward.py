@@ -569,10 +569,10 @@ class Core:
         ``out_num``/``out_den`` are the sums so far, added to in place; None for the first
         chunk, whose terms become new sums (no zeroed arrays to add them to: two kernels
         fewer per batch, and the same values — 0 + x is x).
-        With sub-pixel shifts the numerator is accumulated in the Fourier domain and
-        conjugated (:meth:`probe_from_terms` undoes both). Overwrites ``oj`` and ``chi``
-        unless ``keep`` (then the products go to new arrays: the same kernels, where a
-        caller that needs them after would otherwise copy them first).
+        The numerator is accumulated conjugated, and with sub-pixel shifts in the Fourier
+        domain (:meth:`probe_from_terms` undoes both). Overwrites ``chi`` unless ``keep``
+        (then the products go to a new array: the same kernels, where a caller that needs
+        it after would otherwise copy it first); ``oj`` is left as it is.
         """
         xp, be = self.xp, self.backend
         b, m = oj.shape[0], self.M
@@ -583,19 +583,19 @@ class Core:
         else:
             out_den += sq[0::2].reshape(m, m)
             out_den += sq[1::2].reshape(m, m)
-        ocj = xp.conj(oj) if keep else xp.conjugate(oj, out=oj)
-        if chi.shape[1] == 1:
-            chi0 = chi[:, 0]
-            g = xp.multiply(chi0, ocj, out=None if keep else chi0)[:, None]
-        elif keep:
-            g = chi * ocj[:, None]
+        # The terms are accumulated conjugated: conj(conj(O_j)·χ_j) = O_j·conj(χ_j), and with
+        # sub-pixel shifts conj(F[g]) is the unscaled inverse FFT of conj(g) — no conjugate
+        # after the FFT (a kernel per chunk; the same bits: each product and sum is the
+        # mirror image of the one it replaces).
+        g = xp.conj(chi) if keep else xp.conjugate(chi, out=chi)
+        if g.shape[1] == 1:
+            g0 = g[:, 0]
+            xp.multiply(g0, oj, out=g0)
         else:
-            chi *= ocj[:, None]
-            g = chi
+            g *= oj[:, None]
         if c.ramp is not None:
-            # Σ_j conj(r_j)·F[g_j] = conj(Σ_j r_j·conj(F[g_j])): conjugate in place, no copy.
-            g = be.fft2(g, workers=self.fft_workers)
-            xp.conjugate(g, out=g)
+            # Σ_j conj(r_j)·F[conj(O_j)χ_j] = conj(Σ_j r_j·F⁻¹[O_j·conj(χ_j)]·M²).
+            g = be.ifft2(g, workers=self.fft_workers, scale=False)
             if g.shape[1] == 1:
                 g0 = g[:, 0]
                 xp.multiply(g0, c.ramp, out=g0)
@@ -613,7 +613,7 @@ class Core:
         """Finish the probe adjoint from the summed terms (a new array)."""
         if self.subpixel:
             return self.backend.ifft2(self.xp.conj(num))
-        return num.copy()
+        return self.xp.conj(num)
 
     # -- utilities --------------------------------------------------------------------------
     def center_probe(self, threshold_px: float = 0.25) -> tuple[float, float] | None:
