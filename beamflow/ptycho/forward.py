@@ -366,8 +366,13 @@ class Core:
     def spectrum(self, probe: Any) -> Any:
         """F[P]/(M·M) of (K, M, M) probe modes (a new array): the unnormalised inverse FFT of
         ``ramp · spectrum`` is the shifted probe, which saves a scaling pass per chunk."""
+        scale = np.float32(1.0 / (self.M * self.M))
+        if self.M & (self.M - 1) == 0:
+            # A power of two scales exactly, before the FFT as after it: the scaled copy is
+            # the FFT's input (two kernels instead of a copy, the FFT and the scaling).
+            return self.backend.fft2(probe * scale)
         ph = self.backend.fft2(probe.copy())
-        ph *= np.float32(1.0 / (self.M * self.M))
+        ph *= scale
         return ph
 
     def probe_hat(self) -> Any:

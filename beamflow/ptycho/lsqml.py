@@ -180,16 +180,19 @@ class LSQML(Algorithm):
             sys = (parts[0] if len(parts) == 1 else xp.concatenate(parts)).astype(np.float64)
             # Rows of sys.T: a11, a12, a22, b1, b2. Both step lengths at once, as the rows
             # (β_O, β_P) of a (2, b) array: the same arithmetic per position as one at a time.
+            # Pairs of rows are strided views (st[0:3:2]: a11, a22), not fancy-index copies:
+            # a gather kernel each on a GPU.
             st = sys.T
             lam = 1e-6 * (st[0] + st[2]) + 1e-30
-            diag = st[[0, 2]] + lam  # a11 + λ, a22 + λ
+            diag = st[0:3:2] + lam  # a11 + λ, a22 + λ
+            b12, b21 = st[3:5], st[4:2:-1]  # (b1, b2) and (b2, b1)
             if upd_obj and upd_probe:
                 det = diag[0] * diag[1] - st[1] ** 2
                 # β_O = ((a22+λ) b1 − a12 b2)/det, β_P = ((a11+λ) b2 − a12 b1)/det
-                betas = diag[::-1] * st[[3, 4]] - st[1] * st[[4, 3]]
+                betas = diag[::-1] * b12 - st[1] * b21
                 betas /= det
             else:
-                betas = st[[3, 4]] / diag
+                betas = b12 / diag
             # Their batch means, clipped at 0 and damped (each row a contiguous mean, as
             # the 1-D one it replaces).
             step_o, step_p = be.scalars(xp.maximum(betas, 0.0).mean(axis=1),
