@@ -139,7 +139,11 @@ def test_epie_sparse_batches_cost_the_same_kernels_whatever_their_size(device):
         _, per_batch = _count_iteration(rec)
         sizes = [len(b) for b in rec.algorithm.batches(np.random.default_rng(0))]
     assert max(sizes) > 1  # non-overlapping sets: several positions per launch sequence
-    assert len({b["launch"] for b in per_batch}) == 1, [b["launch"] for b in per_batch]
+    launches = {b["launch"] for b in per_batch}
+    assert len(launches) == 1, [b["launch"] for b in per_batch]
+    # ePIE launches its sequence once per set (168 sets at 4000 x 128²): 72 kernels before
+    # the launch cuts, 46 after the first round, 42 since.
+    assert launches.pop() <= 42
 
 
 def test_the_stand_in_counts_what_it_should(device):
