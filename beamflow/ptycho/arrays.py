@@ -195,7 +195,7 @@ class ArrayBackend:
     _cupy: Any = field(default=None, repr=False)
     _staging: list[Any] = field(default_factory=list, repr=False)
     _kernels: dict[str, Any] = field(default_factory=dict, repr=False)
-    _offsets: dict[tuple[int, int, int], Any] = field(default_factory=dict, repr=False)
+    _offsets: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
 
     @property
     def is_gpu(self) -> bool:
@@ -440,15 +440,17 @@ class ArrayBackend:
             y, x = int(iy[j]), int(ix[j])
             acc[y : y + m, x : x + m] += patches[j]
 
-    def stacked_pair(self, n: int, m: int) -> tuple[Any, Any, Any]:
-        """One float32 buffer of 3·n·m·m values holding a (n, m, m) complex64 array and a
-        (n, m, m) float32 array side by side — object accumulator pairs (n = 1, m×m = H×W,
-        zeroed by the caller) and a chunk's patches for them (n windows of m×m): returns
-        (buffer, complex view, float view), both views C-contiguous (CuPy views a
-        different-size dtype only on those). For :meth:`scatter_add_pair`."""
-        buf = self.xp.empty(3 * n * m * m, np.float32)
-        k = 2 * n * m * m
-        return buf, buf[:k].view(np.complex64).reshape(n, m, m), buf[k:].reshape(n, m, m)
+    def stacked_pair(self, shape: tuple[int, ...], zeroed: bool = False
+                     ) -> tuple[Any, Any, Any]:
+        """A complex64 and a float32 array of ``shape`` side by side in one float32 buffer
+        of 3·size values: (buffer, complex view, float view), both views C-contiguous (CuPy
+        reinterprets a dtype of another size only on those). The layout of
+        :meth:`scatter_add_pair`: an object accumulator pair (H, W) and a chunk's patches
+        for it (b, m, m)."""
+        size = int(np.prod(shape, dtype=np.int64))
+        buf = (self.xp.zeros if zeroed else self.xp.empty)(3 * size, np.float32)
+        return (buf, buf[: 2 * size].view(np.complex64).reshape(shape),
+                buf[2 * size :].reshape(shape))
 
     def scatter_add_pair(self, acc: Any, patches: Any, h: int, w: int, m: int, flat: Any,
                          flat2: Any) -> None:

@@ -304,10 +304,8 @@ class Core:
         xp, h, w = self.xp, self.H, self.W
         while len(self._acc) < n:
             if self.backend.is_gpu:
-                buf = xp.zeros(3 * h * w, np.float32)
-                k = 2 * h * w
-                self._acc.append(ObjectAccumulator(buf[:k].view(np.complex64).reshape(h, w),
-                                                   buf[k:].reshape(h, w), buf))
+                buf, num, den = self.backend.stacked_pair((h, w), zeroed=True)
+                self._acc.append(ObjectAccumulator(num, den, buf))
             else:
                 self._acc.append(ObjectAccumulator(xp.zeros((h, w), np.complex64),
                                                    xp.zeros((h, w), np.float32)))
@@ -559,7 +557,7 @@ class Core:
                 inten = xp.broadcast_to(inten, (len(c.idx),) + inten.shape)
             be.scatter_add(acc.den, inten, c.dy, c.dx, flat=c.flat)
             return
-        patches, num, den = be.stacked_pair(len(c.idx), self.M)
+        patches, num, den = be.stacked_pair((len(c.idx), self.M, self.M))
         if exact:
             xp.sum(xp.square(pd.real) + xp.square(pd.imag), axis=1, out=den)
         else:
