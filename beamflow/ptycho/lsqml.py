@@ -53,17 +53,17 @@ def _systems(dirs: Any, chi: Any, xp: Any, batched: bool) -> tuple[Any, Any]:
     corrections ``chi`` (b, K, M, M): Re Σ conj(d_s)·d_t → (b, n, n) and Re Σ conj(d_s)·χ
     → (b, n), each sum over (K, M, M).
 
-    ``batched`` (a GPU): all pairs in one product each, 8 kernels for n = 2 where a dot
-    product per pair takes 20. numpy gets the same sums, bit for bit (the same float32
-    re·re + im·im, summed over the same contiguous block), but its broadcast products of
-    the strided real and imaginary views run ~3x slower than the dot products: the CPU keeps
-    one per pair."""
+    ``batched`` (a GPU): all pairs in one product each, on the arrays' float32 pairs
+    (re, im): the product, each pair's sum (re·re + im·im, one add) and the sum over
+    (K, M, M) — 6 kernels for n = 2 where a dot product per pair takes 20. numpy gets the
+    same sums, bit for bit (the same float32 re·re + im·im, summed over the same contiguous
+    block), but its broadcast products run ~3x slower than the dot products: the CPU keeps
+    one per pair. ``dirs`` and ``chi`` must be C-contiguous (a GPU views them as float32)."""
     if batched:
-        re, im = dirs.real, dirs.imag
-        gram = re[:, :, None] * re[:, None]
-        gram += im[:, :, None] * im[:, None]
-        rhs = re * chi.real[:, None]
-        rhs += im * chi.imag[:, None]
+        fd = dirs.view(np.float32)  # (b, n, K, M, 2M): re, im side by side
+        pairs = dirs.shape + (2,)
+        gram = (fd[:, :, None] * fd[:, None]).reshape(pairs[:2] + pairs[1:]).sum(axis=-1)
+        rhs = (fd * chi.view(np.float32)[:, None]).reshape(pairs).sum(axis=-1)
         return gram.sum(axis=(3, 4, 5)), rhs.sum(axis=(2, 3, 4))
     b, n = dirs.shape[:2]
     gram = xp.empty((b, n, n), np.float32)
