@@ -323,13 +323,15 @@ class Core:
 
     def update_object(self, accs: Sequence[ObjectAccumulator], bb: tuple[slice, slice],
                       step: Callable[[Any, Any, float, tuple[slice, slice]], Any],
-                      target: Any = None, replace: bool = False) -> None:
+                      target: Any = None, replace: bool = False, write: bool = True) -> None:
         """Apply an accumulated object update over the box ``bb``, in row slabs in parallel.
 
         ``step(num, den, den_max, region)`` gets the summed numerator/denominator of a slab
         (it may overwrite them) and the maximum of the whole denominator, and returns the
         increment (or, with ``replace``, the new values) for ``target[region]`` (default:
-        the object).
+        the object). ``write=False``: nothing is written; a step that works in place leaves
+        its results in the first accumulator's numerator over ``bb`` (where the parts'
+        sums are combined) — no copy of the box.
         """
         tgt = self.obj if target is None else target
         area = (bb[0].stop - bb[0].start) * (bb[1].stop - bb[1].start)
@@ -345,6 +347,8 @@ class Core:
         def apply(t: int, sl: tuple[slice, slice]) -> None:
             num, den = combined[t]
             upd = step(num, den, dmax, sl)
+            if not write:
+                return
             if replace:
                 tgt[sl] = upd
             else:  # out= on the view: no copy of the view onto itself after

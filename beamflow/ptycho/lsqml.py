@@ -125,8 +125,9 @@ class LSQML(Algorithm):
         alpha = self.params.alpha_value
         d_obj = None
         if upd_obj:
-            # ΔO lives in a spare accumulator after the parts' (only its box is read).
-            d_obj = core.accumulators(len(sw.parts) + 1)[-1][0]
+            # ΔO is made in place in the first part's numerator, where the parts' sums are
+            # combined (only its box is read): no copy into another array.
+            d_obj = sw.accs[0].num
 
             def direction(num: Any, den: Any, dmax: float, _sl: Any) -> Any:
                 den += alpha * dmax
@@ -134,7 +135,7 @@ class LSQML(Algorithm):
                 num *= den
                 return num
 
-            core.update_object(sw.accs, bb, direction, target=d_obj, replace=True)
+            core.update_object(sw.accs, bb, direction, write=False)
         d_probe = d_probe_hat = None
         if upd_probe:
             pnum, pden = self.probe_sums(sums)
