@@ -71,7 +71,7 @@ class ObjectAccumulator(NamedTuple):
     num: Any  # (H, W) complex64: Σ_j conj(P_j)·χ_j
     den: Any  # (H, W) float32: Σ_j |P_j|²
     # GPU: the one float32 buffer of 3·H·W values that num and den are views of; else None.
-    flat: Any = None
+    buffer: Any = None
 
 
 @dataclass
@@ -551,7 +551,7 @@ class Core:
         """
         be, xp = self.backend, self.xp
         exact = shifted and c.ramp is not None
-        if acc.flat is None:
+        if acc.buffer is None:
             if exact:  # before object_num, which may conjugate pd (the same squares)
                 inten = (xp.square(pd.real) + xp.square(pd.imag)).sum(axis=1)
             be.scatter_add(acc.num, self.object_num(pd, chi, c, keep_probe), c.dy, c.dx,
@@ -567,7 +567,7 @@ class Core:
         else:
             den[...] = self.probe_intensity()
         self.object_num(pd, chi, c, keep_probe, out=num)
-        be.scatter_add_pair(acc.flat, patches, self.H, self.W, self.M, c.flat, c.flat2)
+        be.scatter_add_pair(acc.buffer, patches, self.H, self.W, self.M, c.flat, c.flat2)
 
     def probe_terms(self, oj: Any, chi: Any, c: Chunk, out_num: Any, out_den: Any,
                     keep: bool = False) -> tuple[Any, Any]:
