@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .batches import compact_batches, overlap_neighbours, random_batches, sparse_batches
-from .forward import Chunk, Core
+from .forward import Chunk, Core, ObjectAccumulator
 from .opr import VariableProbe
 from .positions import clip_steps, object_gradient, position_steps
 
@@ -45,7 +45,7 @@ class Sweep:
     correct_positions: bool
     parts: list[np.ndarray]  # one per host thread, deterministic
     bbox: tuple[slice, slice]  # the object region the batch's windows cover
-    accs: list[tuple[Any, Any]] | None  # per part: object (numerator, denominator), or None
+    accs: list[ObjectAccumulator] | None  # per part: object (numerator, denominator), or None
     grads: tuple[Any, Any] | None  # object gradient (y, x) when positions are corrected
 
 
@@ -53,7 +53,7 @@ class Sweep:
 class PartSums:
     """What one part of a batch (one host thread's positions) sums up during the sweep."""
 
-    acc: tuple[Any, Any] | None  # the part's object accumulator (zeroed over the box)
+    acc: ObjectAccumulator | None  # the part's object accumulator (zeroed over the box)
     probe: bool = False  # whether the part sums the probe terms (into the two below)
     probe_num: Any = None  # Σ_j S_j^H[conj(O_j)χ_j] (see Core.probe_terms); None until
     probe_den: Any = None  # Σ_j |O_j|²                  the first chunk's terms
@@ -189,13 +189,12 @@ class Algorithm:
     def sweep_part(self, sw: Sweep, t: int, part: np.ndarray) -> PartSums:
         """The forward model, the correction and the update terms for part ``t``, chunk by
         chunk (runs in the part's thread)."""
-        core, xp, be = self.core, self.core.xp, self.core.backend
-        m = core.M
+        core, xp = self.core, self.core.xp
         acc = None
         if sw.accs is not None:
             acc = sw.accs[t]
-            acc[0][sw.bbox] = 0
-            acc[1][sw.bbox] = 0
+            acc.num[sw.bbox] = 0
+            acc.den[sw.bbox] = 0
         sums = PartSums(acc)
         if sw.update_probe and self.probe_terms_in_sweep:
             sums.probe = True
@@ -209,8 +208,7 @@ class Algorithm:
             if sw.grads is not None:
                 gy, gx = sw.grads
                 sums.steps.append(position_steps(
-                    pd, be.gather(gy, c.dy, c.dx, m, flat=c.flat),
-                    be.gather(gx, c.dy, c.dx, m, flat=c.flat), chi, xp))
+                    pd, core.object_patches(c, gy), core.object_patches(c, gx), chi, xp))
             if self.opr is not None and sw.update_probe:
                 sums.opr_steps.append(self.opr.chunk_steps(c, oj, chi))
             self.chunk_update(sw, sums, c, pd, oj, big, chi)
@@ -232,10 +230,10 @@ class Algorithm:
                      chi: Any) -> None:
         """Take what the update needs from a chunk. Default: Σ conj(P_j)χ_j and the
         illumination into the part's object accumulator, and the probe terms (this
-        overwrites ``pd``, ``oj`` and ``chi``)."""
+        overwrites ``pd`` and ``chi``)."""
         core = self.core
         if sums.acc is not None:
-            core.accumulate_object(sums.acc, core.object_num(pd, chi, c), c)
+            core.accumulate_object(sums.acc, pd, chi, c)
         if sums.probe:
             sums.probe_num, sums.probe_den = core.probe_terms(oj, chi, c, sums.probe_num,
                                                               sums.probe_den)

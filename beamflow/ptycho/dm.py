@@ -115,7 +115,7 @@ class DM(Algorithm):
         self.exit[c.didx] = z
         if sums.acc is not None:
             psi = core.to_sample(z, c)
-            core.accumulate_object(sums.acc, core.object_num(pd, psi, c, keep_probe=True), c, pd)
+            core.accumulate_object(sums.acc, pd, psi, c, keep_probe=True, shifted=True)
 
     def probe_pass(self, _t: int, part: np.ndarray) -> PartSums:
         """Σ_j S_j^H[conj(O_j) ψ_j] and Σ_j |O_j|² with the refitted object."""

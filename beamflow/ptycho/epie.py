@@ -24,6 +24,7 @@ __all__ = ["EPIE"]
 
 class EPIE(PIEFamily):
     name = "epie"
+    object_step_writes_den = False
 
     def object_step(self, num: Any, den: Any, den_max: float) -> Any:
         num *= self.params.alpha_value / self.core.backend.at_least(den_max, 1e-30)

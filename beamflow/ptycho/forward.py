@@ -36,7 +36,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from .arrays import ArrayBackend
 from .frames import frames_are_counts, load_frames
 from .state import PtychoData, ReconState
 
-__all__ = ["Core", "Chunk"]
+__all__ = ["Core", "Chunk", "ObjectAccumulator"]
 
 # Pixels per work chunk on CPU: 32 windows of 64x64 (1 MiB per complex64 array), so a
 # chunk's handful of arrays stays in L3 between the elementwise passes while the per-chunk
@@ -65,6 +65,15 @@ PARALLEL_UPDATE_PX = 2**16
 RAMP_CACHE_BYTES = 64 * 2**20
 
 
+class ObjectAccumulator(NamedTuple):
+    """An object accumulator pair (see :meth:`Core.accumulators`)."""
+
+    num: Any  # (H, W) complex64: Σ_j conj(P_j)·χ_j
+    den: Any  # (H, W) float32: Σ_j |P_j|²
+    # GPU: the one float32 buffer of 3·H·W values that num and den are views of; else None.
+    buffer: Any = None
+
+
 @dataclass
 class Chunk:
     """One chunk of positions, prepared for the forward model."""
@@ -79,6 +88,10 @@ class Chunk:
     # GPU: the corners' flat offsets iy·W + ix into object-sized arrays, on the device (one
     # upload with the corners; gather and scatter then need no index arithmetic); else None.
     flat: Any = None
+    flat2: Any = None  # GPU: 2·flat, the same offsets into float32 pairs (complex64 arrays)
+    # GPU: the windows' flat indices (b, M, M) into object-sized arrays, made on first use
+    # (Core.window_index) and shared by the chunk's gathers and window writes.
+    window: Any = None
 
 
 class Core:
@@ -142,7 +155,7 @@ class Core:
         self._device_ramps = device_ramps
         self._dramps: Any = None  # (N, M, M) on the device (GPU, when they fit)
         self._pool: ThreadPoolExecutor | None = None
-        self._acc: list[tuple[Any, Any]] = []
+        self._acc: list[ObjectAccumulator] = []
         self._probe_hat = None
         self._probe_int = None
         self.set_positions(np.array(state.positions_px, np.float64, copy=True))
@@ -224,14 +237,17 @@ class Core:
             ramp = self._ramps[idx] if self._ramps is not None else self._outer_ramps(
                 self.frac[idx], np)
         iy, ix = self.corner[idx, 0], self.corner[idx, 1]
-        didx, dy, dx, flat = idx, iy, ix, None
+        didx, dy, dx, flat, flat2 = idx, iy, ix, None, None
         if self.backend.is_gpu:  # one upload per chunk: indices and corners together
-            didx, dy, dx, flat = self.backend.to_device(np.stack([idx, iy, ix, iy * self.W + ix]))
+            off = iy * self.W + ix
+            didx, dy, dx, flat, flat2 = self.backend.to_device(
+                np.stack([idx, iy, ix, off, 2 * off]))
             if self._dramps is not None:
                 ramp = self._dramps[didx]  # a gather: an owned copy
             elif self.subpixel:
                 ramp = self._outer_ramps(self._dfrac[didx], self.xp)
-        return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp, flat=flat)
+        return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp, flat=flat,
+                     flat2=flat2)
 
     def split(self, idx: np.ndarray) -> list[np.ndarray]:
         """Split a batch into one contiguous part per thread (deterministic).
@@ -279,15 +295,24 @@ class Core:
             self._pool = None
 
     # -- accumulators -----------------------------------------------------------------------
-    def accumulators(self, n: int) -> list[tuple[Any, Any]]:
-        """``n`` persistent object-sized (numerator complex64, denominator float32) pairs."""
-        xp = self.xp
+    def accumulators(self, n: int) -> list[ObjectAccumulator]:
+        """``n`` persistent object-sized (numerator complex64, denominator float32) pairs.
+
+        On a GPU each pair is two views of one buffer (:meth:`ArrayBackend.stacked_pair`), so
+        a chunk's numerators and illumination go in with one scatter; on the CPU two arrays
+        (its scatter is a loop of row-bound slice adds: one per array is the fastest)."""
+        xp, h, w = self.xp, self.H, self.W
         while len(self._acc) < n:
-            self._acc.append((xp.zeros((self.H, self.W), np.complex64),
-                              xp.zeros((self.H, self.W), np.float32)))
+            if self.backend.is_gpu:
+                buf, num, den = self.backend.stacked_pair((h, w), zeroed=True)
+                self._acc.append(ObjectAccumulator(num, den, buf))
+            else:
+                self._acc.append(ObjectAccumulator(xp.zeros((h, w), np.complex64),
+                                                   xp.zeros((h, w), np.float32)))
         return self._acc[:n]
 
-    def combine(self, accs: Sequence[tuple[Any, Any]], bb: tuple[slice, slice]) -> tuple[Any, Any]:
+    def combine(self, accs: Sequence[ObjectAccumulator],
+                bb: tuple[slice, slice]) -> tuple[Any, Any]:
         """Sum the parts' accumulators over the box ``bb`` into the first (in part order) and
         return its views: no object-sized temporaries at the memory peak."""
         num, den = accs[0][0][bb], accs[0][1][bb]
@@ -296,15 +321,17 @@ class Core:
             den += a[1][bb]
         return num, den
 
-    def update_object(self, accs: Sequence[tuple[Any, Any]], bb: tuple[slice, slice],
+    def update_object(self, accs: Sequence[ObjectAccumulator], bb: tuple[slice, slice],
                       step: Callable[[Any, Any, float, tuple[slice, slice]], Any],
-                      target: Any = None, replace: bool = False) -> None:
+                      target: Any = None, replace: bool = False, write: bool = True) -> None:
         """Apply an accumulated object update over the box ``bb``, in row slabs in parallel.
 
         ``step(num, den, den_max, region)`` gets the summed numerator/denominator of a slab
         (it may overwrite them) and the maximum of the whole denominator, and returns the
         increment (or, with ``replace``, the new values) for ``target[region]`` (default:
-        the object).
+        the object). ``write=False``: nothing is written; a step that works in place leaves
+        its results in the first accumulator's numerator over ``bb`` (where the parts'
+        sums are combined) — no copy of the box.
         """
         tgt = self.obj if target is None else target
         area = (bb[0].stop - bb[0].start) * (bb[1].stop - bb[1].start)
@@ -320,6 +347,8 @@ class Core:
         def apply(t: int, sl: tuple[slice, slice]) -> None:
             num, den = combined[t]
             upd = step(num, den, dmax, sl)
+            if not write:
+                return
             if replace:
                 tgt[sl] = upd
             else:  # out= on the view: no copy of the view onto itself after
@@ -339,8 +368,13 @@ class Core:
     def spectrum(self, probe: Any) -> Any:
         """F[P]/(M·M) of (K, M, M) probe modes (a new array): the unnormalised inverse FFT of
         ``ramp · spectrum`` is the shifted probe, which saves a scaling pass per chunk."""
+        scale = np.float32(1.0 / (self.M * self.M))
+        if self.M & (self.M - 1) == 0:
+            # A power of two scales exactly, before the FFT as after it: the scaled copy is
+            # the FFT's input (two kernels instead of a copy, the FFT and the scaling).
+            return self.backend.fft2(probe * scale)
         ph = self.backend.fft2(probe.copy())
-        ph *= np.float32(1.0 / (self.M * self.M))
+        ph *= scale
         return ph
 
     def probe_hat(self) -> Any:
@@ -388,7 +422,21 @@ class Core:
     def object_patches(self, c: Chunk, obj: Any = None) -> Any:
         """(b, M, M) copies of the object windows (``obj``: another object-sized array)."""
         return self.backend.gather(self.obj if obj is None else obj, c.dy, c.dx, self.M,
-                                   flat=c.flat)
+                                   index=self.window_index(c))
+
+    def set_object_patches(self, c: Chunk, patches: Any) -> None:
+        """Write (b, M, M) windows into the object; the windows must not overlap."""
+        self.backend.scatter_set(self.obj, patches, c.dy, c.dx, index=self.window_index(c))
+
+    def window_index(self, c: Chunk) -> Any:
+        """GPU: the chunk's windows' flat indices into object-sized arrays, made once per
+        chunk (a gradient's or a direction's gather after the object's costs no index
+        kernel); None on the CPU."""
+        if c.flat is None:
+            return None
+        if c.window is None:
+            c.window = self.backend.window_index(self.W, self.M, c.flat)
+        return c.window
 
     def to_detector(self, pd: Any, oj: Any, c: Chunk) -> Any:
         """The wave at the detector for the chunk's positions, a new (b, K, M, M) array.
@@ -472,8 +520,9 @@ class Core:
         return be.ifft2(spec, workers=self.fft_workers)
 
     # -- update terms -----------------------------------------------------------------------
-    def object_num(self, pd: Any, chi: Any, c: Chunk, keep_probe: bool = False) -> Any:
-        """Σ_k conj(P_k,j)·χ_jk → (b, M, M).
+    def object_num(self, pd: Any, chi: Any, c: Chunk, keep_probe: bool = False,
+                   out: Any = None) -> Any:
+        """Σ_k conj(P_k,j)·χ_jk → (b, M, M) (into ``out`` when given).
 
         Overwrites an owned ``pd``: conjugated, and with one mode the result is written into
         it (one chunk-sized array fewer at the memory peak) unless ``keep_probe``, which
@@ -484,27 +533,41 @@ class Core:
         own = c.ramp is not None and not keep_probe
         pdc = xp.conjugate(pd, out=pd) if own else xp.conj(pd)
         if chi.shape[1] == 1:
-            out = pdc[:, 0] if own else None
+            if out is None and own:
+                out = pdc[:, 0]
             return xp.multiply(pdc[:, 0], chi[:, 0], out=out)
-        return (pdc * chi).sum(axis=1)
+        return xp.sum(pdc * chi, axis=1, out=out)
 
-    def accumulate_object(self, acc: tuple[Any, Any], num: Any, c: Chunk,
-                          pd: Any = None) -> None:
-        """Scatter-add a chunk's object numerators and illumination into ``acc``.
+    def accumulate_object(self, acc: ObjectAccumulator, pd: Any, chi: Any, c: Chunk,
+                          keep_probe: bool = False, shifted: bool = False) -> None:
+        """Scatter-add a chunk's object numerators :meth:`object_num` (``pd``, ``chi``,
+        ``keep_probe`` as there) and illumination into ``acc``.
 
-        The illumination Σ_k|P_k,j|² uses the shifted probes ``pd`` when given (DM needs
-        the exact least-squares denominator), else the unshifted probe intensity: for PIE
-        and LSQ-ML it only preconditions the step, and a constant patch saves computing
-        |P_j|² per position.
+        The illumination Σ_k|P_k,j|² uses the shifted probes ``pd`` with ``shifted`` (DM
+        needs the exact least-squares denominator), else the unshifted probe intensity: for
+        PIE and LSQ-ML it only preconditions the step, and a constant patch saves computing
+        |P_j|² per position. On a GPU numerators and illumination are made side by side in
+        one buffer and scattered together (:meth:`ArrayBackend.scatter_add_pair`).
         """
         be, xp = self.backend, self.xp
-        be.scatter_add(acc[0], num, c.dy, c.dx, flat=c.flat)
-        if pd is not None and c.ramp is not None:
-            inten = (xp.square(pd.real) + xp.square(pd.imag)).sum(axis=1)
+        exact = shifted and c.ramp is not None
+        if acc.buffer is None:
+            if exact:  # before object_num, which may conjugate pd (the same squares)
+                inten = (xp.square(pd.real) + xp.square(pd.imag)).sum(axis=1)
+            be.scatter_add(acc.num, self.object_num(pd, chi, c, keep_probe), c.dy, c.dx,
+                           flat=c.flat)
+            if not exact:
+                inten = self.probe_intensity()
+                inten = xp.broadcast_to(inten, (len(c.idx),) + inten.shape)
+            be.scatter_add(acc.den, inten, c.dy, c.dx, flat=c.flat)
+            return
+        patches, num, den = be.stacked_pair((len(c.idx), self.M, self.M))
+        if exact:
+            xp.sum(xp.square(pd.real) + xp.square(pd.imag), axis=1, out=den)
         else:
-            inten = self.probe_intensity()
-            inten = xp.broadcast_to(inten, (len(c.idx),) + inten.shape)
-        be.scatter_add(acc[1], inten, c.dy, c.dx, flat=c.flat)
+            den[...] = self.probe_intensity()
+        self.object_num(pd, chi, c, keep_probe, out=num)
+        be.scatter_add_pair(acc.buffer, patches, self.H, self.W, self.M, c.flat, c.flat2)
 
     def probe_terms(self, oj: Any, chi: Any, c: Chunk, out_num: Any, out_den: Any,
                     keep: bool = False) -> tuple[Any, Any]:
@@ -513,10 +576,10 @@ class Core:
         ``out_num``/``out_den`` are the sums so far, added to in place; None for the first
         chunk, whose terms become new sums (no zeroed arrays to add them to: two kernels
         fewer per batch, and the same values — 0 + x is x).
-        With sub-pixel shifts the numerator is accumulated in the Fourier domain and
-        conjugated (:meth:`probe_from_terms` undoes both). Overwrites ``oj`` and ``chi``
-        unless ``keep`` (then the products go to new arrays: the same kernels, where a
-        caller that needs them after would otherwise copy them first).
+        The numerator is accumulated conjugated, and with sub-pixel shifts in the Fourier
+        domain (:meth:`probe_from_terms` undoes both). Overwrites ``chi`` unless ``keep``
+        (then the products go to a new array: the same kernels, where a caller that needs
+        it after would otherwise copy it first); ``oj`` is left as it is.
         """
         xp, be = self.xp, self.backend
         b, m = oj.shape[0], self.M
@@ -527,19 +590,19 @@ class Core:
         else:
             out_den += sq[0::2].reshape(m, m)
             out_den += sq[1::2].reshape(m, m)
-        ocj = xp.conj(oj) if keep else xp.conjugate(oj, out=oj)
-        if chi.shape[1] == 1:
-            chi0 = chi[:, 0]
-            g = xp.multiply(chi0, ocj, out=None if keep else chi0)[:, None]
-        elif keep:
-            g = chi * ocj[:, None]
+        # The terms are accumulated conjugated: conj(conj(O_j)·χ_j) = O_j·conj(χ_j), and with
+        # sub-pixel shifts conj(F[g]) is the unscaled inverse FFT of conj(g) — no conjugate
+        # after the FFT (a kernel per chunk; the same bits: each product and sum is the
+        # mirror image of the one it replaces).
+        g = xp.conj(chi) if keep else xp.conjugate(chi, out=chi)
+        if g.shape[1] == 1:
+            g0 = g[:, 0]
+            xp.multiply(g0, oj, out=g0)
         else:
-            chi *= ocj[:, None]
-            g = chi
+            g *= oj[:, None]
         if c.ramp is not None:
-            # Σ_j conj(r_j)·F[g_j] = conj(Σ_j r_j·conj(F[g_j])): conjugate in place, no copy.
-            g = be.fft2(g, workers=self.fft_workers)
-            xp.conjugate(g, out=g)
+            # Σ_j conj(r_j)·F[conj(O_j)χ_j] = conj(Σ_j r_j·F⁻¹[O_j·conj(χ_j)]·M²).
+            g = be.ifft2(g, workers=self.fft_workers, scale=False)
             if g.shape[1] == 1:
                 g0 = g[:, 0]
                 xp.multiply(g0, c.ramp, out=g0)
@@ -557,7 +620,7 @@ class Core:
         """Finish the probe adjoint from the summed terms (a new array)."""
         if self.subpixel:
             return self.backend.ifft2(self.xp.conj(num))
-        return num.copy()
+        return self.xp.conj(num)
 
     # -- utilities --------------------------------------------------------------------------
     def center_probe(self, threshold_px: float = 0.25) -> tuple[float, float] | None:

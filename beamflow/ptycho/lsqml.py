@@ -53,17 +53,17 @@ def _systems(dirs: Any, chi: Any, xp: Any, batched: bool) -> tuple[Any, Any]:
     corrections ``chi`` (b, K, M, M): Re Σ conj(d_s)·d_t → (b, n, n) and Re Σ conj(d_s)·χ
     → (b, n), each sum over (K, M, M).
 
-    ``batched`` (a GPU): all pairs in one product each, 8 kernels for n = 2 where a dot
-    product per pair takes 20. numpy gets the same sums, bit for bit (the same float32
-    re·re + im·im, summed over the same contiguous block), but its broadcast products of
-    the strided real and imaginary views run ~3x slower than the dot products: the CPU keeps
-    one per pair."""
+    ``batched`` (a GPU): all pairs in one product each, on the arrays' float32 pairs
+    (re, im): the product, each pair's sum (re·re + im·im, one add) and the sum over
+    (K, M, M) — 6 kernels for n = 2 where a dot product per pair takes 20. numpy gets the
+    same sums, bit for bit (the same float32 re·re + im·im, summed over the same contiguous
+    block), but its broadcast products run ~3x slower than the dot products: the CPU keeps
+    one per pair. ``dirs`` and ``chi`` must be C-contiguous (a GPU views them as float32)."""
     if batched:
-        re, im = dirs.real, dirs.imag
-        gram = re[:, :, None] * re[:, None]
-        gram += im[:, :, None] * im[:, None]
-        rhs = re * chi.real[:, None]
-        rhs += im * chi.imag[:, None]
+        fd = dirs.view(np.float32)  # (b, n, K, M, 2M): re, im side by side
+        pairs = dirs.shape + (2,)
+        gram = (fd[:, :, None] * fd[:, None]).reshape(pairs[:2] + pairs[1:]).sum(axis=-1)
+        rhs = (fd * chi.view(np.float32)[:, None]).reshape(pairs).sum(axis=-1)
         return gram.sum(axis=(3, 4, 5)), rhs.sum(axis=(2, 3, 4))
     b, n = dirs.shape[:2]
     gram = xp.empty((b, n, n), np.float32)
@@ -114,7 +114,7 @@ class LSQML(Algorithm):
         core = self.core
         sums.kept.append((c, pd, oj, chi))
         if sums.acc is not None:
-            core.accumulate_object(sums.acc, core.object_num(pd, chi, c, keep_probe=True), c)
+            core.accumulate_object(sums.acc, pd, chi, c, keep_probe=True)
         if sums.probe:
             sums.probe_num, sums.probe_den = core.probe_terms(
                 oj, chi, c, sums.probe_num, sums.probe_den, keep=True)
@@ -122,12 +122,12 @@ class LSQML(Algorithm):
     def update(self, sw: Sweep, sums: list[PartSums]) -> None:
         core, xp, be = self.core, self.core.xp, self.core.backend
         upd_obj, upd_probe, bb = sw.update_object, sw.update_probe, sw.bbox
-        m = core.M
         alpha = self.params.alpha_value
         d_obj = None
         if upd_obj:
-            # ΔO lives in a spare accumulator after the parts' (only its box is read).
-            d_obj = core.accumulators(len(sw.parts) + 1)[-1][0]
+            # ΔO is made in place in the first part's numerator, where the parts' sums are
+            # combined (only its box is read): no copy into another array.
+            d_obj = sw.accs[0].num
 
             def direction(num: Any, den: Any, dmax: float, _sl: Any) -> Any:
                 den += alpha * dmax
@@ -135,7 +135,7 @@ class LSQML(Algorithm):
                 num *= den
                 return num
 
-            core.update_object(sw.accs, bb, direction, target=d_obj, replace=True)
+            core.update_object(sw.accs, bb, direction, write=False)
         d_probe = d_probe_hat = None
         if upd_probe:
             pnum, pden = self.probe_sums(sums)
@@ -153,7 +153,7 @@ class LSQML(Algorithm):
                 dirs = xp.empty((len(c.idx), int(upd_obj) + int(upd_probe)) + chi.shape[1:],
                                 np.complex64)
                 if upd_obj:
-                    xp.multiply(pd, be.gather(d_obj, c.dy, c.dx, m, flat=c.flat)[:, None],
+                    xp.multiply(pd, core.object_patches(c, d_obj)[:, None],
                                 out=dirs[:, 0])
                 if upd_probe:
                     if c.ramp is None:
@@ -181,16 +181,19 @@ class LSQML(Algorithm):
             sys = (parts[0] if len(parts) == 1 else xp.concatenate(parts)).astype(np.float64)
             # Rows of sys.T: a11, a12, a22, b1, b2. Both step lengths at once, as the rows
             # (β_O, β_P) of a (2, b) array: the same arithmetic per position as one at a time.
+            # Pairs of rows are strided views (st[0:3:2]: a11, a22), not fancy-index copies:
+            # a gather kernel each on a GPU.
             st = sys.T
             lam = 1e-6 * (st[0] + st[2]) + 1e-30
-            diag = st[[0, 2]] + lam  # a11 + λ, a22 + λ
+            diag = st[0:3:2] + lam  # a11 + λ, a22 + λ
+            b12, b21 = st[3:5], st[4:2:-1]  # (b1, b2) and (b2, b1)
             if upd_obj and upd_probe:
                 det = diag[0] * diag[1] - st[1] ** 2
                 # β_O = ((a22+λ) b1 − a12 b2)/det, β_P = ((a11+λ) b2 − a12 b1)/det
-                betas = diag[::-1] * st[[3, 4]] - st[1] * st[[4, 3]]
+                betas = diag[::-1] * b12 - st[1] * b21
                 betas /= det
             else:
-                betas = st[[3, 4]] / diag
+                betas = b12 / diag
             # Their batch means, clipped at 0 and damped (each row a contiguous mean, as
             # the 1-D one it replaces).
             step_o, step_p = be.scalars(xp.maximum(betas, 0.0).mean(axis=1),

@@ -24,6 +24,10 @@ __all__ = ["PIEFamily"]
 class PIEFamily(Algorithm):
     """ePIE/rPIE-style updates from a batch, sharing everything but the step rule."""
 
+    # Whether object_step writes into ``den``: in sparse mode it then gets a copy of the
+    # shared probe intensity per set (ePIE's step reads only the maximum: no copy kernel).
+    object_step_writes_den = True
+
     def object_step(self, num: Any, den: Any, den_max: float) -> Any:  # pragma: no cover
         """The object increment from Σconj(P)χ, Σ|P|² and its maximum (may overwrite
         ``num``/``den``; in sparse mode ``den`` is the shared probe intensity — read only).
@@ -51,9 +55,10 @@ class PIEFamily(Algorithm):
                      chi: Any) -> None:
         if sw.update_object and self.sparse:
             core = self.core
-            num = self.object_step(core.object_num(pd, chi, c), self._pint.copy(), self._pmax)
+            den = self._pint.copy() if self.object_step_writes_den else self._pint
+            num = self.object_step(core.object_num(pd, chi, c), den, self._pmax)
             num += oj
-            core.backend.scatter_set(core.obj, num, c.dy, c.dx, flat=c.flat)
+            core.set_object_patches(c, num)
         super().chunk_update(sw, sums, c, pd, oj, big, chi)
 
     def update(self, sw: Sweep, sums: list[PartSums]) -> None:
