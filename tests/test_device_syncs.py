@@ -147,6 +147,35 @@ def test_epie_sparse_batches_cost_the_same_kernels_whatever_their_size(device):
     assert launches.pop() <= 42
 
 
+@pytest.mark.parametrize("extra, memory", [
+    ({"algorithm": "dm"}, {"dm_exit_waves"}),
+    ({"algorithm": "rpie", "opr_modes": 3}, {"opr_eigen_probes", "opr_weights"}),
+    ({"algorithm": "mpie", "momentum_every": 1},
+     {"mpie_object_ref", "mpie_object_velocity", "mpie_probe_ref", "mpie_probe_velocity"}),
+], ids=["dm", "rpie-opr", "mpie"])
+def test_a_snapshot_reads_the_device_only_when_its_result_is_asked_for(device, extra, memory):
+    """snapshot_async copies the object, the probe and the algorithm's memory device→device
+    and returns without a host read (the job's loop goes on); .result() reads them, and gives
+    the state as it was when the snapshot was taken, though iterations ran in between."""
+    with _reconstructor(device, **extra) as rec:
+        rec.iterate()
+        expected = rec.snapshot()
+        COUNTS.clear()
+        pending = rec.snapshot_async()
+        assert COUNTS["read"] == 0, COUNTS
+        rec.iterate()  # changes every array the snapshot holds
+        COUNTS.clear()
+        got = pending.result()
+        assert COUNTS["read"] == 2 + len(memory), COUNTS  # one read per device array
+    assert memory <= set(got.extras)
+    assert set(got.extras) == set(expected.extras)
+    np.testing.assert_array_equal(got.object, expected.object)
+    np.testing.assert_array_equal(got.probe, expected.probe)
+    for k in expected.extras:
+        assert type(got.extras[k]) is np.ndarray, k
+        np.testing.assert_array_equal(got.extras[k], expected.extras[k], err_msg=k)
+
+
 def test_the_stand_in_counts_what_it_should(device):
     """The counts that the tests above rely on are real: a read, an upload, a kernel."""
     COUNTS.clear()

@@ -68,7 +68,7 @@ class Algorithm:
 
     ``iterate`` in the engine calls :meth:`batches` then :meth:`run_batch` for each batch
     and sums the returned losses. Subclasses implement :meth:`update` and override the
-    sweep's hooks where they differ; they may keep per-position memory in :meth:`extras`.
+    sweep's hooks where they differ; they may keep per-position memory in :meth:`device_extras`.
     """
 
     name = "base"
@@ -93,12 +93,15 @@ class Algorithm:
         return 0
 
     # -- state ------------------------------------------------------------------------------
-    def extras(self) -> dict[str, np.ndarray]:
-        """Per-algorithm memory to checkpoint (host arrays)."""
+    def device_extras(self) -> dict[str, Any]:
+        """Per-algorithm memory to checkpoint: the live arrays, on the device (not copies:
+        the caller copies them, see :meth:`ArrayBackend.host_copy_async`, before the next
+        batch changes them), or small host arrays."""
         return {}
 
     def load_extras(self, extras: dict[str, np.ndarray]) -> None:
-        """Restore memory from :meth:`extras` (missing rows for new positions are rebuilt)."""
+        """Restore memory from host copies of :meth:`device_extras` (missing rows for new
+        positions are rebuilt)."""
 
     def modes_mixed(self, transform: Any) -> None:
         """The probe modes were re-mixed (new = transform @ old); follow if needed."""
@@ -109,11 +112,12 @@ class Algorithm:
     def shifted(self, s: tuple[float, float]) -> None:
         """Probe and object were moved by ``s`` (see Core.center_probe); follow if needed."""
 
-    def memory(self) -> dict[str, np.ndarray]:
-        """Everything to checkpoint: :meth:`extras` and the variable probe's."""
-        out = self.extras()
+    def device_memory(self) -> dict[str, Any]:
+        """Everything to checkpoint, as :meth:`device_extras` gives it: the algorithm's
+        and the variable probe's."""
+        out = self.device_extras()
         if self.opr is not None:
-            out.update(self.opr.extras())
+            out.update(self.opr.device_extras())
         return out
 
     def load_memory(self, extras: dict[str, np.ndarray]) -> None:

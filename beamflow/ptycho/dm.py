@@ -72,8 +72,8 @@ class DM(Algorithm):
                 self.exit[c.didx] = core.to_detector(core.shifted_probe(c),
                                                      core.object_patches(c), c)
 
-    def extras(self) -> dict[str, np.ndarray]:
-        return {"dm_exit_waves": np.array(self.core.backend.to_host(self.exit), copy=True)}
+    def device_extras(self) -> dict[str, Any]:
+        return {"dm_exit_waves": self.exit}
 
     def modes_mixed(self, transform: Any) -> None:
         xp = self.core.xp

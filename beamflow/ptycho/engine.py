@@ -332,23 +332,28 @@ class Reconstructor:
     def snapshot_async(self) -> PendingSnapshot:
         """Start copying the state to the host; the device goes on with the next iteration
         while the copy runs (GPU: device→page-locked host on a side stream). Call
-        ``.result()`` for the :class:`ReconState`. The algorithm's extras (DM's exit waves)
-        are copied at once."""
+        ``.result()`` for the :class:`ReconState`. The algorithm's memory (DM's exit waves,
+        the variable probe's eigen-probes and weights, mPIE's velocities) travels the same
+        way: nothing here reads the device."""
         be = self.backend
+        extras = {k: be.host_copy_async(a) for k, a in self.algorithm.device_memory().items()}
         return PendingSnapshot(
             be.host_copy_async(self.core.obj), be.host_copy_async(self.core.probe),
             dict(positions_px=self.core.pos.copy(), params=self.params,
                  iteration=self.iteration, loss_history=list(self.loss_history),
-                 rng_seed=self.rng_seed, rng_counter=self.rng_counter,
-                 extras=self.algorithm.memory()))
+                 rng_seed=self.rng_seed, rng_counter=self.rng_counter), extras)
 
 
 class PendingSnapshot:
-    """A :class:`ReconState` whose object and probe are still on their way to the host."""
+    """A :class:`ReconState` whose object, probe and algorithm memory are still on their
+    way to the host."""
 
-    def __init__(self, obj: HostCopy, probe: HostCopy, fields: dict[str, Any]):
+    def __init__(self, obj: HostCopy, probe: HostCopy, fields: dict[str, Any],
+                 extras: dict[str, HostCopy] | None = None):
         self._obj, self._probe, self._fields = obj, probe, fields
+        self._extras = extras or {}
 
     def result(self) -> ReconState:
         return ReconState(object=self._obj.result(), probe=self._probe.result(),
+                          extras={k: c.result() for k, c in self._extras.items()},
                           **self._fields)

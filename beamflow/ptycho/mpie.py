@@ -14,7 +14,7 @@ velocity builds up along them (up to 1/(1−η) times the plain step) while the 
 high-frequency parts of the update average out of it.
 
 The velocities and reference copies are algorithm memory: they are checkpointed
-(:meth:`MPIE.extras`) so a resumed run continues bit-identically.
+(:meth:`MPIE.device_extras`) so a resumed run continues bit-identically.
 """
 
 from __future__ import annotations
@@ -45,12 +45,11 @@ class MPIE(RPIE):
     _KEYS = ("mpie_object_ref", "mpie_object_velocity", "mpie_probe_ref",
              "mpie_probe_velocity")
 
-    def extras(self) -> dict[str, np.ndarray]:
+    def device_extras(self) -> dict[str, Any]:
         if self._obj_ref is None:
             return {}
-        to_host = self.core.backend.to_host
         arrays = (self._obj_ref, self._obj_vel, self._probe_ref, self._probe_vel)
-        out = {k: np.array(to_host(a), copy=True) for k, a in zip(self._KEYS, arrays, strict=True)}
+        out: dict[str, Any] = dict(zip(self._KEYS, arrays, strict=True))
         out["mpie_batches"] = np.asarray([self._batches], np.int64)
         return out
 

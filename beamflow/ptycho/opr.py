@@ -40,7 +40,7 @@ the eigen-probes carry much of the power, |U_0|² alone makes the object steps o
 
 The eigen-probes start as the mean probe times low-order polynomials (the shapes a small
 drift or defocus change adds), the weights at (1, 0, …, 0). Both are algorithm memory
-(``opr_eigen_probes``, ``opr_weights`` in :meth:`VariableProbe.extras`): checkpoints carry
+(``opr_eigen_probes``, ``opr_weights`` in :meth:`VariableProbe.device_extras`): checkpoints carry
 them, and the product file stores them as Ptychodus does (probe (K, modes, M, M), weights
 (N, K); see :func:`ptychodus_layout`).
 
@@ -88,10 +88,9 @@ class VariableProbe:
         self._y: Any = None  # Σ_j w_j r_j over the iteration's batches (K−1, M·M)
 
     # -- state ------------------------------------------------------------------------------
-    def extras(self) -> dict[str, np.ndarray]:
-        to_host = self.core.backend.to_host
-        return {"opr_eigen_probes": np.array(to_host(self.eigen), copy=True),
-                "opr_weights": np.array(to_host(self.weights), copy=True)}
+    def device_extras(self) -> dict[str, Any]:
+        """The eigen-probes and weights on the device (see ``Algorithm.device_extras``)."""
+        return {"opr_eigen_probes": self.eigen, "opr_weights": self.weights}
 
     def load_extras(self, extras: dict[str, np.ndarray]) -> None:
         """Restore eigen-probes and weights. A state with another number of OPR modes gives
