@@ -50,7 +50,10 @@ class DM(Algorithm):
     # -- memory -----------------------------------------------------------------------------
     @classmethod
     def device_bytes(cls, params: Any, n: int, k: int, m: int) -> int:
-        return n * k * m * m * 8  # every exit wave, complex64
+        # Every exit wave (complex64), twice: a snapshot copies them device→device before
+        # the copy to the host (the engine goes on meanwhile), so the memory plan keeps room
+        # for that copy rather than running out of memory at a checkpoint.
+        return 2 * n * k * m * m * 8
 
     def load_extras(self, extras: dict[str, np.ndarray]) -> None:
         core, xp = self.core, self.core.xp
