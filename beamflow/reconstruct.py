@@ -45,7 +45,14 @@ from typing import Any
 import numpy as np
 
 from beamflow.checkpoint import Checkpointer, TerminationGuard, load_latest
-from beamflow.formats import Product, Scan, ScanFormatError, load_scan, write_product
+from beamflow.formats import (
+    Product,
+    Scan,
+    ScanFormatError,
+    invalid_counts,
+    load_scan,
+    write_product,
+)
 from beamflow.live_previews import LivePreviews
 from beamflow.ptycho.arrays import array_backend
 from beamflow.ptycho.engine import Reconstructor, initial_state, mean_pattern
@@ -287,15 +294,11 @@ def _bad_frame(scan: Scan, frames: np.ndarray) -> ScanFormatError | None:
     by its data file and its number there (1-based where the file counts from 1)."""
     mask = scan.mask
     for start in range(0, frames.shape[0], 64):
-        block = frames[start : start + 64][:, mask]
-        finite = np.isfinite(block)
-        if not finite.all():
-            what, rows = "a NaN or infinite value", ~finite.all(axis=1)
-        elif block.size and float(block.min()) < 0:
-            what, rows = "a negative count", (block < 0).any(axis=1)
-        else:
+        found = invalid_counts(frames[start : start + 64][:, mask])
+        if found is None:
             continue
-        index = start + int(np.flatnonzero(rows)[0])
+        what, row = found
+        index = start + row
         file, key, where = scan.locate(index)
         return ScanFormatError(
             file, key, f"{where}: {what} on a valid detector pixel; mark such pixels "

@@ -39,7 +39,13 @@ from pathlib import Path
 
 import numpy as np
 
-from beamflow.formats import Scan, ScanFormatError, load_scan, scan_progress_detail
+from beamflow.formats import (
+    Scan,
+    ScanFormatError,
+    invalid_counts,
+    load_scan,
+    scan_progress_detail,
+)
 
 MASTER_SUFFIX = "_master.h5"
 CXI_SUFFIX = ".cxi"
@@ -323,13 +329,10 @@ def _sample_problem(scan: Scan) -> str | None:
     if scan.n_frames == 0:
         return None
     for index in np.unique(np.linspace(0, scan.n_frames - 1, SAMPLE_FRAMES).round()).astype(int):
-        frame = scan.frames(int(index), int(index) + 1)[0][scan.mask]
-        if not np.isfinite(frame).all():
-            what = "a NaN or infinite value"
-        elif frame.size and float(frame.min()) < 0:
-            what = "a negative count"
-        else:
+        found = invalid_counts(scan.frames(int(index), int(index) + 1)[:, scan.mask])
+        if found is None:
             continue
+        what = found[0]
         file, key, where = scan.locate(int(index))
         return str(ScanFormatError(file, key, (
             f"{where}: {what} on a valid detector pixel (found in a sample of the frames "

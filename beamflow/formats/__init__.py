@@ -8,7 +8,7 @@ from .eiger import read_detector_scan, scan_progress, scan_progress_detail
 from .errors import ScanFormatError
 from .load import find_scan_file, load_scan
 from .product import Product, read_product, write_product
-from .scan import Geometry, Scan, ZonePlateOptics
+from .scan import Geometry, Scan, ZonePlateOptics, invalid_counts
 
 __all__ = [
     "Geometry",
@@ -16,6 +16,7 @@ __all__ = [
     "Scan",
     "ScanFormatError",
     "find_scan_file",
+    "invalid_counts",
     "load_scan",
     "read_cxi",
     "read_detector_scan",

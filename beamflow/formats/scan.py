@@ -144,6 +144,18 @@ class Scan:
 MAX_SPAN_OBJECT_PIXELS = 2**16
 
 
+def invalid_counts(block: np.ndarray) -> tuple[str, int] | None:
+    """What is wrong with the first bad frame of ``block`` (frames × valid pixels) — a NaN or
+    infinite value, or a negative count — and its row; None when every frame is clean.
+    The one test of frame values, at readiness (a sample) and at reconstruction (all)."""
+    finite = np.isfinite(block)
+    if not finite.all():
+        return "a NaN or infinite value", int(np.flatnonzero(~finite.all(axis=1))[0])
+    if block.size and float(block.min()) < 0:
+        return "a negative count", int(np.flatnonzero((block < 0).any(axis=1))[0])
+    return None
+
+
 def check_positions(
     file: str | Path, key: str, positions_m: np.ndarray, geometry: Geometry, frame_size: int
 ) -> np.ndarray:
