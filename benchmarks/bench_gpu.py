@@ -66,12 +66,26 @@ skips it. What it counts differs from CuPy in small ways: the fused modulus kern
 only) is 2 launches where the stand-in counts 6 or 7, and CuPy's allocations (``zeros``) and
 its ``broadcast_to`` (a view) are not/are counted the other way round.
 
+Counted traffic and the model: the stand-in also counts the bytes each kernel reads and
+writes in device memory (``tests/counting_cupy.py`` says how), so the engine's own traffic
+sits beside the floor's: ``counted_bytes_per_iteration`` and ``counted_passes`` (those bytes
+in passes of the stack). ``model_seconds`` is what an iteration would take on a card with
+``model_gbs`` of bandwidth (the measured copy bandwidth on a GPU; ``--model-gbs``, default
+3000, an H100 SXM's copy rate, on the CPU) when nothing else limits it: the host enqueues
+while the device works (no host reads inside an iteration), so it is the larger of the
+host's launch time (``launch_seconds``) and the device's, the counted bytes over the
+bandwidth plus :data:`KERNEL_SECONDS` per kernel (a kernel's start and tail on the device).
+It is a model — it leaves out cuFFT's extra passes for large frames, atomics' contention and
+the cache — so the timed figure on a card is the one that counts; the model says which of
+launches and traffic to cut first, and is there before a card is.
+
 Output (``--json``): one line per case: ``engine``, ``algorithm``, ``field``, ``positions``,
 ``frame``, ``device``, ``iterations``, ``seconds_per_iteration``, ``floor_seconds``,
 ``floor_ratio`` (seconds / floor), ``bytes_per_iteration``, ``copy_gbs``, ``nrmse``
 (complex NRMSE of the object against the truth over the well-lit region), ``final_loss``,
-``launches_per_iteration``, ``launch_us`` (the assumed cost), ``launch_seconds`` and
-``launch_ratio``.
+``launches_per_iteration``, ``launch_us`` (the assumed cost), ``launch_seconds``,
+``launch_ratio``, ``counted_bytes_per_iteration``, ``counted_passes``, ``model_gbs``,
+``model_seconds`` and ``batch_size``.
 """
 
 from __future__ import annotations
@@ -115,6 +129,10 @@ PASSES = {"epie": PIE_PASSES, "rpie": PIE_PASSES, "lsqml": PIE_PASSES + 15, "dm"
 NEAR_FIELD_PASSES = 12
 # Assumed host cost of one kernel launch on a GPU (CuPy: 5-10 µs; see the docstring).
 LAUNCH_SECONDS = 7.5e-6
+# Device-side cost of a kernel beyond its bytes (start, tail), for the model.
+KERNEL_SECONDS = 2e-6
+# The model's bandwidth on the CPU: an H100 SXM's device-to-device copy rate, bytes/s.
+MODEL_BANDWIDTH = 3.0e12
 
 
 def log(msg: str) -> None:
@@ -195,8 +213,10 @@ def _setup(case: dict[str, Any], algorithm: str, iterations: int,
     return data, params
 
 
-def count_launches(case: dict[str, Any], algorithm: str, args: argparse.Namespace) -> int:
-    """Kernel launches of the case's second iteration on the counting stand-in for CuPy."""
+def count_launches(case: dict[str, Any], algorithm: str, args: argparse.Namespace
+                   ) -> tuple[int, int]:
+    """Kernel launches and the bytes they move in the case's second iteration on the
+    counting stand-in for CuPy."""
     from counting_cupy import COUNTS, installed  # noqa: PLC0415 - tests/, on the path
 
     data, params = _setup(case, algorithm, 2, args)
@@ -205,7 +225,12 @@ def count_launches(case: dict[str, Any], algorithm: str, args: argparse.Namespac
         rec.iterate()  # caches and index offsets made once
         COUNTS.clear()
         rec.iterate()
-        return COUNTS["launch"]
+        return COUNTS["launch"], COUNTS["bytes"]
+
+
+def model_seconds(launches: int, nbytes: int, bandwidth: float, launch_s: float) -> float:
+    """An iteration's time when only launches and traffic limit it (module docstring)."""
+    return max(launches * launch_s, nbytes / bandwidth + launches * KERNEL_SECONDS)
 
 
 def run_beamflow(case: dict[str, Any], algorithm: str, backend: ArrayBackend,
@@ -275,6 +300,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="one JSON line per case on stdout")
     ap.add_argument("--launch-us", type=float, default=LAUNCH_SECONDS * 1e6,
                     help="assumed host cost of a kernel launch, µs (default 7.5)")
+    ap.add_argument("--model-gbs", type=float, default=MODEL_BANDWIDTH / 1e9,
+                    help="the model's bandwidth on the CPU, GB/s (default 3000: an H100)")
     ap.add_argument("--no-launches", action="store_true",
                     help="do not count launches on the stand-in (it costs a CPU iteration)")
     args = ap.parse_args()
@@ -308,10 +335,16 @@ def main() -> None:
                                              r.pop("frame_bytes"))
                 floor = nbytes / bandwidth
                 if not args.no_launches:
-                    launches = count_launches(case, algorithm, args)
+                    launches, counted = count_launches(case, algorithm, args)
                     launch_s = launches * args.launch_us * 1e-6
+                    model_bw = bandwidth if backend.is_gpu else args.model_gbs * 1e9
                     r.update(launches_per_iteration=launches, launch_us=args.launch_us,
-                             launch_seconds=launch_s, launch_ratio=launch_s / floor)
+                             launch_seconds=launch_s, launch_ratio=launch_s / floor,
+                             counted_bytes_per_iteration=counted,
+                             counted_passes=counted / (8 * n * m * m),
+                             model_gbs=model_bw / 1e9,
+                             model_seconds=model_seconds(launches, counted, model_bw,
+                                                         args.launch_us * 1e-6))
                 _emit(args, {"engine": "beamflow", "algorithm": algorithm, **common, **r,
                              "bytes_per_iteration": nbytes, "floor_seconds": floor,
                              "floor_ratio": r["seconds_per_iteration"] / floor})

@@ -1,13 +1,21 @@
 """A counting stand-in for CuPy: numpy memory behind the GPU code path of
 :class:`~beamflow.ptycho.arrays.ArrayBackend`, whose arrays count element-wise and reduction
-kernels, fancy-index gathers, FFTs and scatters (``COUNTS["launch"]``), uploads
-(``"upload"``) and every conversion to a host value (``"read"``).
+kernels, fancy-index gathers, FFTs and scatters (``COUNTS["launch"]``), the bytes those
+kernels read and write in device memory (``"bytes"``), uploads (``"upload"``) and every
+conversion to a host value (``"read"``).
 
 Used by ``tests/test_device_syncs.py`` (what keeps the engine's speed on a GPU when no GPU is
 in the loop) and by ``benchmarks/bench_gpu.py`` (launches per iteration of each case). It
 counts what the engine asks for: a call that is a view on CuPy but a function on numpy
 (``broadcast_to``) counts as a launch, and CuPy's own allocations (``zeros``: a memset) do
 not.
+
+Bytes are what each kernel reads and writes once, as a memory-bound GPU kernel would: every
+operand array's and result's size (a broadcast operand counts its own size: it is read
+through the cache); a gather reads and writes its result and reads its index; a scatter-add
+reads its values and index and reads and writes the places it adds to; an FFT reads and
+writes its array once (cuFFT's small 2-D transforms are one pass). Reductions count their
+input. ``benchmarks/bench_gpu.py`` turns them into a modelled time on a card.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ import scipy.fft
 
 from beamflow.ptycho.arrays import ArrayBackend
 
-__all__ = ["COUNTS", "DeviceArray", "counting_backend", "counting_modules", "installed"]
+__all__ = ["COUNTS", "CountingKernels", "DeviceArray", "counting_backend", "counting_modules",
+           "installed"]
 
 COUNTS: Counter[str] = Counter()
 
@@ -45,6 +54,19 @@ def _dev(a: Any) -> Any:
     return a
 
 
+def _nbytes(*arrays: Any) -> int:
+    return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+
+
+def _launch(nbytes: int) -> None:
+    COUNTS["launch"] += 1
+    COUNTS["bytes"] += nbytes
+
+
+def _key_bytes(key: Any) -> int:
+    return _nbytes(*(key if isinstance(key, tuple) else (key,)))
+
+
 def _is_gather(key: Any) -> bool:
     keys = key if isinstance(key, tuple) else (key,)
     return any(isinstance(k, (np.ndarray, list)) for k in keys)
@@ -54,38 +76,52 @@ class DeviceArray(np.ndarray):
     """numpy memory standing in for device memory: kernels and host reads are counted."""
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        COUNTS["launch"] += 1
         if "out" in kwargs:
             kwargs["out"] = tuple(_host(o) for o in kwargs["out"])
         out = getattr(ufunc, method)(*(_host(i) for i in inputs), **kwargs)
+        results = kwargs.get("out") or (out if isinstance(out, tuple) else (out,))
+        _launch(_nbytes(*inputs, *results))
         return _dev(out)
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        COUNTS["launch"] += 1
         conv = [_host(a) if not isinstance(a, (list, tuple)) else type(a)(_host(x) for x in a)
                 for a in args]
         if "out" in kwargs:
             kwargs = {**kwargs, "out": _host(kwargs["out"])}
-        return _dev(func(*conv, **kwargs))
+        out = func(*conv, **kwargs)
+        result = kwargs.get("out", out)
+        if func is np.take:  # reads only the gathered places of its source
+            _launch(2 * _nbytes(result) + _nbytes(conv[1]))
+        else:
+            parts = [x for a in conv for x in (a if isinstance(a, (list, tuple)) else (a,))]
+            _launch(_nbytes(*parts, result))
+        return _dev(out)
 
     def __getitem__(self, key: Any) -> Any:
-        if _is_gather(key):
-            COUNTS["launch"] += 1
+        gather = _is_gather(key)
         key = tuple(_host(k) for k in key) if isinstance(key, tuple) else _host(key)
-        return _dev(np.ndarray.__getitem__(self.view(np.ndarray), key))
+        out = np.ndarray.__getitem__(self.view(np.ndarray), key)
+        if gather:
+            _launch(2 * _nbytes(out) + _key_bytes(key))
+        return _dev(out)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        COUNTS["launch"] += 1
         key = tuple(_host(k) for k in key) if isinstance(key, tuple) else _host(key)
-        np.ndarray.__setitem__(self.view(np.ndarray), key, _host(value))
+        target = self.view(np.ndarray)
+        np.ndarray.__setitem__(target, key, _host(value))
+        # Writes the places set; reads the value (its own size when broadcast) and the index.
+        places = np.asarray(value).nbytes if _is_gather(key) else target[key].nbytes
+        _launch(places + _nbytes(_host(value)) + _key_bytes(key))
 
     def copy(self, *args: Any, **kwargs: Any) -> Any:
-        COUNTS["launch"] += 1
-        return _dev(self.view(np.ndarray).copy(*args, **kwargs))
+        out = self.view(np.ndarray).copy(*args, **kwargs)
+        _launch(2 * out.nbytes)
+        return _dev(out)
 
     def astype(self, *args: Any, **kwargs: Any) -> Any:
-        COUNTS["launch"] += 1
-        return _dev(self.view(np.ndarray).astype(*args, **kwargs))
+        out = self.view(np.ndarray).astype(*args, **kwargs)
+        _launch(self.nbytes + out.nbytes)
+        return _dev(out)
 
     # Reading a value on the host waits for the device.
     def _read(self) -> np.ndarray:
@@ -127,7 +163,7 @@ class _XP(types.ModuleType):
 
 def _fft(forward: bool):
     def fft(a: Any, axes: Any = (-2, -1), overwrite_x: bool = False, norm: str = "backward"):
-        COUNTS["launch"] += 1
+        _launch(2 * a.nbytes)
         f = scipy.fft.fft2 if forward else scipy.fft.ifft2
         return _dev(f(_host(a), axes=axes, overwrite_x=overwrite_x, norm=norm, workers=1))
     return fft
@@ -148,8 +184,48 @@ def _synchronize() -> None:
 
 
 def _scatter_add(a: Any, idx: Any, values: Any) -> None:
-    COUNTS["launch"] += 1
+    _launch(3 * _nbytes(values) + _nbytes(idx))
     np.add.at(_host(a), _host(idx), _host(values))
+
+
+class CountingKernels:
+    """The fused kernels of :class:`beamflow.ptycho.kernels.GpuKernels` in numpy: each is
+    one launch (the modulus projection two: the kernel and its sum), and counts the bytes
+    the kernel moves. Their arithmetic is the kernels' (and the array code's they replace,
+    bit for bit on numpy: ``tests/test_gpu_kernels.py``)."""
+
+    def object_terms(self, acc: Any, pd: Any, chi: Any, inten: Any, flat: Any, h: int,
+                     w: int) -> None:
+        acc, pd, chi, flat = _host(acc), _host(pd), _host(chi), _host(flat)
+        b, m = chi.shape[0], chi.shape[-1]
+        num = ((np.conj(pd) * chi).sum(axis=1) if chi.shape[1] > 1
+               else np.conj(pd[:, 0]) * chi[:, 0])
+        num = np.broadcast_to(num, (b, m, m))
+        if inten is None:
+            den = (np.square(pd.real) + np.square(pd.imag)).sum(axis=1)
+        else:
+            den = np.broadcast_to(_host(inten), (b, m, m))
+        where = (flat[:, None, None] + np.arange(m)[:, None] * w + np.arange(m)).ravel()
+        np.add.at(acc[: 2 * h * w].view(np.complex64), where, num.ravel())
+        np.add.at(acc[2 * h * w :], where, den.ravel())
+        # P_j (its own size when broadcast) and χ_j read once; 12 bytes a pixel added to.
+        _launch(_nbytes(pd, chi, flat) + 2 * 12 * b * m * m)
+
+    def conj_product(self, o: Any, x: Any, out: Any) -> Any:
+        np.multiply(np.conj(_host(x)), _host(o), out=_host(out))
+        _launch(_nbytes(o, x, out))
+        return out
+
+    def modulus(self, psi: Any, data: Any, mask: Any, eps: Any) -> Any:
+        psi, data, mask = _host(psi), _host(data), _host(mask)
+        amp = np.sqrt(data.astype(np.float32)) if data.dtype == np.uint16 else data
+        a = np.abs(psi)
+        d = (amp - a) * mask
+        np.multiply(psi, d / (a + eps), out=psi)
+        _launch(2 * psi.nbytes + _nbytes(data, mask) + 4 * psi.size)  # psi, I, mask; r2
+        _launch(4 * psi.size)  # the sum of r2
+        flat = d.reshape(-1)
+        return _dev(np.asarray(np.einsum("i,i->", flat, flat)))
 
 
 def counting_modules() -> dict[str, types.ModuleType]:
@@ -170,7 +246,8 @@ def counting_backend() -> ArrayBackend:
     cupy = types.SimpleNamespace(
         ndarray=DeviceArray, asarray=_upload, asnumpy=_download, iscomplexobj=np.iscomplexobj,
         float32=np.float32, cuda=types.SimpleNamespace(get_current_stream=lambda: stream))
-    return ArrayBackend(name="cuda:0", xp=_XP("counting_cupy"), threads=1, _cupy=cupy)
+    return ArrayBackend(name="cuda:0", xp=_XP("counting_cupy"), threads=1,
+                        kernels=CountingKernels(), _cupy=cupy)
 
 
 @contextmanager

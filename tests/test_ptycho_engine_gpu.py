@@ -46,12 +46,15 @@ def test_cuda_converges():
     assert nrmse(state.object, sim["object"], region(sim)) < 0.1
 
 
+def _waves(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
+
+
 def test_fused_modulus_kernel_matches_the_plain_expression():
     backend = array_backend("cuda")
-    assert backend.fused
     rng = np.random.default_rng(1)
     shape = (6, 32, 32)
-    psi = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
+    psi = _waves(rng, *shape)
     counts = rng.poisson(4.0, shape).astype(np.uint16)
     mask = (rng.random(shape[1:]) > 0.1).astype(np.float32)
     eps = np.float32(1e-6)
@@ -60,10 +63,47 @@ def test_fused_modulus_kernel_matches_the_plain_expression():
     expected = psi * (d / (np.abs(psi) + eps))
     for data in (amp, counts):  # float32 amplitudes, or uint16 counts
         got = backend.to_device(psi)
-        loss = backend.modulus_correction(got, backend.to_device(data),
-                                          backend.to_device(mask), eps)
+        loss = backend.kernels.modulus(got, backend.to_device(data), backend.to_device(mask),
+                                       eps)
         np.testing.assert_allclose(backend.to_host(got), expected, rtol=1e-5, atol=1e-6)
         assert float(loss) == pytest.approx(float((d.astype(np.float64) ** 2).sum()), rel=1e-5)
+
+
+@pytest.mark.parametrize("modes, shared_probe, exact",
+                         [(1, False, False), (1, True, False), (3, False, False),
+                          (2, False, True)])
+def test_object_terms_kernel_adds_what_the_array_code_adds(modes, shared_probe, exact):
+    """The kernel itself on the card (tests/test_gpu_kernels.py runs its source on the CPU)."""
+    backend = array_backend("cuda")
+    rng = np.random.default_rng(7)
+    b, m, h, w = 40, 32, 150, 161
+    iy, ix = rng.integers(0, h - m + 1, b), rng.integers(0, w - m + 1, b)
+    pd, chi = _waves(rng, 1 if shared_probe else b, modes, m, m), _waves(rng, b, modes, m, m)
+    inten = rng.random((m, m)).astype(np.float32)
+    buf, num, den = backend.stacked_pair((h, w), zeroed=True)
+    backend.kernels.object_terms(buf, backend.to_device(pd), backend.to_device(chi),
+                                 None if exact else backend.to_device(inten),
+                                 backend.to_device((iy * w + ix).astype(np.int64)), h, w)
+    terms = np.broadcast_to((np.conj(pd) * chi).sum(axis=1), (b, m, m))
+    illum = np.broadcast_to((np.square(pd.real) + np.square(pd.imag)).sum(axis=1) if exact
+                            else inten, (b, m, m))
+    want_num = np.zeros((h, w), np.complex64)
+    want_den = np.zeros((h, w), np.float32)
+    for j in range(b):
+        want_num[iy[j] : iy[j] + m, ix[j] : ix[j] + m] += terms[j]
+        want_den[iy[j] : iy[j] + m, ix[j] : ix[j] + m] += illum[j]
+    np.testing.assert_allclose(backend.to_host(num), want_num, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(backend.to_host(den), want_den, rtol=1e-5, atol=1e-5)
+
+
+def test_conj_product_kernel_matches_the_array_code():
+    backend = array_backend("cuda")
+    rng = np.random.default_rng(3)
+    oj, chi = _waves(rng, 7, 1, 32, 32), _waves(rng, 7, 3, 32, 32)
+    want = np.conj(chi) * oj
+    x = backend.to_device(chi)
+    backend.kernels.conj_product(backend.to_device(oj), x, x)  # in place, modes broadcast
+    np.testing.assert_allclose(backend.to_host(x), want, rtol=1e-5, atol=1e-6)
 
 
 def test_cuda_streams_frames_and_snapshots_without_changing_the_result():

@@ -31,6 +31,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from . import fftw
+from .kernels import GpuKernels
 
 # Elements below which one FFT call runs in one thread (4 frames of 128x128).
 PARALLEL_FFT_MIN = 4 * 128 * 128
@@ -198,9 +199,12 @@ class ArrayBackend:
     # Keep integer frames as uint16 counts on the device (half the memory of float32
     # amplitudes; the square root is taken per chunk). On by default on a GPU.
     compact_frames: bool = False
+    # The fused kernels of a GPU (:class:`~.kernels.GpuKernels`: the heaviest steps of a
+    # sweep in one pass each); None on the CPU, where the engine runs the array code they
+    # stand for.
+    kernels: Any = None
     _cupy: Any = field(default=None, repr=False)
     _staging: list[Any] = field(default_factory=list, repr=False)
-    _kernels: dict[str, Any] = field(default_factory=dict, repr=False)
     _offsets: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -209,7 +213,8 @@ class ArrayBackend:
 
     @property
     def fused(self) -> bool:
-        """Whether fused element-wise kernels are available (real CuPy only)."""
+        """Whether this is real CuPy (not the counting stand-in of the tests): page-locked
+        host memory, events and side streams."""
         return self.is_gpu and hasattr(self._cupy, "ElementwiseKernel")
 
     # -- host <-> device ----------------------------------------------------------------
@@ -301,7 +306,7 @@ class ArrayBackend:
 
         GPU: a device-side copy (so later kernels may change ``a``), then a copy to
         page-locked host memory on a side stream; :meth:`HostCopy.result` waits for that
-        copy only. Without fused kernels (the counting stand-in of the tests) the host
+        copy only. Not on real CuPy (the counting stand-in of the tests) the host
         read of the device-side copy waits for :meth:`HostCopy.result` too. CPU, or a host
         array: a plain copy."""
         if not (self.is_gpu and isinstance(a, self._cupy.ndarray)):
@@ -322,34 +327,6 @@ class ArrayBackend:
         done = cp.cuda.Event()
         done.record(side)
         return HostCopy(host, done, keep=(snap, side))
-
-    # -- fused element-wise kernels -------------------------------------------------------
-    def modulus_correction(self, psi: Any, data: Any, mask: Any, eps: Any) -> Any:
-        """Fused (GPU only) modulus projection of one-mode waves ``psi`` (b, M, M) in place:
-        ``psi *= d / (|psi| + eps)`` with ``d = (√I − |psi|)·mask``; returns Σd² (a 0-d
-        device array). ``data``: float32 amplitudes √I or uint16 counts I. One kernel and
-        one reduction instead of seven passes."""
-        cp = self._cupy
-        counts = data.dtype == np.uint16
-        key = "modulus_counts" if counts else "modulus"
-        kernel = self._kernels.get(key)
-        if kernel is None:
-            amp = "sqrtf((float)data)" if counts else "data"
-            kernel = cp.ElementwiseKernel(
-                f"{'uint16' if counts else 'float32'} data, float32 mask, float32 eps",
-                "complex64 psi, float32 r2",
-                f"""
-                float a = abs(psi);
-                float d = ({amp} - a) * mask;
-                r2 = d * d;
-                psi = psi * (d / (a + eps));
-                """,
-                f"beamflow_{key}",
-            )
-            self._kernels[key] = kernel
-        r2 = cp.empty(psi.shape, np.float32)
-        kernel(data, mask, np.float32(eps), psi, r2)
-        return r2.sum()
 
     # -- FFTs -----------------------------------------------------------------------------
     def fft2(self, a: Any, workers: int | None = None) -> Any:
@@ -454,40 +431,12 @@ class ArrayBackend:
                      ) -> tuple[Any, Any, Any]:
         """A complex64 and a float32 array of ``shape`` side by side in one float32 buffer
         of 3·size values: (buffer, complex view, float view), both views C-contiguous (CuPy
-        reinterprets a dtype of another size only on those). The layout of
-        :meth:`scatter_add_pair`: an object accumulator pair (H, W) and a chunk's patches
-        for it (b, m, m)."""
+        reinterprets a dtype of another size only on those). The layout of an object
+        accumulator pair (H, W) that :meth:`.kernels.GpuKernels.object_terms` adds to."""
         size = int(np.prod(shape, dtype=np.int64))
         buf = (self.xp.zeros if zeroed else self.xp.empty)(3 * size, np.float32)
         return (buf, buf[: 2 * size].view(np.complex64).reshape(shape),
                 buf[2 * size :].reshape(shape))
-
-    def scatter_add_pair(self, acc: Any, patches: Any, h: int, w: int, m: int, flat: Any,
-                         flat2: Any) -> None:
-        """GPU: scatter-add a chunk's numerator and denominator patches into an object
-        accumulator pair in one kernel: ``acc`` (3·h·w,) float32 = [(h, w) complex64 | (h, w)
-        float32] and ``patches`` (3·b·m·m,) = [(b, m, m) complex64 | (b, m, m) float32], as
-        :meth:`stacked_pair` lays them out; ``flat``/``flat2``: the corners' offsets iy·w + ix
-        and twice that on the device. Two index kernels and one scatter where two scatters
-        took three index kernels and a broadcast (the numerators' order per element is the
-        same: one position after another)."""
-        xp = self.xp
-        key = (-1, h, w, m)  # negative: not a (row_len, m, tail) key of _flat_index
-        offsets = self._offsets.get(key)
-        if offsets is None:
-            r = xp.arange(m, dtype=xp.int64)[:, None]
-            c2 = xp.arange(2 * m, dtype=xp.int64)[None, :]
-            c = xp.arange(m, dtype=xp.int64)[None, :]
-            offsets = self._offsets[key] = ((r * 2 * w + c2)[None],
-                                            (r * w + c + 2 * h * w)[None])
-        b = patches.size // (3 * m * m)
-        k = 2 * b * m * m
-        idx = xp.empty(patches.size, xp.int64)
-        xp.add(flat2[:, None, None], offsets[0], out=idx[:k].reshape(b, m, 2 * m))
-        xp.add(flat[:, None, None], offsets[1], out=idx[k:].reshape(b, m, m))
-        import cupyx  # noqa: PLC0415
-
-        cupyx.scatter_add(acc, idx, patches)
 
     def scatter_set(self, arr: Any, patches: Any, iy: np.ndarray, ix: np.ndarray,
                     flat: Any = None, index: Any = None) -> None:
@@ -591,6 +540,6 @@ def array_backend(device: str = "auto", threads: int | None = None,
         free = int(cp.cuda.runtime.memGetInfo()[0])
         return ArrayBackend(name=f"cuda:{index}", xp=cp, threads=1, fft="cufft",
                             memory_limit_bytes=int(GPU_MEMORY_FRACTION * free),
-                            compact_frames=True, _cupy=cp)
+                            compact_frames=True, kernels=GpuKernels(cp), _cupy=cp)
     raise ArrayBackendError(
         f"unknown device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")

@@ -88,7 +88,6 @@ class Chunk:
     # GPU: the corners' flat offsets iy·W + ix into object-sized arrays, on the device (one
     # upload with the corners; gather and scatter then need no index arithmetic); else None.
     flat: Any = None
-    flat2: Any = None  # GPU: 2·flat, the same offsets into float32 pairs (complex64 arrays)
     # GPU: the windows' flat indices (b, M, M) into object-sized arrays, made on first use
     # (Core.window_index) and shared by the chunk's gathers and window writes.
     window: Any = None
@@ -237,17 +236,15 @@ class Core:
             ramp = self._ramps[idx] if self._ramps is not None else self._outer_ramps(
                 self.frac[idx], np)
         iy, ix = self.corner[idx, 0], self.corner[idx, 1]
-        didx, dy, dx, flat, flat2 = idx, iy, ix, None, None
+        didx, dy, dx, flat = idx, iy, ix, None
         if self.backend.is_gpu:  # one upload per chunk: indices and corners together
-            off = iy * self.W + ix
-            didx, dy, dx, flat, flat2 = self.backend.to_device(
-                np.stack([idx, iy, ix, off, 2 * off]))
+            didx, dy, dx, flat = self.backend.to_device(
+                np.stack([idx, iy, ix, iy * self.W + ix]))
             if self._dramps is not None:
                 ramp = self._dramps[didx]  # a gather: an owned copy
             elif self.subpixel:
                 ramp = self._outer_ramps(self._dfrac[didx], self.xp)
-        return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp, flat=flat,
-                     flat2=flat2)
+        return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp, flat=flat)
 
     def split(self, idx: np.ndarray) -> list[np.ndarray]:
         """Split a batch into one contiguous part per thread (deterministic).
@@ -494,9 +491,9 @@ class Core:
         Ψ' = Ψ·√I/√(Σ_k|Ψ_k|²) on valid pixels; invalid pixels are left free (χ̂ = 0).
         """
         be = self.backend
-        if be.fused and big_psi.shape[1] == 1:
-            return be.modulus_correction(big_psi[:, 0], self.frames.raw(c.idx, c.didx),
-                                         self.mask, self.eps)
+        if be.kernels is not None and big_psi.shape[1] == 1:
+            return be.kernels.modulus(big_psi[:, 0], self.frames.raw(c.idx, c.didx),
+                                      self.mask, self.eps)
         amp, d, loss = self.amplitude_residual(big_psi, c)
         amp += self.eps
         d /= amp  # (√I − |Ψ|)/|Ψ| on valid pixels, 0 elsewhere
@@ -546,28 +543,24 @@ class Core:
         The illumination Σ_k|P_k,j|² uses the shifted probes ``pd`` with ``shifted`` (DM
         needs the exact least-squares denominator), else the unshifted probe intensity: for
         PIE and LSQ-ML it only preconditions the step, and a constant patch saves computing
-        |P_j|² per position. On a GPU numerators and illumination are made side by side in
-        one buffer and scattered together (:meth:`ArrayBackend.scatter_add_pair`).
+        |P_j|² per position. On a GPU one fused kernel makes both and adds them in
+        (:meth:`.kernels.GpuKernels.object_terms`: this code is what it computes; it leaves
+        ``pd`` as it is).
         """
         be, xp = self.backend, self.xp
         exact = shifted and c.ramp is not None
-        if acc.buffer is None:
-            if exact:  # before object_num, which may conjugate pd (the same squares)
-                inten = (xp.square(pd.real) + xp.square(pd.imag)).sum(axis=1)
-            be.scatter_add(acc.num, self.object_num(pd, chi, c, keep_probe), c.dy, c.dx,
-                           flat=c.flat)
-            if not exact:
-                inten = self.probe_intensity()
-                inten = xp.broadcast_to(inten, (len(c.idx),) + inten.shape)
-            be.scatter_add(acc.den, inten, c.dy, c.dx, flat=c.flat)
+        if acc.buffer is not None:
+            be.kernels.object_terms(acc.buffer, pd, chi,
+                                    None if exact else self.probe_intensity(), c.flat,
+                                    self.H, self.W)
             return
-        patches, num, den = be.stacked_pair((len(c.idx), self.M, self.M))
-        if exact:
-            xp.sum(xp.square(pd.real) + xp.square(pd.imag), axis=1, out=den)
-        else:
-            den[...] = self.probe_intensity()
-        self.object_num(pd, chi, c, keep_probe, out=num)
-        be.scatter_add_pair(acc.buffer, patches, self.H, self.W, self.M, c.flat, c.flat2)
+        if exact:  # before object_num, which may conjugate pd (the same squares)
+            inten = (xp.square(pd.real) + xp.square(pd.imag)).sum(axis=1)
+        be.scatter_add(acc.num, self.object_num(pd, chi, c, keep_probe), c.dy, c.dx)
+        if not exact:
+            inten = self.probe_intensity()
+            inten = xp.broadcast_to(inten, (len(c.idx),) + inten.shape)
+        be.scatter_add(acc.den, inten, c.dy, c.dx)
 
     def probe_terms(self, oj: Any, chi: Any, c: Chunk, out_num: Any, out_den: Any,
                     keep: bool = False) -> tuple[Any, Any]:
@@ -594,12 +587,15 @@ class Core:
         # sub-pixel shifts conj(F[g]) is the unscaled inverse FFT of conj(g) — no conjugate
         # after the FFT (a kernel per chunk; the same bits: each product and sum is the
         # mirror image of the one it replaces).
-        g = xp.conj(chi) if keep else xp.conjugate(chi, out=chi)
-        if g.shape[1] == 1:
-            g0 = g[:, 0]
-            xp.multiply(g0, oj, out=g0)
+        if be.kernels is not None:  # the same products in one pass
+            g = be.kernels.conj_product(oj[:, None], chi, xp.empty_like(chi) if keep else chi)
         else:
-            g *= oj[:, None]
+            g = xp.conj(chi) if keep else xp.conjugate(chi, out=chi)
+            if g.shape[1] == 1:
+                g0 = g[:, 0]
+                xp.multiply(g0, oj, out=g0)
+            else:
+                g *= oj[:, None]
         if c.ramp is not None:
             # Σ_j conj(r_j)·F[conj(O_j)χ_j] = conj(Σ_j r_j·F⁻¹[O_j·conj(χ_j)]·M²).
             g = be.ifft2(g, workers=self.fft_workers, scale=False)

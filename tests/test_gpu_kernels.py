@@ -1,0 +1,157 @@
+"""The fused GPU kernels' CUDA source, checked without a GPU.
+
+:mod:`beamflow.ptycho.kernels` holds raw CUDA C for the heaviest steps of a sweep. A card is
+lent to few sessions, so the source is checked here on every machine:
+
+* run on the CPU: the kernel compiled as C++ by the machine's compiler beside a small
+  prelude that stands in for CUDA's built-ins (``blockIdx``/``threadIdx``, ``float2``,
+  ``atomicAdd``), every thread of the grid run in turn, and its result compared with the
+  engine's array code (the kernel's specification) on the same inputs — the index
+  arithmetic, the strides and the sums are the kernel's own;
+* compiled by NVRTC, CUDA's own compiler, where its library is found (the
+  ``nvidia-cuda-nvrtc-cu12`` wheel or a CUDA install; skipped otherwise).
+
+On a card, ``tests/test_ptycho_engine_gpu.py`` runs the kernels themselves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import importlib.util
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from beamflow.ptycho.kernels import OBJECT_TERMS_SOURCE, THREADS
+
+PRELUDE = r"""
+#include <cstdint>
+struct float2 { float x, y; };
+struct uint3 { unsigned x, y, z; };
+static uint3 blockIdx, threadIdx, blockDim;
+#define __global__
+static inline float atomicAdd(float* a, float v) { float o = *a; *a += v; return o; }
+"""
+
+# Runs every thread of a 1-D grid in turn (threads of the kernel share nothing but atomics,
+# so any order is one a GPU may take).
+OBJECT_TERMS_DRIVER = r"""
+extern "C" void run_object_terms(
+    int grid, int block, const float2* pd, long long pd_stride, const float2* chi,
+    const float* inten, const long long* flat, float* acc, int b, int K, int M,
+    long long W, long long HW, int exact)
+{
+    blockDim.x = block;
+    for (int g = 0; g < grid; ++g)
+        for (int t = 0; t < block; ++t) {
+            blockIdx.x = g; threadIdx.x = t;
+            beamflow_object_terms(pd, pd_stride, chi, inten, flat, acc, b, K, M, W, HW,
+                                  exact);
+        }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def cpu_kernels(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to run the CUDA source on the CPU")
+    d = tmp_path_factory.mktemp("kernels")
+    src = d / "kernels.cpp"
+    src.write_text(PRELUDE + OBJECT_TERMS_SOURCE + OBJECT_TERMS_DRIVER)
+    lib = d / "kernels.so"
+    done = subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return ctypes.CDLL(str(lib))
+
+
+def _ptr(a: np.ndarray) -> ctypes.c_void_p:
+    assert a.flags.c_contiguous
+    return ctypes.c_void_p(a.ctypes.data)
+
+
+def _waves(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
+
+
+@pytest.mark.parametrize("modes, shared_probe, exact", [
+    (1, False, False),   # rPIE with sub-pixel shifts: one mode, each position its probe
+    (1, True, False),    # no sub-pixel shifts: the (1, K, M, M) probe for every position
+    (3, False, False),   # probe modes
+    (2, False, True),    # DM: the shifted probes' own illumination
+], ids=["one-mode", "shared-probe", "modes", "exact-illumination"])
+def test_object_terms_kernel_adds_what_the_array_code_adds(cpu_kernels, modes, shared_probe,
+                                                           exact):
+    rng = np.random.default_rng(7)
+    b, m, h, w = 9, 16, 40, 47  # windows overlap; W not a multiple of anything
+    iy, ix = rng.integers(0, h - m + 1, b), rng.integers(0, w - m + 1, b)
+    pd = _waves(rng, 1 if shared_probe else b, modes, m, m)
+    chi = _waves(rng, b, modes, m, m)
+    inten = rng.random((m, m)).astype(np.float32)
+    flat = (iy * w + ix).astype(np.int64)
+    acc = np.zeros(3 * h * w, np.float32)
+    n = b * m * m
+    cpu_kernels.run_object_terms(
+        (n + THREADS - 1) // THREADS, THREADS, _ptr(pd),
+        ctypes.c_longlong(0 if shared_probe else modes * m * m), _ptr(chi), _ptr(inten),
+        _ptr(flat), _ptr(acc), b, modes, m, ctypes.c_longlong(w), ctypes.c_longlong(h * w),
+        int(exact))
+    # The engine's array code on the CPU (Core.accumulate_object without a GPU).
+    terms = (np.conj(pd) * chi).sum(axis=1)
+    illum = (np.square(pd.real) + np.square(pd.imag)).sum(axis=1) if exact else inten
+    want_num = np.zeros((h, w), np.complex64)
+    want_den = np.zeros((h, w), np.float32)
+    for j in range(b):
+        want_num[iy[j] : iy[j] + m, ix[j] : ix[j] + m] += np.broadcast_to(terms, (b, m, m))[j]
+        want_den[iy[j] : iy[j] + m, ix[j] : ix[j] + m] += np.broadcast_to(illum, (b, m, m))[j]
+    got_num = acc[: 2 * h * w].view(np.complex64).reshape(h, w)
+    got_den = acc[2 * h * w :].reshape(h, w)
+    assert np.abs(want_num).max() > 0 and (want_den == 0).any()  # windows leave gaps
+    np.testing.assert_allclose(got_num, want_num, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_den, want_den, rtol=1e-5, atol=1e-6)
+
+
+def _nvrtc() -> ctypes.CDLL | None:
+    """libnvrtc from the nvidia-cuda-nvrtc wheel, a CUDA install, or the loader's path."""
+    candidates = []
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        candidates += sorted(glob.glob(os.path.join(root, "cuda_nvrtc", "lib", "libnvrtc.so*")))
+    candidates += sorted(glob.glob("/usr/local/cuda*/lib64/libnvrtc.so*"))
+    found = ctypes.util.find_library("nvrtc")
+    if found:
+        candidates.append(found)
+    for path in candidates:
+        if "builtins" in Path(path).name or ".alt." in Path(path).name:
+            continue
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.parametrize("arch", ["compute_80", "compute_90"])
+def test_object_terms_source_compiles_with_nvrtc(arch):
+    lib = _nvrtc()
+    if lib is None:
+        pytest.skip("NVRTC not found (pip install nvidia-cuda-nvrtc-cu12 to check the source)")
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), OBJECT_TERMS_SOURCE.encode(),
+                                  b"object_terms.cu", 0, None, None) == 0
+    opts = (ctypes.c_char_p * 1)(f"--gpu-architecture={arch}".encode())
+    status = lib.nvrtcCompileProgram(prog, 1, opts)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    assert status == 0, log.value.decode(errors="replace")
