@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import scipy.fft
+from reference_kernels import ReferenceKernels
 
 from beamflow.ptycho.arrays import ArrayBackend
 
@@ -188,44 +189,37 @@ def _scatter_add(a: Any, idx: Any, values: Any) -> None:
     np.add.at(_host(a), _host(idx), _host(values))
 
 
-class CountingKernels:
-    """The fused kernels of :class:`beamflow.ptycho.kernels.GpuKernels` in numpy: each is
-    one launch (the modulus projection two: the kernel and its sum), and counts the bytes
-    the kernel moves. Their arithmetic is the kernels' (and the array code's they replace,
-    bit for bit on numpy: ``tests/test_gpu_kernels.py``)."""
+class CountingKernels(ReferenceKernels):
+    """The fused kernels as :class:`ReferenceKernels` computes them, each counted as one
+    launch (the modulus projection two: the kernel and its sum) with the bytes the kernel
+    moves."""
 
     def object_terms(self, acc: Any, pd: Any, chi: Any, inten: Any, flat: Any, h: int,
                      w: int) -> None:
-        acc, pd, chi, flat = _host(acc), _host(pd), _host(chi), _host(flat)
-        b, m = chi.shape[0], chi.shape[-1]
-        num = ((np.conj(pd) * chi).sum(axis=1) if chi.shape[1] > 1
-               else np.conj(pd[:, 0]) * chi[:, 0])
-        num = np.broadcast_to(num, (b, m, m))
-        if inten is None:
-            den = (np.square(pd.real) + np.square(pd.imag)).sum(axis=1)
-        else:
-            den = np.broadcast_to(_host(inten), (b, m, m))
-        where = (flat[:, None, None] + np.arange(m)[:, None] * w + np.arange(m)).ravel()
-        np.add.at(acc[: 2 * h * w].view(np.complex64), where, num.ravel())
-        np.add.at(acc[2 * h * w :], where, den.ravel())
+        super().object_terms(_host(acc), _host(pd), _host(chi), _host(inten), _host(flat), h,
+                             w)
         # P_j (its own size when broadcast) and χ_j read once; 12 bytes a pixel added to.
+        b, m = chi.shape[0], chi.shape[-1]
         _launch(_nbytes(pd, chi, flat) + 2 * 12 * b * m * m)
 
+    def step_systems(self, pd: Any, d_obj: Any, flat: Any, oj: Any, sp: Any, chi: Any,
+                     w: int) -> Any:
+        out = super().step_systems(_host(pd), _host(d_obj), _host(flat), _host(oj),
+                                   _host(sp), _host(chi), w)
+        window = 8 * chi.shape[0] * chi.shape[-1] ** 2 if d_obj is not None else 0
+        _launch(_nbytes(pd, flat, oj, sp, chi, out) + window)
+        return _dev(out)
+
     def conj_product(self, o: Any, x: Any, out: Any) -> Any:
-        np.multiply(np.conj(_host(x)), _host(o), out=_host(out))
+        super().conj_product(_host(o), _host(x), _host(out))
         _launch(_nbytes(o, x, out))
         return out
 
     def modulus(self, psi: Any, data: Any, mask: Any, eps: Any) -> Any:
-        psi, data, mask = _host(psi), _host(data), _host(mask)
-        amp = np.sqrt(data.astype(np.float32)) if data.dtype == np.uint16 else data
-        a = np.abs(psi)
-        d = (amp - a) * mask
-        np.multiply(psi, d / (a + eps), out=psi)
+        loss = super().modulus(_host(psi), _host(data), _host(mask), eps)
         _launch(2 * psi.nbytes + _nbytes(data, mask) + 4 * psi.size)  # psi, I, mask; r2
         _launch(4 * psi.size)  # the sum of r2
-        flat = d.reshape(-1)
-        return _dev(np.asarray(np.einsum("i,i->", flat, flat)))
+        return _dev(loss)
 
 
 def counting_modules() -> dict[str, types.ModuleType]:

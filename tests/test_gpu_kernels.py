@@ -28,15 +28,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from beamflow.ptycho.kernels import OBJECT_TERMS_SOURCE, THREADS
+from beamflow.ptycho.kernels import (
+    OBJECT_TERMS_SOURCE,
+    STEP_SYSTEMS_SOURCE,
+    SYSTEM_THREADS,
+    THREADS,
+)
 
 PRELUDE = r"""
 #include <cstdint>
 struct float2 { float x, y; };
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct uint3 { unsigned x, y, z; };
 static uint3 blockIdx, threadIdx, blockDim;
 #define __global__
 static inline float atomicAdd(float* a, float v) { float o = *a; *a += v; return o; }
+static inline double atomicAdd(double* a, double v) { double o = *a; *a += v; return o; }
 """
 
 # Runs every thread of a 1-D grid in turn (threads of the kernel share nothing but atomics,
@@ -58,6 +65,25 @@ extern "C" void run_object_terms(
 """
 
 
+STEP_SYSTEMS_DRIVER = r"""
+extern "C" void run_step_systems(
+    int grid, int block, const float2* pd, long long pd_stride, const float2* dobj,
+    const long long* flat, const float2* oj, const float2* sp, long long sp_stride,
+    const float2* chi, double* out, int b, int K, int M, long long W, int upd_obj,
+    int upd_probe, int T)
+{
+    blockDim.x = block;
+    for (int g = 0; g < grid; ++g)
+        for (int t = 0; t < block; ++t) {
+            blockIdx.x = g; threadIdx.x = t;
+            beamflow_step_systems(pd, pd_stride, dobj, flat, oj, sp, sp_stride, chi, out, b,
+                                  K, M, W, upd_obj, upd_probe, T);
+        }
+}
+"""
+SOURCES = {"object_terms": OBJECT_TERMS_SOURCE, "step_systems": STEP_SYSTEMS_SOURCE}
+
+
 @pytest.fixture(scope="module")
 def cpu_kernels(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     cxx = shutil.which("g++") or shutil.which("c++")
@@ -65,7 +91,8 @@ def cpu_kernels(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
         pytest.skip("no C++ compiler to run the CUDA source on the CPU")
     d = tmp_path_factory.mktemp("kernels")
     src = d / "kernels.cpp"
-    src.write_text(PRELUDE + OBJECT_TERMS_SOURCE + OBJECT_TERMS_DRIVER)
+    src.write_text(PRELUDE + OBJECT_TERMS_SOURCE + OBJECT_TERMS_DRIVER + STEP_SYSTEMS_SOURCE
+                   + STEP_SYSTEMS_DRIVER)
     lib = d / "kernels.so"
     done = subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)],
                           capture_output=True, text=True)
@@ -119,6 +146,53 @@ def test_object_terms_kernel_adds_what_the_array_code_adds(cpu_kernels, modes, s
     np.testing.assert_allclose(got_den, want_den, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("upd_obj, upd_probe, modes, shifted", [
+    (True, True, 1, True),     # both directions, sub-pixel shifts: each position its probe
+    (True, True, 2, False),    # probe modes, no shifts: one probe and ΔP for all
+    (True, False, 1, True),    # object only (the probe's updates not started)
+    (False, True, 1, True),    # probe only
+], ids=["both", "modes-unshifted", "object-only", "probe-only"])
+def test_step_systems_kernel_sums_what_the_array_code_sums(cpu_kernels, upd_obj, upd_probe,
+                                                          modes, shifted):
+    """LSQ-ML's step-length systems: the kernel's rows against the engine's array code (the
+    directions side by side, then lsqml._systems) on the same inputs."""
+    from beamflow.ptycho.lsqml import _systems
+
+    rng = np.random.default_rng(11)
+    b, m, h, w = 7, 16, 37, 45
+    iy, ix = rng.integers(0, h - m + 1, b), rng.integers(0, w - m + 1, b)
+    nb = b if shifted else 1
+    pd, sp = _waves(rng, nb, modes, m, m), _waves(rng, nb, modes, m, m)
+    oj, chi, d_obj = _waves(rng, b, m, m), _waves(rng, b, modes, m, m), _waves(rng, h, w)
+    flat = (iy * w + ix).astype(np.int64)
+    out = np.zeros((b, 5), np.float64)
+    stride = modes * m * m if shifted else 0
+    cpu_kernels.run_step_systems(
+        (b * SYSTEM_THREADS + THREADS - 1) // THREADS, THREADS, _ptr(pd),
+        ctypes.c_longlong(stride), _ptr(d_obj), _ptr(flat), _ptr(oj), _ptr(sp),
+        ctypes.c_longlong(stride), _ptr(chi), _ptr(out), b, modes, m, ctypes.c_longlong(w),
+        int(upd_obj), int(upd_probe), SYSTEM_THREADS)
+    # The array code (LSQML.update without kernels).
+    dirs = []
+    if upd_obj:
+        patches = np.stack([d_obj[y : y + m, x : x + m] for y, x in zip(iy, ix, strict=True)])
+        dirs.append(pd * patches[:, None])
+    if upd_probe:
+        dirs.append(oj[:, None] * sp)
+    gram, rhs = _systems(np.ascontiguousarray(np.stack(dirs, axis=1)), chi, np,
+                         batched=False)
+    zero = np.zeros(b, np.float32)
+    if upd_obj and upd_probe:
+        want = [gram[:, 0, 0], gram[:, 0, 1], gram[:, 1, 1], rhs[:, 0], rhs[:, 1]]
+    elif upd_obj:
+        want = [gram[:, 0, 0], zero, zero, rhs[:, 0], zero]
+    else:
+        want = [zero, zero, gram[:, 0, 0], zero, rhs[:, 0]]
+    want = np.stack(want, axis=1).astype(np.float64)
+    assert np.abs(want).min(where=want != 0, initial=np.inf) > 0
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=1e-3)
+
+
 def _nvrtc() -> ctypes.CDLL | None:
     """libnvrtc from the nvidia-cuda-nvrtc wheel, a CUDA install, or the loader's path."""
     candidates = []
@@ -140,13 +214,14 @@ def _nvrtc() -> ctypes.CDLL | None:
 
 
 @pytest.mark.parametrize("arch", ["compute_80", "compute_90"])
-def test_object_terms_source_compiles_with_nvrtc(arch):
+@pytest.mark.parametrize("name", list(SOURCES))
+def test_kernel_source_compiles_with_nvrtc(name, arch):
     lib = _nvrtc()
     if lib is None:
         pytest.skip("NVRTC not found (pip install nvidia-cuda-nvrtc-cu12 to check the source)")
     prog = ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), OBJECT_TERMS_SOURCE.encode(),
-                                  b"object_terms.cu", 0, None, None) == 0
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), SOURCES[name].encode(),
+                                  f"{name}.cu".encode(), 0, None, None) == 0
     opts = (ctypes.c_char_p * 1)(f"--gpu-architecture={arch}".encode())
     status = lib.nvrtcCompileProgram(prog, 1, opts)
     size = ctypes.c_size_t()

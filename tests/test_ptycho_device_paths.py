@@ -14,6 +14,7 @@ import types
 import numpy as np
 import pytest
 import scipy.fft
+from reference_kernels import ReferenceKernels
 from test_ptycho_engine import DEVICE_SETUP_IDS, DEVICE_SETUPS, data_of, simulate
 
 from beamflow.ptycho import ReconParams, Reconstructor, array_backend, initial_state
@@ -52,7 +53,8 @@ def device(monkeypatch: pytest.MonkeyPatch) -> ArrayBackend:
     monkeypatch.setitem(sys.modules, "cupyx", cupyx)
     monkeypatch.setitem(sys.modules, "cupyx.scipy", scipy_mod)
     monkeypatch.setitem(sys.modules, "cupyx.scipy.fft", fft_mod)
-    backend = ArrayBackend(name="cuda:0", xp=np, threads=1, _cupy=_fake_cupy())
+    backend = ArrayBackend(name="cuda:0", xp=np, threads=1, kernels=ReferenceKernels(),
+                           _cupy=_fake_cupy())
     assert backend.is_gpu
     return backend
 

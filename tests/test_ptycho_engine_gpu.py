@@ -96,6 +96,29 @@ def test_object_terms_kernel_adds_what_the_array_code_adds(modes, shared_probe, 
     np.testing.assert_allclose(backend.to_host(den), want_den, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("upd_obj, upd_probe", [(True, True), (True, False), (False, True)])
+def test_step_systems_kernel_sums_what_the_array_code_sums(upd_obj, upd_probe):
+    """LSQ-ML's step-length systems on the card against numpy's array code."""
+    from beamflow.ptycho.lsqml import _systems
+
+    backend = array_backend("cuda")
+    rng = np.random.default_rng(11)
+    b, m, h, w, modes = 30, 32, 120, 131, 2
+    iy, ix = rng.integers(0, h - m + 1, b), rng.integers(0, w - m + 1, b)
+    pd, sp = _waves(rng, b, modes, m, m), _waves(rng, b, modes, m, m)
+    oj, chi, d_obj = _waves(rng, b, m, m), _waves(rng, b, modes, m, m), _waves(rng, h, w)
+    dev = backend.to_device
+    got = backend.to_host(backend.kernels.step_systems(
+        dev(pd), dev(d_obj) if upd_obj else None, dev((iy * w + ix).astype(np.int64)),
+        dev(oj), dev(sp) if upd_probe else None, dev(chi), w))
+    patches = np.stack([d_obj[y : y + m, x : x + m] for y, x in zip(iy, ix, strict=True)])
+    d0 = pd * patches[:, None] if upd_obj else np.zeros_like(chi)
+    d1 = oj[:, None] * sp if upd_probe else np.zeros_like(chi)
+    gram, rhs = _systems(np.ascontiguousarray(np.stack([d0, d1], axis=1)), chi, np, False)
+    want = np.stack([gram[:, 0, 0], gram[:, 0, 1], gram[:, 1, 1], rhs[:, 0], rhs[:, 1]], 1)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-2)
+
+
 def test_conj_product_kernel_matches_the_array_code():
     backend = array_backend("cuda")
     rng = np.random.default_rng(3)

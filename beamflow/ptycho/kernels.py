@@ -12,6 +12,11 @@ same arithmetic in one pass. The array code they stand for is the specification:
   a product, the illumination broadcast, two index kernels and an atomic scatter over int64
   indices — ~16 passes of the stack; the kernel reads P_j and χ_j once and adds in place
   (the accumulator is object-sized: its atomics mostly hit the cache).
+* :meth:`GpuKernels.step_systems` — LSQ-ML's step-length systems: the directions at each
+  position, P_j·ΔO_j (ΔO gathered at the window) and O_j·S_j[ΔP], and the five sums of their
+  2×2 system, Re Σ conj(d_s)·d_t and Re Σ conj(d_s)·χ_j. Array code: two gathers, two
+  products into a (b, 2, K, M, M) stack, and products and sums over it — ~30 passes and a
+  dozen launches; the kernel reads each operand once and writes five numbers a position.
 * :meth:`GpuKernels.conj_product` — conj(χ_jk)·O_j for the probe terms: a conjugate and a
   product (5 passes) as one (3).
 * :meth:`GpuKernels.modulus` — the one-mode modulus projection: |Ψ|, the residual, its square
@@ -28,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["OBJECT_TERMS_SOURCE", "GpuKernels", "THREADS"]
+__all__ = ["OBJECT_TERMS_SOURCE", "STEP_SYSTEMS_SOURCE", "SYSTEM_THREADS", "GpuKernels",
+           "THREADS"]
 
 THREADS = 256
 
@@ -69,12 +75,70 @@ extern "C" __global__ void beamflow_object_terms(
 """
 
 
+# Threads per position of the step systems: each sums every SYSTEM_THREADS-th element of
+# the position's (K, M, M) values (consecutive threads read consecutive elements), then adds
+# its five partial sums into the position's row in float64.
+SYSTEM_THREADS = 64
+
+# One position's 2×2 least-squares system for LSQ-ML's step lengths (β_O, β_P):
+# d0 = P_j·ΔO[window j] (``upd_obj``), d1 = O_j·S_j[ΔP] (``upd_probe``; ``sp``: the shifted
+# ΔP, (b, K, M, M), or (1, K, M, M) without sub-pixel shifts: ``sp_stride`` 0), and the row
+# [Re Σ|d0|², Re Σ conj(d0)·d1, Re Σ|d1|², Re Σ conj(d0)·χ, Re Σ conj(d1)·χ] added to
+# ``out`` (b, 5) float64, zeroed by the caller. A missing direction is zero, so are its sums.
+STEP_SYSTEMS_SOURCE = r"""
+extern "C" __global__ void beamflow_step_systems(
+    const float2* __restrict__ pd, const long long pd_stride,
+    const float2* __restrict__ dobj, const long long* __restrict__ flat,
+    const float2* __restrict__ oj, const float2* __restrict__ sp, const long long sp_stride,
+    const float2* __restrict__ chi, double* __restrict__ out,
+    const int b, const int K, const int M, const long long W,
+    const int upd_obj, const int upd_probe, const int T)
+{
+    const long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long j = g / T;
+    const long long t = g - j * T;
+    if (j >= b) return;
+    const long long mm = (long long)M * M;
+    float a11 = 0.0f, a12 = 0.0f, a22 = 0.0f, b1 = 0.0f, b2 = 0.0f;
+    for (long long q = t; q < K * mm; q += T) {
+        const long long k = q / mm;
+        const long long p = q - k * mm;
+        const float2 X = chi[j * K * mm + q];
+        float2 d0 = make_float2(0.0f, 0.0f), d1 = make_float2(0.0f, 0.0f);
+        if (upd_obj) {
+            const long long r = p / M;
+            const float2 P = pd[j * pd_stride + q];
+            const float2 D = dobj[flat[j] + r * W + (p - r * M)];
+            d0 = make_float2(P.x * D.x - P.y * D.y, P.x * D.y + P.y * D.x);
+        }
+        if (upd_probe) {
+            const float2 O = oj[j * mm + p];
+            const float2 S = sp[j * sp_stride + q];
+            d1 = make_float2(O.x * S.x - O.y * S.y, O.x * S.y + O.y * S.x);
+        }
+        a11 += d0.x * d0.x + d0.y * d0.y;
+        a12 += d0.x * d1.x + d0.y * d1.y;
+        a22 += d1.x * d1.x + d1.y * d1.y;
+        b1 += d0.x * X.x + d0.y * X.y;
+        b2 += d1.x * X.x + d1.y * X.y;
+    }
+    double* row = out + j * 5;
+    atomicAdd(row, (double)a11);
+    atomicAdd(row + 1, (double)a12);
+    atomicAdd(row + 2, (double)a22);
+    atomicAdd(row + 3, (double)b1);
+    atomicAdd(row + 4, (double)b2);
+}
+"""
+
+
 class GpuKernels:
     """The fused kernels on CuPy ``cp`` (compiled on first use, cached by CuPy)."""
 
     def __init__(self, cp: Any):
         self._cp = cp
         self._object_terms = cp.RawKernel(OBJECT_TERMS_SOURCE, "beamflow_object_terms")
+        self._step_systems = cp.RawKernel(STEP_SYSTEMS_SOURCE, "beamflow_step_systems")
         self._conj_product = cp.ElementwiseKernel(
             "complex64 o, complex64 x", "complex64 g", "g = conj(x) * o",
             "beamflow_conj_product")
@@ -99,6 +163,32 @@ class GpuKernels:
             (pd, np.int64(0 if pd.shape[0] == 1 else k * m * m), chi, inten, flat, acc,
              np.int32(b), np.int32(k), np.int32(m), np.int64(w), np.int64(h * w),
              np.int32(exact)))
+
+    def step_systems(self, pd: Any, d_obj: Any, flat: Any, oj: Any, sp: Any, chi: Any,
+                     w: int) -> Any:
+        """LSQ-ML's step-length systems of a chunk, (b, 5) float64 rows [a11, a12, a22, b1,
+        b2] (see :data:`STEP_SYSTEMS_SOURCE`). ``pd``: (b or 1, K, M, M) probes; ``d_obj``:
+        the object direction (H, ``w``), or None when the object is not updated; ``flat``:
+        the windows' corners iy·w + ix; ``oj``: (b, M, M) object patches; ``sp``: the shifted
+        probe direction (b or 1, K, M, M), or None when the probe is not updated; ``chi``:
+        (b, K, M, M)."""
+        cp = self._cp
+        b, k, m = chi.shape[0], chi.shape[1], chi.shape[-1]
+        out = cp.zeros((b, 5), np.float64)
+        chi = cp.ascontiguousarray(chi)
+        pd = cp.ascontiguousarray(pd)
+        oj = cp.ascontiguousarray(oj)
+        upd_obj, upd_probe = d_obj is not None, sp is not None
+        d_obj = cp.ascontiguousarray(d_obj) if upd_obj else chi  # unread when absent
+        sp = cp.ascontiguousarray(sp) if upd_probe else chi
+        n = b * SYSTEM_THREADS
+        self._step_systems(
+            ((n + THREADS - 1) // THREADS,), (THREADS,),
+            (pd, np.int64(0 if pd.shape[0] == 1 else k * m * m), d_obj, flat, oj, sp,
+             np.int64(0 if sp.shape[0] == 1 else k * m * m), chi, out, np.int32(b),
+             np.int32(k), np.int32(m), np.int64(w), np.int32(upd_obj), np.int32(upd_probe),
+             np.int32(SYSTEM_THREADS)))
+        return out
 
     def conj_product(self, o: Any, x: Any, out: Any) -> Any:
         """``out = conj(x) · o`` (``o`` broadcast over modes); ``out`` may be ``x``."""

@@ -148,6 +148,17 @@ class LSQML(Algorithm):
         def systems(t: int, _part: np.ndarray) -> Any:
             rows = []
             for c, pd, oj, chi in sums[t].kept:
+                sp = None  # S_j[ΔP], the probe direction at each position
+                if upd_probe:
+                    if c.ramp is None:
+                        sp = d_probe[None]
+                    else:
+                        sp = be.ifft2(d_probe_hat[None] * c.ramp[:, None],
+                                      workers=core.fft_workers, scale=False)
+                if be.kernels is not None:  # the directions and their sums in one pass
+                    rows.append(be.kernels.step_systems(pd, d_obj, c.flat, oj, sp, chi,
+                                                        core.W))
+                    continue
                 # The directions at the positions, side by side (b, n, K, M, M): P_j ΔO_j
                 # and O_j S_j[ΔP], each written by its product into its slot.
                 dirs = xp.empty((len(c.idx), int(upd_obj) + int(upd_probe)) + chi.shape[1:],
@@ -156,11 +167,6 @@ class LSQML(Algorithm):
                     xp.multiply(pd, core.object_patches(c, d_obj)[:, None],
                                 out=dirs[:, 0])
                 if upd_probe:
-                    if c.ramp is None:
-                        sp = d_probe[None]
-                    else:
-                        sp = be.ifft2(d_probe_hat[None] * c.ramp[:, None],
-                                      workers=core.fft_workers, scale=False)
                     xp.multiply(oj[:, None], sp, out=dirs[:, -1])
                 gram, rhs = _systems(dirs, chi, xp, be.is_gpu)
                 zero = xp.zeros(len(c.idx), np.float32)
@@ -178,7 +184,9 @@ class LSQML(Algorithm):
         if upd_obj or upd_probe:
             # Solved on the device, in float64: no copy to the host inside the iteration.
             parts = [r for r in core.map_list(systems, sw.parts) if r is not None]
-            sys = (parts[0] if len(parts) == 1 else xp.concatenate(parts)).astype(np.float64)
+            sys = parts[0] if len(parts) == 1 else xp.concatenate(parts)
+            if sys.dtype != np.float64:  # the fused kernel's rows are float64 already
+                sys = sys.astype(np.float64)
             # Rows of sys.T: a11, a12, a22, b1, b2. Both step lengths at once, as the rows
             # (β_O, β_P) of a (2, b) array: the same arithmetic per position as one at a time.
             # Pairs of rows are strided views (st[0:3:2]: a11, a22), not fancy-index copies:

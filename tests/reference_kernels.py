@@ -1,0 +1,64 @@
+"""The fused GPU kernels of :mod:`beamflow.ptycho.kernels` in numpy, for the GPU code path
+run without a GPU (``tests/counting_cupy.py``, ``tests/test_ptycho_device_paths.py``).
+
+Each computes what its kernel computes, written as the engine's array code writes it (the
+same products in the same order), so the GPU path on numpy gives the CPU path's numbers.
+The kernels' own CUDA source is checked against the array code in
+``tests/test_gpu_kernels.py`` (on the CPU) and ``tests/test_ptycho_engine_gpu.py`` (on a card).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ReferenceKernels"]
+
+
+def _windows(flat: np.ndarray, m: int, w: int) -> np.ndarray:
+    """Flat indices (b, m, m) of the m×m windows at corners ``flat`` (iy·w + ix)."""
+    return flat[:, None, None] + np.arange(m)[:, None] * w + np.arange(m)
+
+
+class ReferenceKernels:
+    """:class:`beamflow.ptycho.kernels.GpuKernels`' methods on numpy arrays."""
+
+    def object_terms(self, acc: np.ndarray, pd: np.ndarray, chi: np.ndarray,
+                     inten: np.ndarray | None, flat: np.ndarray, h: int, w: int) -> None:
+        b, m = chi.shape[0], chi.shape[-1]
+        num = ((np.conj(pd) * chi).sum(axis=1) if chi.shape[1] > 1
+               else np.conj(pd[:, 0]) * chi[:, 0])
+        den = (np.square(pd.real) + np.square(pd.imag)).sum(axis=1) if inten is None else inten
+        where = _windows(flat, m, w).ravel()
+        # Position after position, as the array code's scatter adds them.
+        np.add.at(acc[: 2 * h * w].view(np.complex64), where,
+                  np.broadcast_to(num, (b, m, m)).ravel())
+        np.add.at(acc[2 * h * w :], where, np.broadcast_to(den, (b, m, m)).ravel())
+
+    def step_systems(self, pd: np.ndarray, d_obj: np.ndarray | None, flat: np.ndarray,
+                     oj: np.ndarray, sp: np.ndarray | None, chi: np.ndarray,
+                     w: int) -> np.ndarray:
+        b, m = chi.shape[0], chi.shape[-1]
+        zero = np.zeros(chi.shape, np.complex64)
+        d0 = pd * d_obj.ravel()[_windows(flat, m, w)][:, None] if d_obj is not None else zero
+        d1 = oj[:, None] * sp if sp is not None else zero
+
+        def rdot(a: np.ndarray, c: np.ndarray) -> np.ndarray:
+            return (a.real * c.real + a.imag * c.imag).reshape(b, -1).sum(axis=1,
+                                                                         dtype=np.float64)
+
+        return np.stack([rdot(d0, d0), rdot(d0, d1), rdot(d1, d1), rdot(d0, chi),
+                         rdot(d1, chi)], axis=1)
+
+    def conj_product(self, o: np.ndarray, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        return np.multiply(np.conj(x), o, out=out)
+
+    def modulus(self, psi: np.ndarray, data: np.ndarray, mask: np.ndarray,
+                eps: Any) -> np.ndarray:
+        amp = np.sqrt(data.astype(np.float32)) if data.dtype == np.uint16 else data
+        a = np.abs(psi)
+        d = (amp - a) * mask
+        np.multiply(psi, d / (a + eps), out=psi)
+        flat = d.reshape(-1)
+        return np.asarray(np.einsum("i,i->", flat, flat))
