@@ -194,6 +194,12 @@ class CountingKernels(ReferenceKernels):
     launch (the modulus projection two: the kernel and its sum) with the bytes the kernel
     moves."""
 
+    def exit_wave(self, obj: Any, flat: Any, pd: Any) -> tuple[Any, Any]:
+        oj, psi = super().exit_wave(_host(obj), _host(flat), _host(pd))
+        # the windows read, P_j (its own size when broadcast) read, O_j and ψ_j written
+        _launch(2 * oj.nbytes + _nbytes(flat, pd, psi))
+        return _dev(oj), _dev(psi)
+
     def object_terms(self, acc: Any, pd: Any, chi: Any, inten: Any, flat: Any, h: int,
                      w: int) -> None:
         super().object_terms(_host(acc), _host(pd), _host(chi), _host(inten), _host(flat), h,

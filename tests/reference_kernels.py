@@ -24,6 +24,11 @@ def _windows(flat: np.ndarray, m: int, w: int) -> np.ndarray:
 class ReferenceKernels:
     """:class:`beamflow.ptycho.kernels.GpuKernels`' methods on numpy arrays."""
 
+    def exit_wave(self, obj: np.ndarray, flat: np.ndarray, pd: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        oj = obj.ravel()[_windows(flat, pd.shape[-1], obj.shape[1])]
+        return oj, pd * oj[:, None]
+
     def object_terms(self, acc: np.ndarray, pd: np.ndarray, chi: np.ndarray,
                      inten: np.ndarray | None, flat: np.ndarray, h: int, w: int) -> None:
         b, m = chi.shape[0], chi.shape[-1]

@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 from beamflow.ptycho.kernels import (
+    EXIT_WAVE_SOURCE,
     OBJECT_TERMS_SOURCE,
     STEP_SYSTEMS_SOURCE,
     SYSTEM_THREADS,
@@ -81,7 +82,21 @@ extern "C" void run_step_systems(
         }
 }
 """
-SOURCES = {"object_terms": OBJECT_TERMS_SOURCE, "step_systems": STEP_SYSTEMS_SOURCE}
+EXIT_WAVE_DRIVER = r"""
+extern "C" void run_exit_wave(
+    int grid, int block, const float2* obj, const long long* flat, const float2* pd,
+    long long pd_stride, float2* oj, float2* psi, int b, int K, int M, long long W)
+{
+    blockDim.x = block;
+    for (int g = 0; g < grid; ++g)
+        for (int t = 0; t < block; ++t) {
+            blockIdx.x = g; threadIdx.x = t;
+            beamflow_exit_wave(obj, flat, pd, pd_stride, oj, psi, b, K, M, W);
+        }
+}
+"""
+SOURCES = {"exit_wave": EXIT_WAVE_SOURCE, "object_terms": OBJECT_TERMS_SOURCE,
+           "step_systems": STEP_SYSTEMS_SOURCE}
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +107,7 @@ def cpu_kernels(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     d = tmp_path_factory.mktemp("kernels")
     src = d / "kernels.cpp"
     src.write_text(PRELUDE + OBJECT_TERMS_SOURCE + OBJECT_TERMS_DRIVER + STEP_SYSTEMS_SOURCE
-                   + STEP_SYSTEMS_DRIVER)
+                   + STEP_SYSTEMS_DRIVER + EXIT_WAVE_SOURCE + EXIT_WAVE_DRIVER)
     lib = d / "kernels.so"
     done = subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)],
                           capture_output=True, text=True)
@@ -107,6 +122,28 @@ def _ptr(a: np.ndarray) -> ctypes.c_void_p:
 
 def _waves(rng: np.random.Generator, *shape: int) -> np.ndarray:
     return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
+
+
+@pytest.mark.parametrize("modes, shared_probe", [(1, False), (1, True), (3, False)],
+                         ids=["one-mode", "shared-probe", "modes"])
+def test_exit_wave_kernel_gives_the_array_codes_patches_and_waves(cpu_kernels, modes,
+                                                                 shared_probe):
+    rng = np.random.default_rng(5)
+    b, m, h, w = 8, 16, 41, 53
+    iy, ix = rng.integers(0, h - m + 1, b), rng.integers(0, w - m + 1, b)
+    obj, pd = _waves(rng, h, w), _waves(rng, 1 if shared_probe else b, modes, m, m)
+    flat = (iy * w + ix).astype(np.int64)
+    oj = np.empty((b, m, m), np.complex64)
+    psi = np.empty((b, modes, m, m), np.complex64)
+    n = b * m * m
+    cpu_kernels.run_exit_wave(
+        (n + THREADS - 1) // THREADS, THREADS, _ptr(obj), _ptr(flat), _ptr(pd),
+        ctypes.c_longlong(0 if shared_probe else modes * m * m), _ptr(oj), _ptr(psi), b,
+        modes, m, ctypes.c_longlong(w))
+    # Core.object_patches and Core.exit_wave's product on the CPU.
+    want_oj = np.stack([obj[y : y + m, x : x + m] for y, x in zip(iy, ix, strict=True)])
+    np.testing.assert_array_equal(oj, want_oj)
+    np.testing.assert_allclose(psi, pd * want_oj[:, None], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("modes, shared_probe, exact", [

@@ -119,6 +119,21 @@ def test_step_systems_kernel_sums_what_the_array_code_sums(upd_obj, upd_probe):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-2)
 
 
+@pytest.mark.parametrize("modes, shared_probe", [(1, False), (1, True), (3, False)])
+def test_exit_wave_kernel_matches_the_array_code(modes, shared_probe):
+    backend = array_backend("cuda")
+    rng = np.random.default_rng(5)
+    b, m, h, w = 40, 32, 150, 161
+    iy, ix = rng.integers(0, h - m + 1, b), rng.integers(0, w - m + 1, b)
+    obj, pd = _waves(rng, h, w), _waves(rng, 1 if shared_probe else b, modes, m, m)
+    oj, psi = backend.kernels.exit_wave(backend.to_device(obj),
+                                        backend.to_device((iy * w + ix).astype(np.int64)),
+                                        backend.to_device(pd))
+    want = np.stack([obj[y : y + m, x : x + m] for y, x in zip(iy, ix, strict=True)])
+    np.testing.assert_array_equal(backend.to_host(oj), want)
+    np.testing.assert_allclose(backend.to_host(psi), pd * want[:, None], rtol=1e-5, atol=1e-6)
+
+
 def test_conj_product_kernel_matches_the_array_code():
     backend = array_backend("cuda")
     rng = np.random.default_rng(3)

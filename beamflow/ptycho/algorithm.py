@@ -205,8 +205,8 @@ class Algorithm:
         for sub in core.subchunks(part):
             c = core.chunk(sub)
             pd = core.shifted_probe(c) if self.opr is None else self.opr.shifted_probe(c)
-            oj = core.object_patches(c)
-            big = core.to_detector(pd, oj, c)
+            oj, psi = core.exit_wave(pd, c)
+            big = core.to_detector(psi, c)
             loss, chi = self.exit_correction(sw, c, big)
             sums.losses.append(loss)
             if sw.grads is not None:

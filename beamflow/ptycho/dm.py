@@ -72,8 +72,8 @@ class DM(Algorithm):
         if have < core.N:  # fresh start, or frames appended: start from φ_j = P_j·O_j
             for part in core.subchunks(np.arange(have, core.N)):
                 c = core.chunk(part)
-                self.exit[c.didx] = core.to_detector(core.shifted_probe(c),
-                                                     core.object_patches(c), c)
+                _, psi = core.exit_wave(core.shifted_probe(c), c)
+                self.exit[c.didx] = core.to_detector(psi, c)
 
     def device_extras(self) -> dict[str, Any]:
         return {"dm_exit_waves": self.exit}

@@ -435,16 +435,25 @@ class Core:
             c.window = self.backend.window_index(self.W, self.M, c.flat)
         return c.window
 
-    def to_detector(self, pd: Any, oj: Any, c: Chunk) -> Any:
-        """The wave at the detector for the chunk's positions, a new (b, K, M, M) array.
+    def exit_wave(self, pd: Any, c: Chunk) -> tuple[Any, Any]:
+        """(O_j, ψ_j): the object patches (b, M, M) and the exit waves ψ_jk = P_k,j·O_j
+        (b, K, M, M) of the chunk's positions, new arrays. On a GPU one fused kernel
+        (:meth:`.kernels.GpuKernels.exit_wave`) does what this array code does."""
+        if self.backend.kernels is not None:
+            return self.backend.kernels.exit_wave(self.obj, c.flat, pd)
+        oj = self.object_patches(c)
+        return oj, pd * oj[:, None]
 
-        Far field: Ψ = F[P_j · O_j] (FFT order). Near field: Ψ = F⁻¹[G_j · F[P_j · O_j]]
-        with G_j = H · conj(r_j): the angular-spectrum propagator H, and the sub-pixel ramp
+    def to_detector(self, psi: Any, c: Chunk) -> Any:
+        """The wave at the detector for the chunk's exit waves ψ (:meth:`exit_wave`; may be
+        overwritten), a (b, K, M, M) array.
+
+        Far field: Ψ = F[ψ_j] (FFT order). Near field: Ψ = F⁻¹[G_j · F[ψ_j]] with
+        G_j = H · conj(r_j): the angular-spectrum propagator H, and the sub-pixel ramp
         undone. The probe is fixed relative to the detector; the engine's window moves the
         probe by δ_j against the object instead, so the detector sees its wave shifted back
         by δ_j (a shift the far field's intensity cannot see, a hologram can).
         """
-        psi = pd * oj[:, None]
         big = self.backend.fft2(psi, workers=self.fft_workers)
         if self.transfer is None:
             return big

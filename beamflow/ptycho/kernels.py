@@ -7,6 +7,10 @@ same arithmetic in one pass. The array code they stand for is the specification:
 (and in :mod:`tests.counting_cupy`'s reference kernels) the engine runs it as it is, and
 ``tests/test_gpu.py`` compares each kernel with it on a card.
 
+* :meth:`GpuKernels.exit_wave` — the object patches O_j gathered at the windows and the exit
+  waves ψ_jk = P_k,j·O_j (:meth:`Core.exit_wave`). Array code: an int64 index stack, a
+  gather over it and a product — 7 passes; the kernel reads the window and P_j once and
+  writes O_j and ψ_j (4).
 * :meth:`GpuKernels.object_terms` — Σ_k conj(P_k,j)·χ_jk and the illumination scatter-added
   into the object accumulator pair (:meth:`Core.accumulate_object`). Array code: a conjugate,
   a product, the illumination broadcast, two index kernels and an atomic scatter over int64
@@ -33,10 +37,36 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["OBJECT_TERMS_SOURCE", "STEP_SYSTEMS_SOURCE", "SYSTEM_THREADS", "GpuKernels",
-           "THREADS"]
+__all__ = ["EXIT_WAVE_SOURCE", "OBJECT_TERMS_SOURCE", "STEP_SYSTEMS_SOURCE", "SYSTEM_THREADS",
+           "GpuKernels", "THREADS"]
 
 THREADS = 256
+
+# One thread per (position j, pixel p) of a chunk: O_j(p) read from the object (H, W) at
+# the window's corner ``flat[j]`` (iy·W + ix) and written to ``oj`` (b, M, M), and the
+# product P_k,j(p)·O_j(p) of every mode written to ``psi`` (b, K, M, M) — numpy's complex
+# product, in its order. ``pd_stride`` as in beamflow_object_terms.
+EXIT_WAVE_SOURCE = r"""
+extern "C" __global__ void beamflow_exit_wave(
+    const float2* __restrict__ obj, const long long* __restrict__ flat,
+    const float2* __restrict__ pd, const long long pd_stride,
+    float2* __restrict__ oj, float2* __restrict__ psi,
+    const int b, const int K, const int M, const long long W)
+{
+    const long long mm = (long long)M * M;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)b * mm) return;
+    const long long j = i / mm;
+    const long long p = i - j * mm;
+    const long long r = p / M;
+    const float2 O = obj[flat[j] + r * W + (p - r * M)];
+    oj[i] = O;
+    for (int k = 0; k < K; ++k) {
+        const float2 P = pd[j * pd_stride + k * mm + p];
+        psi[(j * K + k) * mm + p] = make_float2(P.x * O.x - P.y * O.y, P.x * O.y + P.y * O.x);
+    }
+}
+"""
 
 # One thread per (position j, pixel p) of a chunk: the K modes' conj(P)·χ summed, and the
 # illumination (Σ_k |P_k,j|² when ``exact``, else the shared intensity patch), added
@@ -137,12 +167,30 @@ class GpuKernels:
 
     def __init__(self, cp: Any):
         self._cp = cp
+        self._exit_wave = cp.RawKernel(EXIT_WAVE_SOURCE, "beamflow_exit_wave")
         self._object_terms = cp.RawKernel(OBJECT_TERMS_SOURCE, "beamflow_object_terms")
         self._step_systems = cp.RawKernel(STEP_SYSTEMS_SOURCE, "beamflow_step_systems")
         self._conj_product = cp.ElementwiseKernel(
             "complex64 o, complex64 x", "complex64 g", "g = conj(x) * o",
             "beamflow_conj_product")
         self._modulus: dict[bool, Any] = {}
+
+    def exit_wave(self, obj: Any, flat: Any, pd: Any) -> tuple[Any, Any]:
+        """(O_j, ψ_j): the windows of ``obj`` (H, W) at the corners ``flat`` (b,) (iy·W +
+        ix), (b, M, M), and their products with the probes ``pd`` (b or 1, K, M, M),
+        (b, K, M, M); new arrays."""
+        cp = self._cp
+        b, k, m = flat.shape[0], pd.shape[1], pd.shape[-1]
+        pd = cp.ascontiguousarray(pd)
+        oj = cp.empty((b, m, m), np.complex64)
+        psi = cp.empty((b, k, m, m), np.complex64)
+        n = b * m * m
+        self._exit_wave(
+            ((n + THREADS - 1) // THREADS,), (THREADS,),
+            (cp.ascontiguousarray(obj), flat, pd,
+             np.int64(0 if pd.shape[0] == 1 else k * m * m), oj, psi, np.int32(b),
+             np.int32(k), np.int32(m), np.int64(obj.shape[1])))
+        return oj, psi
 
     def object_terms(self, acc: Any, pd: Any, chi: Any, inten: Any, flat: Any, h: int,
                      w: int) -> None:
