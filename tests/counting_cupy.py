@@ -194,6 +194,11 @@ class CountingKernels(ReferenceKernels):
     launch (the modulus projection two: the kernel and its sum) with the bytes the kernel
     moves."""
 
+    def ramp_product(self, e: Any, a: Any, out: Any = None, conj: bool = False) -> Any:
+        res = super().ramp_product(_host(e), _host(a), _host(out), conj)
+        _launch(_nbytes(e, a, res))
+        return out if out is not None else _dev(res)
+
     def exit_wave(self, obj: Any, flat: Any, pd: Any) -> tuple[Any, Any]:
         oj, psi = super().exit_wave(_host(obj), _host(flat), _host(pd))
         # the windows read, P_j (its own size when broadcast) read, O_j and ψ_j written

@@ -24,6 +24,17 @@ def _windows(flat: np.ndarray, m: int, w: int) -> np.ndarray:
 class ReferenceKernels:
     """:class:`beamflow.ptycho.kernels.GpuKernels`' methods on numpy arrays."""
 
+    def ramp_product(self, e: np.ndarray, a: np.ndarray, out: np.ndarray | None = None,
+                     conj: bool = False) -> np.ndarray:
+        r = e[:, 0, :, None] * e[:, 1, None, :]  # Core's outer ramps, from the same factors
+        if conj:
+            r = np.conj(r)
+        res = r[:, None] * a
+        if out is None:
+            return res
+        out[...] = res
+        return out
+
     def exit_wave(self, obj: np.ndarray, flat: np.ndarray, pd: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray]:
         oj = obj.ravel()[_windows(flat, pd.shape[-1], obj.shape[1])]

@@ -215,28 +215,27 @@ def test_lsqml_step_systems_give_the_same_sums_batched_or_per_pair(n):
                                rtol=1e-4)
 
 
-def test_device_ramps_follow_the_positions_and_the_memory_plan(device):
-    """On a GPU the sub-pixel ramps are kept on the device when the memory plan has room
-    (one gather per chunk instead of six kernels) and remade when positions move: with
-    position correction the losses are those of ramps made per chunk, bit for bit; without
-    room they are made per chunk."""
+def test_device_ramp_factors_follow_the_positions(device):
+    """A GPU keeps each position's two ramp factors (N, 2, M) on the device, not the
+    (N, M, M) ramps, and the kernels make the ramps from them: with position correction the
+    factors are remade as the positions move, and the losses are the CPU's, whose ramps are
+    made from the positions directly."""
+    from beamflow.ptycho import array_backend
+
     kw = {"algorithm": "rpie", "position_correction": True, "position_correction_start": 0}
-    losses = {}
-    for room in (True, False):
-        device.memory_limit_bytes = None
-        if not room:  # the frames and a chunk fit, the ramps beside them do not
-            with _reconstructor(device, **kw) as probe_rec:
-                core = probe_rec.core
-                fixed, per_position = core._memory_terms(core.M * core.M * 4, 0)
-                need = fixed + core.N * core.M * core.M * 4 + core.chunk_size * per_position
-            device.memory_limit_bytes = need + core.N * core.M * core.M * 4
-        with _reconstructor(device, **kw) as rec:
-            assert rec.core.subpixel and rec.core.frames.resident
-            assert (rec.core._dramps is not None) == room
-            losses[room] = rec.run().loss_history
-            moved = np.abs(rec.core.pos - rec.core.nominal).max()
+    data = data_of(simulate(n=64))
+    params = ReconParams(iterations=6, **kw)
+    with Reconstructor(data, initial_state(data, params), device) as rec:
+        core = rec.core
+        assert core.subpixel and core._dfactors.shape == (core.N, 2, core.M)
+        gpu = rec.run().loss_history
+        moved = np.abs(core.pos - core.nominal).max()
+        np.testing.assert_array_equal(device.to_host(core._dfactors),
+                                      core._ramp_factors(core.frac, np))
+    with Reconstructor(data, initial_state(data, params), array_backend("cpu", threads=1)) as rec:
+        cpu = rec.run().loss_history
     assert moved > 0.01  # the positions (and their sub-pixel ramps) changed
-    assert losses[True] == losses[False]
+    np.testing.assert_allclose(gpu, cpu, rtol=1e-5)
 
 
 @pytest.mark.parametrize("modes, shifted", [(1, False), (2, True)], ids=["pie", "dm-modes"])
@@ -295,3 +294,28 @@ def test_the_gpu_code_path_reconstructs_as_the_cpu_does(device, extra):
         with Reconstructor(data, initial_state(data, params), backend) as rec:
             losses.append(rec.run().loss_history)
     np.testing.assert_allclose(losses[0], losses[1], rtol=2e-5)
+
+
+@pytest.mark.parametrize("algorithm", ["rpie", "lsqml", "dm"])
+def test_the_gpu_code_path_reconstructs_near_field_scans_as_the_cpu_does(device, algorithm):
+    """Near field: the propagator G_j = H·conj(r_j) and its adjoint, which a GPU makes from
+    the ramp factors in a kernel, give the CPU's losses."""
+    from beamflow.ptycho import PtychoData, array_backend
+    from beamflow.simulate import detector_frames, make_near_field_ground_truth
+
+    gt = make_near_field_ground_truth(positions=16, probe_size=32, photons=1e7, seed=1)
+    frames = detector_frames(gt, 0, gt.n_positions, np.random.default_rng(5))
+    data = PtychoData(intensities=frames.astype(np.float32), positions_px=gt.positions_px,
+                      object_shape=gt.object.shape, mask=gt.mask)
+    params = ReconParams(algorithm=algorithm, iterations=4, propagation=gt.propagation)
+    losses = []
+    for backend in (device, array_backend("cpu", threads=1)):
+        with Reconstructor(data, initial_state(data, params), backend) as rec:
+            assert rec.core.subpixel and rec.core.transfer is not None
+            losses.append(rec.run().loss_history)
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+
+
+def test_a_gpu_backend_without_its_kernels_is_refused():
+    with pytest.raises(ValueError, match="fused kernels"):
+        ArrayBackend(name="cuda:0", xp=np, _cupy=object())

@@ -31,6 +31,7 @@ import pytest
 from beamflow.ptycho.kernels import (
     EXIT_WAVE_SOURCE,
     OBJECT_TERMS_SOURCE,
+    RAMP_PRODUCT_SOURCE,
     STEP_SYSTEMS_SOURCE,
     SYSTEM_THREADS,
     THREADS,
@@ -95,8 +96,21 @@ extern "C" void run_exit_wave(
         }
 }
 """
+RAMP_PRODUCT_DRIVER = r"""
+extern "C" void run_ramp_product(
+    int grid, int block, const float2* e, const float2* a, long long a_stride, float2* out,
+    int b, int K, int M, int conj)
+{
+    blockDim.x = block;
+    for (int g = 0; g < grid; ++g)
+        for (int t = 0; t < block; ++t) {
+            blockIdx.x = g; threadIdx.x = t;
+            beamflow_ramp_product(e, a, a_stride, out, b, K, M, conj);
+        }
+}
+"""
 SOURCES = {"exit_wave": EXIT_WAVE_SOURCE, "object_terms": OBJECT_TERMS_SOURCE,
-           "step_systems": STEP_SYSTEMS_SOURCE}
+           "ramp_product": RAMP_PRODUCT_SOURCE, "step_systems": STEP_SYSTEMS_SOURCE}
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +121,8 @@ def cpu_kernels(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     d = tmp_path_factory.mktemp("kernels")
     src = d / "kernels.cpp"
     src.write_text(PRELUDE + OBJECT_TERMS_SOURCE + OBJECT_TERMS_DRIVER + STEP_SYSTEMS_SOURCE
-                   + STEP_SYSTEMS_DRIVER + EXIT_WAVE_SOURCE + EXIT_WAVE_DRIVER)
+                   + STEP_SYSTEMS_DRIVER + EXIT_WAVE_SOURCE + EXIT_WAVE_DRIVER
+                   + RAMP_PRODUCT_SOURCE + RAMP_PRODUCT_DRIVER)
     lib = d / "kernels.so"
     done = subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)],
                           capture_output=True, text=True)
@@ -122,6 +137,45 @@ def _ptr(a: np.ndarray) -> ctypes.c_void_p:
 
 def _waves(rng: np.random.Generator, *shape: int) -> np.ndarray:
     return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
+
+
+@pytest.mark.parametrize("modes, shared, conj, in_place", [
+    (1, True, False, False),   # the shifted probe: one spectrum for every position
+    (3, True, False, False),   # probe modes
+    (2, False, False, True),   # the probe terms: each position's own stack, in place
+    (1, True, True, False),    # the near-field propagator: conj(r_j)·H
+], ids=["probe", "modes", "in-place", "conjugate"])
+def test_ramp_product_kernel_makes_the_cpus_ramps(cpu_kernels, modes, shared, conj, in_place):
+    """The ramps the kernel makes from a position's two factors are the CPU's
+    (Core._outer_ramps), times the stack."""
+    from beamflow.ptycho import (
+        PtychoData,
+        ReconParams,
+        Reconstructor,
+        array_backend,
+        initial_state,
+    )
+
+    rng = np.random.default_rng(2)
+    b, m = 6, 16
+    frames = rng.random((b, m, m)).astype(np.float32)
+    positions = rng.uniform(0, 20, (b, 2))  # sub-pixel
+    data = PtychoData(intensities=frames, positions_px=positions, object_shape=(40, 40),
+                      mask=np.ones((m, m), bool))
+    params = ReconParams(iterations=1)
+    with Reconstructor(data, initial_state(data, params), array_backend("cpu", threads=1)
+                       ) as rec:
+        core = rec.core
+        e = core._ramp_factors(core.frac, np)  # (b, 2, M), as a GPU keeps them
+        ramps = core._outer_ramps(core.frac, np)
+    a = _waves(rng, 1 if shared else b, modes, m, m)
+    want = (np.conj(ramps) if conj else ramps)[:, None] * a
+    out = a if in_place else np.empty((b, modes, m, m), np.complex64)
+    n = b * modes * m * m
+    cpu_kernels.run_ramp_product(
+        (n + THREADS - 1) // THREADS, THREADS, _ptr(e), _ptr(a),
+        ctypes.c_longlong(0 if shared else modes * m * m), _ptr(out), b, modes, m, int(conj))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("modes, shared_probe", [(1, False), (1, True), (3, False)],

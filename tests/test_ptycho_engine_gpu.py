@@ -134,6 +134,20 @@ def test_exit_wave_kernel_matches_the_array_code(modes, shared_probe):
     np.testing.assert_allclose(backend.to_host(psi), pd * want[:, None], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("conj", [False, True])
+def test_ramp_product_kernel_matches_the_array_code(conj):
+    backend = array_backend("cuda")
+    rng = np.random.default_rng(2)
+    b, m, modes = 9, 64, 2
+    e = np.exp(-2j * np.pi * rng.uniform(-0.5, 0.5, (b, 2, 1)) * np.fft.fftfreq(m)).astype(
+        np.complex64)
+    r = e[:, 0, :, None] * e[:, 1, None, :]
+    a = _waves(rng, b, modes, m, m)
+    want = (np.conj(r) if conj else r)[:, None] * a
+    got = backend.kernels.ramp_product(backend.to_device(e), backend.to_device(a), conj=conj)
+    np.testing.assert_allclose(backend.to_host(got), want, rtol=1e-5, atol=1e-6)
+
+
 def test_conj_product_kernel_matches_the_array_code():
     backend = array_backend("cuda")
     rng = np.random.default_rng(3)

@@ -207,6 +207,11 @@ class ArrayBackend:
     _staging: list[Any] = field(default_factory=list, repr=False)
     _offsets: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        # The GPU code path runs the fused kernels where the CPU runs their array code.
+        if self._cupy is not None and self.kernels is None:
+            raise ValueError("a GPU backend needs its fused kernels (kernels=GpuKernels(cp))")
+
     @property
     def is_gpu(self) -> bool:
         return self._cupy is not None

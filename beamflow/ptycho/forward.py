@@ -58,10 +58,9 @@ MIN_PART = 4
 PARALLEL_UPDATE_PX = 2**16
 # Sub-pixel phase ramps are cached per position on CPU: gathering them costs a third of
 # numpy's broadcast outer product. Above this size (bigger scans, where holding ~2x the frames
-# again would break the memory budget) they are recomputed per chunk instead. On a GPU they
-# are kept on the device whenever they fit beside the frames and a chunk's work (the memory
-# plan): a chunk's ramps are then one gather instead of six kernels, and they are remade on
-# the device, all at once, only when the positions change.
+# again would break the memory budget) they are recomputed per chunk instead. A GPU keeps
+# only each position's two (M,) factors (e_y ⊗ e_x is the ramp), made on the device when the
+# positions change; the fused kernels make the ramps from them where they are used.
 RAMP_CACHE_BYTES = 64 * 2**20
 
 
@@ -84,7 +83,10 @@ class Chunk:
     ix: np.ndarray
     dy: Any  # the corners on the device (gather/scatter take these)
     dx: Any
-    ramp: Any  # (b, M, M) complex64 exp(-2πi k·δ_j) (an owned copy), or None
+    # (b, M, M) complex64 exp(-2πi k·δ_j) (an owned copy); on a GPU its (b, 2, M) factors
+    # e_y, e_x (the ramp is their outer product: GpuKernels.ramp_product); None without
+    # sub-pixel offsets.
+    ramp: Any
     # GPU: the corners' flat offsets iy·W + ix into object-sized arrays, on the device (one
     # upload with the corners; gather and scatter then need no index arithmetic); else None.
     flat: Any = None
@@ -125,10 +127,7 @@ class Core:
         counts = backend.compact_frames and frames_are_counts(data.intensities, data.mask)
         self.chunk_size = GPU_CHUNK if backend.is_gpu else max(1, CPU_CHUNK_PX // (m * m))
         frame_bytes = m * m * (2 if counts else 4)
-        ramp_bytes = self.N * m * m * 8
-        device_ramps = backend.is_gpu and self._fits(frame_bytes, reserved_bytes + ramp_bytes)
-        resident = self._plan_memory(frame_bytes,
-                                     reserved_bytes + (ramp_bytes if device_ramps else 0))
+        resident = self._plan_memory(frame_bytes, reserved_bytes)
         self.frames, norm, max_amp = load_frames(
             data.intensities, mask_s, backend, lambda a: to_engine(a, (-2, -1)), counts,
             resident, in_place=consume and not backend.is_gpu)
@@ -151,8 +150,7 @@ class Core:
         cache = (not backend.is_gpu) and self.N * m * m * 8 <= RAMP_CACHE_BYTES
         self._ramps: np.ndarray | None = np.empty((self.N, m, m), np.complex64) if cache else None
         self._ramp_frac = np.full((self.N, 2), np.nan)
-        self._device_ramps = device_ramps
-        self._dramps: Any = None  # (N, M, M) on the device (GPU, when they fit)
+        self._dfactors: Any = None  # (N, 2, M) ramp factors on the device (GPU)
         self._pool: ThreadPoolExecutor | None = None
         self._acc: list[ObjectAccumulator] = []
         self._probe_hat = None
@@ -167,8 +165,8 @@ class Core:
         An estimate: the object with one accumulator pair per thread and a spare, the object
         gradient (position correction), the algorithm's reservation, and per position in a
         chunk about 6K+2 complex64 frames of work (shifted probe, exit and detector waves,
-        patches, temporaries) plus its frame. ``reserved_bytes`` holds the algorithm's memory
-        and, on a GPU, the sub-pixel ramps kept on the device when they fit."""
+        patches, temporaries) plus its frame. ``reserved_bytes`` holds the algorithm's
+        memory."""
         be = self.backend
         limit = be.memory_limit_bytes
         if self._fits(frame_bytes, reserved_bytes):
@@ -207,11 +205,9 @@ class Core:
         self.corner = corner.astype(np.int64)
         self.frac = frac
         self.subpixel = bool(np.any(frac != 0.0))
-        if self.backend.is_gpu:  # the chunks' ramps are made on the device from these
-            self._dfrac = self.backend.to_device(frac)
-            self._dramps = None  # freed before the new ones are made
-            if self._device_ramps and self.subpixel:
-                self._dramps = self._outer_ramps(self._dfrac, self.xp)
+        if self.backend.is_gpu:  # the chunks' ramps are made in the kernels from these
+            self._dfactors = (self._ramp_factors(self.backend.to_device(frac), self.xp)
+                              if self.subpixel else None)
         if self._ramps is not None and self.subpixel:
             stale = np.flatnonzero(np.any(self._ramp_frac != frac, axis=1))
             for s in range(0, len(stale), 256):
@@ -219,13 +215,16 @@ class Core:
                 self._ramps[j] = self._outer_ramps(frac[j], np)
             self._ramp_frac[stale] = frac[stale]
 
-    def _outer_ramps(self, d: Any, xp: Any) -> Any:
-        """exp(−2πi (k_y δy + k_x δx)) for each row of d (b, 2) → (b, M, M) complex64, made
-        where ``d`` lives (``xp``)."""
+    def _ramp_factors(self, d: Any, xp: Any) -> Any:
+        """exp(−2πi k δ) along each axis for each row of d (b, 2) → (b, 2, M) complex64 (y
+        then x), made where ``d`` lives (``xp``)."""
         kf = self.kfreq if xp is np else self._dkfreq
-        # Both axes at once (b, 2, M): the same products as two outer products, half the
-        # kernels.
-        e = xp.exp(-2j * np.pi * (d[:, :, None] * kf)).astype(np.complex64)
+        return xp.exp(-2j * np.pi * (d[:, :, None] * kf)).astype(np.complex64)
+
+    def _outer_ramps(self, d: Any, xp: Any) -> Any:
+        """exp(−2πi (k_y δy + k_x δx)) for each row of d (b, 2) → (b, M, M) complex64: the
+        outer product of :meth:`_ramp_factors`."""
+        e = self._ramp_factors(d, xp)
         return e[:, 0, :, None] * e[:, 1, None, :]
 
     # -- chunks and threads -----------------------------------------------------------------
@@ -240,10 +239,8 @@ class Core:
         if self.backend.is_gpu:  # one upload per chunk: indices and corners together
             didx, dy, dx, flat = self.backend.to_device(
                 np.stack([idx, iy, ix, iy * self.W + ix]))
-            if self._dramps is not None:
-                ramp = self._dramps[didx]  # a gather: an owned copy
-            elif self.subpixel:
-                ramp = self._outer_ramps(self._dfrac[didx], self.xp)
+            if self._dfactors is not None:
+                ramp = self._dfactors[didx]  # (b, 2, M): a small gather
         return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp, flat=flat)
 
     def split(self, idx: np.ndarray) -> list[np.ndarray]:
@@ -413,7 +410,10 @@ class Core:
         if c.ramp is None:
             return self.probe[None]
         ph = self.probe_hat()
-        pd = (c.ramp * ph[0])[:, None] if ph.shape[0] == 1 else c.ramp[:, None] * ph[None]
+        if self.backend.kernels is not None:
+            pd = self.backend.kernels.ramp_product(c.ramp, ph[None])
+        else:
+            pd = (c.ramp * ph[0])[:, None] if ph.shape[0] == 1 else c.ramp[:, None] * ph[None]
         return self.backend.ifft2(pd, workers=self.fft_workers, scale=False)
 
     def object_patches(self, c: Chunk, obj: Any = None) -> Any:
@@ -467,8 +467,11 @@ class Core:
         if c.ramp is None:
             g = self.transfer[None]
             return xp.conj(g) if adjoint else g
+        h = xp.conj(self.transfer) if adjoint else self.transfer
+        if self.backend.kernels is not None:
+            return self.backend.kernels.ramp_product(c.ramp, h[None, None], conj=not adjoint)[:, 0]
         g = xp.conj(c.ramp) if not adjoint else c.ramp.copy()
-        g *= xp.conj(self.transfer) if adjoint else self.transfer
+        g *= h
         return g
 
     def amplitude_residual(self, big_psi: Any, c: Chunk) -> tuple[Any, Any, Any]:
@@ -608,7 +611,9 @@ class Core:
         if c.ramp is not None:
             # Σ_j conj(r_j)·F[conj(O_j)χ_j] = conj(Σ_j r_j·F⁻¹[O_j·conj(χ_j)]·M²).
             g = be.ifft2(g, workers=self.fft_workers, scale=False)
-            if g.shape[1] == 1:
+            if be.kernels is not None:
+                g = be.kernels.ramp_product(c.ramp, g, out=g)
+            elif g.shape[1] == 1:
                 g0 = g[:, 0]
                 xp.multiply(g0, c.ramp, out=g0)
             else:

@@ -7,6 +7,11 @@ same arithmetic in one pass. The array code they stand for is the specification:
 (and in :mod:`tests.counting_cupy`'s reference kernels) the engine runs it as it is, and
 ``tests/test_gpu.py`` compares each kernel with it on a card.
 
+* :meth:`GpuKernels.ramp_product` — a sub-pixel phase ramp r_j = exp(−2πi k·δ_j) times a
+  (b, K, M, M) stack, the ramp made in the kernel from its two (M,) factors per position
+  (e_y ⊗ e_x). Array code keeps the (N, M, M) ramps (0.5 GB at 4000 × 128², 5 GB at
+  10000 × 256²), gathers a chunk's (2 passes) and multiplies (3); the kernel reads the
+  stack once and writes it once, and the device holds (N, 2, M) factors.
 * :meth:`GpuKernels.exit_wave` — the object patches O_j gathered at the windows and the exit
   waves ψ_jk = P_k,j·O_j (:meth:`Core.exit_wave`). Array code: an int64 index stack, a
   gather over it and a product — 7 passes; the kernel reads the window and P_j once and
@@ -37,10 +42,34 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EXIT_WAVE_SOURCE", "OBJECT_TERMS_SOURCE", "STEP_SYSTEMS_SOURCE", "SYSTEM_THREADS",
-           "GpuKernels", "THREADS"]
+__all__ = ["EXIT_WAVE_SOURCE", "OBJECT_TERMS_SOURCE", "RAMP_PRODUCT_SOURCE",
+           "STEP_SYSTEMS_SOURCE", "SYSTEM_THREADS", "GpuKernels", "THREADS"]
 
 THREADS = 256
+
+# One thread per element of the (b, K, M, M) result: r_j(y, x) = e_j,y(y)·e_j,x(x) from the
+# factors ``e`` (b, 2, M) (conjugated when ``conj``), times a_jk(y, x) (``a_stride``: 0 for
+# one (1, K, M, M) stack shared by every position). ``out`` may be ``a``.
+RAMP_PRODUCT_SOURCE = r"""
+extern "C" __global__ void beamflow_ramp_product(
+    const float2* __restrict__ e, const float2* a, const long long a_stride, float2* out,
+    const int b, const int K, const int M, const int conj)
+{
+    const long long mm = (long long)M * M;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)b * K * mm) return;
+    const long long j = i / (K * mm);
+    const long long q = i - j * K * mm;
+    const long long p = q % mm;
+    const long long y = p / M;
+    const float2 ey = e[j * 2 * M + y];
+    const float2 ex = e[j * 2 * M + M + (p - y * M)];
+    float2 r = make_float2(ey.x * ex.x - ey.y * ex.y, ey.x * ex.y + ey.y * ex.x);
+    if (conj) r.y = -r.y;
+    const float2 v = a[j * a_stride + q];
+    out[i] = make_float2(r.x * v.x - r.y * v.y, r.x * v.y + r.y * v.x);
+}
+"""
 
 # One thread per (position j, pixel p) of a chunk: O_j(p) read from the object (H, W) at
 # the window's corner ``flat[j]`` (iy·W + ix) and written to ``oj`` (b, M, M), and the
@@ -167,6 +196,7 @@ class GpuKernels:
 
     def __init__(self, cp: Any):
         self._cp = cp
+        self._ramp_product = cp.RawKernel(RAMP_PRODUCT_SOURCE, "beamflow_ramp_product")
         self._exit_wave = cp.RawKernel(EXIT_WAVE_SOURCE, "beamflow_exit_wave")
         self._object_terms = cp.RawKernel(OBJECT_TERMS_SOURCE, "beamflow_object_terms")
         self._step_systems = cp.RawKernel(STEP_SYSTEMS_SOURCE, "beamflow_step_systems")
@@ -174,6 +204,21 @@ class GpuKernels:
             "complex64 o, complex64 x", "complex64 g", "g = conj(x) * o",
             "beamflow_conj_product")
         self._modulus: dict[bool, Any] = {}
+
+    def ramp_product(self, e: Any, a: Any, out: Any = None, conj: bool = False) -> Any:
+        """r_j·a_j (``conj``: conj(r_j)·a_j) for the ramps whose factors are ``e`` (b, 2, M)
+        and ``a`` (b or 1, K, M, M): a (b, K, M, M) array (``out``, which may be ``a``)."""
+        cp = self._cp
+        b, k, m = e.shape[0], a.shape[1], a.shape[-1]
+        a = cp.ascontiguousarray(a)
+        if out is None:
+            out = cp.empty((b, k, m, m), np.complex64)
+        n = b * k * m * m
+        self._ramp_product(
+            ((n + THREADS - 1) // THREADS,), (THREADS,),
+            (cp.ascontiguousarray(e), a, np.int64(0 if a.shape[0] == 1 else k * m * m), out,
+             np.int32(b), np.int32(k), np.int32(m), np.int32(conj)))
+        return out
 
     def exit_wave(self, obj: Any, flat: Any, pd: Any) -> tuple[Any, Any]:
         """(O_j, ψ_j): the windows of ``obj`` (H, W) at the corners ``flat`` (b,) (iy·W +

@@ -153,8 +153,9 @@ class LSQML(Algorithm):
                     if c.ramp is None:
                         sp = d_probe[None]
                     else:
-                        sp = be.ifft2(d_probe_hat[None] * c.ramp[:, None],
-                                      workers=core.fft_workers, scale=False)
+                        hat = (be.kernels.ramp_product(c.ramp, d_probe_hat[None])
+                               if be.kernels is not None else d_probe_hat[None] * c.ramp[:, None])
+                        sp = be.ifft2(hat, workers=core.fft_workers, scale=False)
                 if be.kernels is not None:  # the directions and their sums in one pass
                     rows.append(be.kernels.step_systems(pd, d_obj, c.flat, oj, sp, chi,
                                                         core.W))

@@ -161,8 +161,13 @@ class VariableProbe:
             pd[:, 0] = self._combine(w, core.probe[0], self.eigen)
             return pd
         ph = core.probe_hat()
-        spec = c.ramp[:, None] * ph[None]
-        spec[:, 0] = c.ramp * self._combine(w, ph[0], self._eigen_hat)
+        if core.backend.kernels is not None:  # the ramps made in the kernel (GPU)
+            spec = xp.broadcast_to(ph[None], (b,) + ph.shape).copy()
+            spec[:, 0] = self._combine(w, ph[0], self._eigen_hat)
+            spec = core.backend.kernels.ramp_product(c.ramp, spec, out=spec)
+        else:
+            spec = c.ramp[:, None] * ph[None]
+            spec[:, 0] = c.ramp * self._combine(w, ph[0], self._eigen_hat)
         return core.backend.ifft2(spec, workers=core.fft_workers, scale=False)
 
     def _combine(self, w: Any, u0: Any, eigen: Any) -> Any:
@@ -180,7 +185,10 @@ class VariableProbe:
         g = xp.conj(oj) * chi[:, 0]
         if c.ramp is not None:  # S_j^H: shift back by −δ_j
             g = be.fft2(g, workers=core.fft_workers)
-            g *= xp.conj(c.ramp)
+            if be.kernels is not None:
+                be.kernels.ramp_product(c.ramp, g[:, None], out=g[:, None], conj=True)
+            else:
+                g *= xp.conj(c.ramp)
             g = be.ifft2(g, workers=core.fft_workers)
         den = xp.square(oj.real) + xp.square(oj.imag)
         dmax = den.max(axis=(1, 2), keepdims=True)
