@@ -200,9 +200,13 @@ class GpuKernels:
         self._exit_wave = cp.RawKernel(EXIT_WAVE_SOURCE, "beamflow_exit_wave")
         self._object_terms = cp.RawKernel(OBJECT_TERMS_SOURCE, "beamflow_object_terms")
         self._step_systems = cp.RawKernel(STEP_SYSTEMS_SOURCE, "beamflow_step_systems")
+        # In place, the array is an output parameter that the body reads (as the modulus
+        # kernel's ψ): no input aliasing an output.
         self._conj_product = cp.ElementwiseKernel(
             "complex64 o, complex64 x", "complex64 g", "g = conj(x) * o",
             "beamflow_conj_product")
+        self._conj_product_in_place = cp.ElementwiseKernel(
+            "complex64 o", "complex64 g", "g = conj(g) * o", "beamflow_conj_product_in_place")
         self._modulus: dict[bool, Any] = {}
 
     def ramp_product(self, e: Any, a: Any, out: Any = None, conj: bool = False) -> Any:
@@ -285,6 +289,8 @@ class GpuKernels:
 
     def conj_product(self, o: Any, x: Any, out: Any) -> Any:
         """``out = conj(x) · o`` (``o`` broadcast over modes); ``out`` may be ``x``."""
+        if out is x:
+            return self._conj_product_in_place(o, x)
         return self._conj_product(o, x, out)
 
     def modulus(self, psi: Any, data: Any, mask: Any, eps: Any) -> Any:
