@@ -226,6 +226,12 @@ class CountingKernels(ReferenceKernels):
         _launch(_nbytes(o, x, out))
         return out
 
+    def preconditioned_step(self, num: Any, den: Any, dmax: Any, c_den: float,
+                            c_max: float) -> Any:
+        super().preconditioned_step(_host(num), _host(den), _host(dmax), c_den, c_max)
+        _launch(2 * num.nbytes + den.nbytes)
+        return num
+
     def modulus(self, psi: Any, data: Any, mask: Any, eps: Any) -> Any:
         loss = super().modulus(_host(psi), _host(data), _host(mask), eps)
         _launch(2 * psi.nbytes + _nbytes(data, mask) + 4 * psi.size)  # psi, I, mask; r2

@@ -70,6 +70,15 @@ class ReferenceKernels:
     def conj_product(self, o: np.ndarray, x: np.ndarray, out: np.ndarray) -> np.ndarray:
         return np.multiply(np.conj(x), o, out=out)
 
+    def preconditioned_step(self, num: np.ndarray, den: np.ndarray, dmax: Any, c_den: float,
+                            c_max: float) -> np.ndarray:
+        # rPIE's array code, in its order (den·c_den, + c_max·max, 1/x, ×): the same bits
+        t = den * np.float32(c_den) if c_den != 1.0 else den.copy()
+        t += c_max * dmax
+        np.reciprocal(t, out=t)
+        num *= t
+        return num
+
     def modulus(self, psi: np.ndarray, data: np.ndarray, mask: np.ndarray,
                 eps: Any) -> np.ndarray:
         amp = np.sqrt(data.astype(np.float32)) if data.dtype == np.uint16 else data

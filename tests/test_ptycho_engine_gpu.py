@@ -148,6 +148,20 @@ def test_ramp_product_kernel_matches_the_array_code(conj):
     np.testing.assert_allclose(backend.to_host(got), want, rtol=1e-5, atol=1e-6)
 
 
+def test_preconditioned_step_kernel_matches_the_array_code():
+    """rPIE's step on a strided box of the accumulators, with a 0-d device maximum."""
+    backend = array_backend("cuda")
+    rng = np.random.default_rng(4)
+    num, den = _waves(rng, 50, 60), rng.random((50, 60)).astype(np.float32)
+    a = 0.1
+    want = num[5:40, 7:50] / ((1 - a) * den[5:40, 7:50] + a * den.max())
+    dn, dd = backend.to_device(num), backend.to_device(den)
+    box = dn[5:40, 7:50]
+    backend.kernels.preconditioned_step(box, dd[5:40, 7:50], dd.max(), 1 - a, a)
+    np.testing.assert_allclose(backend.to_host(box), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(backend.to_host(dn)[:5], num[:5])  # outside the box
+
+
 def test_conj_product_kernel_matches_the_array_code():
     backend = array_backend("cuda")
     rng = np.random.default_rng(3)

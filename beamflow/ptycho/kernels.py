@@ -28,6 +28,9 @@ same arithmetic in one pass. The array code they stand for is the specification:
   dozen launches; the kernel reads each operand once and writes five numbers a position.
 * :meth:`GpuKernels.conj_product` — conj(χ_jk)·O_j for the probe terms: a conjugate and a
   product (5 passes) as one (3).
+* :meth:`GpuKernels.preconditioned_step` — rPIE's (and mPIE's) preconditioned steps,
+  num / ((1−α)·den + α·max): four kernels (scale, the 0-d product, add, reciprocal) and the
+  product as one, over the batch's object box and over the probe.
 * :meth:`GpuKernels.modulus` — the one-mode modulus projection: |Ψ|, the residual, its square
   for the loss and the correction (seven passes) as one kernel and one sum.
 
@@ -208,6 +211,10 @@ class GpuKernels:
         self._conj_product_in_place = cp.ElementwiseKernel(
             "complex64 o", "complex64 g", "g = conj(g) * o", "beamflow_conj_product_in_place")
         self._modulus: dict[bool, Any] = {}
+        self._preconditioned_step = cp.ElementwiseKernel(
+            "float32 den, float32 dmax, float32 c_den, float32 c_max", "complex64 num",
+            "num = num * (1.0f / (den * c_den + c_max * dmax))",
+            "beamflow_preconditioned_step")
 
     def ramp_product(self, e: Any, a: Any, out: Any = None, conj: bool = False) -> Any:
         """r_j·a_j (``conj``: conj(r_j)·a_j) for the ramps whose factors are ``e`` (b, 2, M)
@@ -292,6 +299,13 @@ class GpuKernels:
         if out is x:
             return self._conj_product_in_place(o, x)
         return self._conj_product(o, x, out)
+
+    def preconditioned_step(self, num: Any, den: Any, dmax: Any, c_den: float,
+                            c_max: float) -> Any:
+        """``num ← num / (c_den·den + c_max·dmax)`` in place (``dmax``: a 0-d device array
+        or a float); returns ``num``."""
+        self._preconditioned_step(den, dmax, np.float32(c_den), np.float32(c_max), num)
+        return num
 
     def modulus(self, psi: Any, data: Any, mask: Any, eps: Any) -> Any:
         """The modulus projection of one-mode waves ``psi`` (b, M, M) in place: ``psi *=

@@ -25,6 +25,9 @@ class RPIE(PIEFamily):
 
     def object_step(self, num: Any, den: Any, den_max: float) -> Any:
         a = self.params.alpha_value
+        kernels = self.core.backend.kernels
+        if kernels is not None:  # a GPU: the same step in one kernel
+            return kernels.preconditioned_step(num, den, den_max, 1.0 - a, a)
         den *= 1.0 - a
         den += a * den_max
         # num/den for complex/real is a complex division in numpy: a real reciprocal and a
@@ -35,4 +38,7 @@ class RPIE(PIEFamily):
 
     def probe_step(self, num: Any, den: Any, den_max: float) -> Any:
         b = self.params.beta_value
+        kernels = self.core.backend.kernels
+        if kernels is not None:  # ``num`` is the caller's own new array
+            return kernels.preconditioned_step(num, den, den_max, 1.0 - b, b)
         return num / ((1.0 - b) * den + b * den_max)
