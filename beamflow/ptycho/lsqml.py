@@ -132,6 +132,8 @@ class LSQML(Algorithm):
             d_obj = sw.accs[0].num
 
             def direction(num: Any, den: Any, dmax: float, _sl: Any) -> Any:
+                if be.kernels is not None:  # a GPU: the same step in one kernel
+                    return be.kernels.preconditioned_step(num, den, dmax, 1.0, alpha)
                 den += alpha * dmax
                 xp.reciprocal(den, out=den)
                 num *= den
@@ -143,7 +145,10 @@ class LSQML(Algorithm):
             pnum, pden = self.probe_sums(sums)
             # In place on the new array from probe_from_terms: complex64 already.
             d_probe = core.probe_from_terms(pnum)
-            d_probe /= pden + alpha * be.scalar(pden.max())
+            if be.kernels is not None:
+                be.kernels.preconditioned_step(d_probe, pden, be.scalar(pden.max()), 1.0, alpha)
+            else:
+                d_probe /= pden + alpha * be.scalar(pden.max())
             if core.subpixel:
                 d_probe_hat = core.spectrum(d_probe)
 
