@@ -221,6 +221,11 @@ class CountingKernels(ReferenceKernels):
         _launch(_nbytes(pd, flat, oj, sp, chi, out) + window)
         return _dev(out)
 
+    def step_lengths(self, tot: Any, both: bool, damping: float) -> Any:
+        out = super().step_lengths(_host(tot), both, damping)
+        _launch(_nbytes(tot, out))
+        return _dev(out)
+
     def conj_product(self, o: Any, x: Any, out: Any) -> Any:
         super().conj_product(_host(o), _host(x), _host(out))
         _launch(_nbytes(o, x, out))

@@ -67,6 +67,17 @@ class ReferenceKernels:
         return np.stack([rdot(d0, d0), rdot(d0, d1), rdot(d1, d1), rdot(d0, chi),
                          rdot(d1, chi)], axis=1)
 
+    def step_lengths(self, tot: np.ndarray, both: bool, damping: float) -> np.ndarray:
+        lam = 1e-6 * (tot[0] + tot[2]) + 1e-30
+        d11, d22 = tot[0] + lam, tot[2] + lam
+        if both:
+            det = d11 * d22 - tot[1] ** 2
+            betas = np.array([d22 * tot[3] - tot[1] * tot[4], d11 * tot[4] - tot[1] * tot[3]])
+            betas /= det
+        else:
+            betas = np.array([tot[3] / d11, tot[4] / d22])
+        return np.float32(damping) * np.maximum(betas, 0.0).astype(np.float32)
+
     def conj_product(self, o: np.ndarray, x: np.ndarray, out: np.ndarray) -> np.ndarray:
         return np.multiply(np.conj(x), o, out=out)
 

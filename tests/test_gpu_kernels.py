@@ -23,6 +23,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import types
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from beamflow.ptycho.kernels import (
     EXIT_WAVE_SOURCE,
     OBJECT_TERMS_SOURCE,
     RAMP_PRODUCT_SOURCE,
+    STEP_LENGTHS_SOURCE,
     STEP_SYSTEMS_SOURCE,
     SYSTEM_THREADS,
     THREADS,
@@ -109,8 +111,16 @@ extern "C" void run_ramp_product(
         }
 }
 """
+STEP_LENGTHS_DRIVER = r"""
+extern "C" void run_step_lengths(const double* t, float* out, int both, float damping)
+{
+    blockDim.x = 1; blockIdx.x = 0; threadIdx.x = 0;
+    beamflow_step_lengths(t, out, both, damping);
+}
+"""
 SOURCES = {"exit_wave": EXIT_WAVE_SOURCE, "object_terms": OBJECT_TERMS_SOURCE,
-           "ramp_product": RAMP_PRODUCT_SOURCE, "step_systems": STEP_SYSTEMS_SOURCE}
+           "ramp_product": RAMP_PRODUCT_SOURCE, "step_lengths": STEP_LENGTHS_SOURCE,
+           "step_systems": STEP_SYSTEMS_SOURCE}
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +132,8 @@ def cpu_kernels(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     src = d / "kernels.cpp"
     src.write_text(PRELUDE + OBJECT_TERMS_SOURCE + OBJECT_TERMS_DRIVER + STEP_SYSTEMS_SOURCE
                    + STEP_SYSTEMS_DRIVER + EXIT_WAVE_SOURCE + EXIT_WAVE_DRIVER
-                   + RAMP_PRODUCT_SOURCE + RAMP_PRODUCT_DRIVER)
+                   + RAMP_PRODUCT_SOURCE + RAMP_PRODUCT_DRIVER + STEP_LENGTHS_SOURCE
+                   + STEP_LENGTHS_DRIVER)
     lib = d / "kernels.so"
     done = subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)],
                           capture_output=True, text=True)
@@ -282,6 +293,29 @@ def test_step_systems_kernel_sums_what_the_array_code_sums(cpu_kernels, upd_obj,
     want = np.stack(want, axis=1).astype(np.float64)
     assert np.abs(want).min(where=want != 0, initial=np.inf) > 0
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("both", [True, False], ids=["both", "one"])
+@pytest.mark.parametrize("tot", [
+    [4.0, 1.0, 3.0, 2.0, 1.5],     # a well-posed batch
+    [4.0, 1.0, 3.0, -2.0, 1.5],    # β_O < 0: clipped, never a step against the direction
+    [0.0, 0.0, 3.0, 0.0, 1.5],     # no object direction (its sums zero)
+], ids=["posed", "clipped", "no-object"])
+def test_step_lengths_kernel_solves_as_the_array_code(cpu_kernels, both, tot):
+    """LSQ-ML's step pair from the batch's summed system: the kernel against
+    LSQML._step_lengths on the CPU (float64 solve; float32 damped steps)."""
+    from beamflow.ptycho import ReconParams, array_backend
+    from beamflow.ptycho.lsqml import LSQML
+
+    t = np.array(tot, np.float64)
+    out = np.empty(2, np.float32)
+    cpu_kernels.run_step_lengths(_ptr(t), _ptr(out), int(both), ctypes.c_float(0.9))
+    alg = LSQML.__new__(LSQML)  # the solve needs only its parameters and a CPU core
+    alg.params = ReconParams(algorithm="lsqml")
+    alg.core = types.SimpleNamespace(backend=array_backend("cpu", threads=1), xp=np)
+    want = alg._step_lengths(t, both)
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+    assert (out >= 0).all()
 
 
 def _nvrtc() -> ctypes.CDLL | None:

@@ -26,6 +26,8 @@ same arithmetic in one pass. The array code they stand for is the specification:
   2×2 system, Re Σ conj(d_s)·d_t and Re Σ conj(d_s)·χ_j. Array code: two gathers, two
   products into a (b, 2, K, M, M) stack, and products and sums over it — ~30 passes and a
   dozen launches; the kernel reads each operand once and writes five numbers a position.
+* :meth:`GpuKernels.step_lengths` — the batch's 2×2 solve from the five summed sums, the
+  clip at 0 and the damping: ~14 kernels on 0-d and (2,) arrays as one thread.
 * :meth:`GpuKernels.conj_product` — conj(χ_jk)·O_j for the probe terms: a conjugate and a
   product (5 passes) as one (3).
 * :meth:`GpuKernels.preconditioned_step` — rPIE's (and mPIE's) preconditioned steps,
@@ -46,7 +48,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["EXIT_WAVE_SOURCE", "OBJECT_TERMS_SOURCE", "RAMP_PRODUCT_SOURCE",
-           "STEP_SYSTEMS_SOURCE", "SYSTEM_THREADS", "GpuKernels", "THREADS"]
+           "STEP_LENGTHS_SOURCE", "STEP_SYSTEMS_SOURCE", "SYSTEM_THREADS", "GpuKernels",
+           "THREADS"]
 
 THREADS = 256
 
@@ -194,6 +197,31 @@ extern "C" __global__ void beamflow_step_systems(
 """
 
 
+# LSQ-ML's step pair from the batch's summed system ``t`` = [a11, a12, a22, b1, b2]
+# (float64): with both directions the 2×2 solve, else each alone (β = b/(a + λ)); λ a
+# relative regulariser; then clipped at 0 and damped, as float32 (one thread: five numbers).
+STEP_LENGTHS_SOURCE = r"""
+extern "C" __global__ void beamflow_step_lengths(
+    const double* __restrict__ t, float* __restrict__ out, const int both, const float damping)
+{
+    if (blockIdx.x * blockDim.x + threadIdx.x != 0) return;
+    const double lam = 1e-6 * (t[0] + t[2]) + 1e-30;
+    const double d11 = t[0] + lam, d22 = t[2] + lam;
+    double bo, bp;
+    if (both) {
+        const double det = d11 * d22 - t[1] * t[1];
+        bo = (d22 * t[3] - t[1] * t[4]) / det;
+        bp = (d11 * t[4] - t[1] * t[3]) / det;
+    } else {
+        bo = t[3] / d11;
+        bp = t[4] / d22;
+    }
+    out[0] = damping * (float)(bo > 0.0 ? bo : 0.0);
+    out[1] = damping * (float)(bp > 0.0 ? bp : 0.0);
+}
+"""
+
+
 class GpuKernels:
     """The fused kernels on CuPy ``cp`` (compiled on first use, cached by CuPy)."""
 
@@ -203,6 +231,7 @@ class GpuKernels:
         self._exit_wave = cp.RawKernel(EXIT_WAVE_SOURCE, "beamflow_exit_wave")
         self._object_terms = cp.RawKernel(OBJECT_TERMS_SOURCE, "beamflow_object_terms")
         self._step_systems = cp.RawKernel(STEP_SYSTEMS_SOURCE, "beamflow_step_systems")
+        self._step_lengths = cp.RawKernel(STEP_LENGTHS_SOURCE, "beamflow_step_lengths")
         # In place, the array is an output parameter that the body reads (as the modulus
         # kernel's ψ): no input aliasing an output.
         self._conj_product = cp.ElementwiseKernel(
@@ -292,6 +321,15 @@ class GpuKernels:
              np.int64(0 if sp.shape[0] == 1 else k * m * m), chi, out, np.int32(b),
              np.int32(k), np.int32(m), np.int64(w), np.int32(upd_obj), np.int32(upd_probe),
              np.int32(SYSTEM_THREADS)))
+        return out
+
+    def step_lengths(self, tot: Any, both: bool, damping: float) -> Any:
+        """(β_O, β_P) (2,) float32 on the device from the summed system ``tot`` (5,) float64
+        (see :data:`STEP_LENGTHS_SOURCE`)."""
+        cp = self._cp
+        out = cp.empty(2, np.float32)
+        self._step_lengths((1,), (1,), (cp.ascontiguousarray(tot), out, np.int32(both),
+                                        np.float32(damping)))
         return out
 
     def conj_product(self, o: Any, x: Any, out: Any) -> Any:

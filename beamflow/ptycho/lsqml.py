@@ -213,21 +213,32 @@ class LSQML(Algorithm):
             # iterations). The sum weights each position by its ‖d_j‖², so positions with
             # a tiny a11 and a huge ratio do not dominate either.
             tot = sys.sum(axis=0)
-            lam = 1e-6 * (tot[0] + tot[2]) + 1e-30
-            diag = tot[0:3:2] + lam  # a11 + λ, a22 + λ
-            b12, b21 = tot[3:5], tot[4:2:-1]  # (b1, b2) and (b2, b1)
-            if upd_obj and upd_probe:
-                det = diag[0] * diag[1] - tot[1] ** 2
-                # β_O = ((a22+λ) b1 − a12 b2)/det, β_P = ((a11+λ) b2 − a12 b1)/det
-                betas = diag[::-1] * b12 - tot[1] * b21
-                betas /= det
-            else:
-                betas = b12 / diag
-            # Clipped at 0 (never a step against the direction) and damped.
-            step_o, step_p = be.scalars(xp.maximum(betas, 0.0), self.params.beta_value)
+            step_o, step_p = self._step_lengths(tot, upd_obj and upd_probe)
             if upd_obj:
                 region = core.obj[bb]
                 xp.add(region, step_o * d_obj[bb], out=region)
             if upd_probe:
                 core.probe += step_p * d_probe
                 core.probe_changed()
+
+    def _step_lengths(self, tot: Any, both: bool) -> tuple[Any, Any]:
+        """(β_O, β_P) from the batch's summed system ``tot`` = [a11, a12, a22, b1, b2]:
+        the 2×2 solve (each alone when one direction is not updated), clipped at 0 — never
+        a step against the direction — and damped by ``beta``; as
+        :meth:`ArrayBackend.scalars` gives them. On a GPU one kernel does it."""
+        be, xp = self.core.backend, self.core.xp
+        if be.kernels is not None:
+            steps = be.kernels.step_lengths(tot, both, self.params.beta_value)
+            return steps[0], steps[1]
+        lam = 1e-6 * (tot[0] + tot[2]) + 1e-30
+        diag = tot[0:3:2] + lam  # a11 + λ, a22 + λ
+        b12, b21 = tot[3:5], tot[4:2:-1]  # (b1, b2) and (b2, b1)
+        if both:
+            det = diag[0] * diag[1] - tot[1] ** 2
+            # β_O = ((a22+λ) b1 − a12 b2)/det, β_P = ((a11+λ) b2 − a12 b1)/det
+            betas = diag[::-1] * b12 - tot[1] * b21
+            betas /= det
+        else:
+            betas = b12 / diag
+        step_o, step_p = be.scalars(xp.maximum(betas, 0.0), self.params.beta_value)
+        return step_o, step_p
