@@ -162,6 +162,21 @@ def test_preconditioned_step_kernel_matches_the_array_code():
     np.testing.assert_array_equal(backend.to_host(dn)[:5], num[:5])  # outside the box
 
 
+@pytest.mark.parametrize("both", [True, False])
+def test_step_lengths_kernel_matches_the_array_code(both):
+    import types
+
+    from beamflow.ptycho.lsqml import LSQML
+
+    backend = array_backend("cuda")
+    tot = np.array([4.0, 1.0, 3.0, 2.0, -1.5])
+    got = backend.to_host(backend.kernels.step_lengths(backend.to_device(tot), both, 0.9))
+    alg = LSQML.__new__(LSQML)
+    alg.params = ReconParams(algorithm="lsqml")
+    alg.core = types.SimpleNamespace(backend=array_backend("cpu", threads=1), xp=np)
+    np.testing.assert_allclose(got, alg._step_lengths(tot, both), rtol=1e-6)
+
+
 def test_conj_product_kernel_matches_the_array_code():
     backend = array_backend("cuda")
     rng = np.random.default_rng(3)
