@@ -62,9 +62,10 @@ the middle of CuPy's 5-10 µs on a current CPU — measure it on the GPU host an
 kernel there), ``launch_ratio`` that over ``floor_seconds``: above 1 the case is
 launch-bound before it is memory-bound. The stand-in runs the iteration's arithmetic in
 numpy on one thread (seconds at 4000 × 128², minutes at 10000 × 256²); ``--no-launches``
-skips it. What it counts differs from CuPy in small ways: the fused modulus kernel (CuPy
-only) is 2 launches where the stand-in counts 6 or 7, and CuPy's allocations (``zeros``) and
-its ``broadcast_to`` (a view) are not/are counted the other way round.
+skips it. The fused kernels (``beamflow/ptycho/kernels.py``) run there as their numpy
+references (``tests/reference_kernels.py``), each counted as the one launch it is on CuPy
+(the modulus kernel two: it and its sum). What it counts differs from CuPy in small ways:
+CuPy's allocations (``zeros``) are not counted and its ``broadcast_to`` (a view) is.
 
 Counted traffic and the model: the stand-in also counts the bytes each kernel reads and
 writes in device memory (``tests/counting_cupy.py`` says how), so the engine's own traffic
