@@ -1,8 +1,8 @@
 """A counting stand-in for CuPy: numpy memory behind the GPU code path of
 :class:`~beamflow.ptycho.arrays.ArrayBackend`, whose arrays count element-wise and reduction
-kernels, fancy-index gathers, FFTs and scatters (``COUNTS["launch"]``), the bytes those
-kernels read and write in device memory (``"bytes"``), uploads (``"upload"``) and every
-conversion to a host value (``"read"``).
+kernels, fancy-index gathers and window writes, FFTs and the fused kernels
+(``COUNTS["launch"]``), the bytes those kernels read and write in device memory
+(``"bytes"``), uploads (``"upload"``) and every conversion to a host value (``"read"``).
 
 Used by ``tests/test_device_syncs.py`` (what keeps the engine's speed on a GPU when no GPU is
 in the loop) and by ``benchmarks/bench_gpu.py`` (launches per iteration of each case). It
@@ -12,10 +12,11 @@ not.
 
 Bytes are what each kernel reads and writes once, as a memory-bound GPU kernel would: every
 operand array's and result's size (a broadcast operand counts its own size: it is read
-through the cache); a gather reads and writes its result and reads its index; a scatter-add
-reads its values and index and reads and writes the places it adds to; an FFT reads and
-writes its array once (cuFFT's small 2-D transforms are one pass). Reductions count their
-input. ``benchmarks/bench_gpu.py`` turns them into a modelled time on a card.
+through the cache); a gather reads and writes its result and reads its index; a window
+write reads its values and index and writes the places; an FFT reads and writes its array
+once (cuFFT's small 2-D transforms are one pass); the fused kernels count what they read
+and write (``CountingKernels``). Reductions count their input. ``benchmarks/bench_gpu.py``
+turns them into a modelled time on a card.
 """
 
 from __future__ import annotations
@@ -184,11 +185,6 @@ def _synchronize() -> None:
     COUNTS["read"] += 1
 
 
-def _scatter_add(a: Any, idx: Any, values: Any) -> None:
-    _launch(3 * _nbytes(values) + _nbytes(idx))
-    np.add.at(_host(a), _host(idx), _host(values))
-
-
 class CountingKernels(ReferenceKernels):
     """The fused kernels as :class:`ReferenceKernels` computes them, each counted as one
     launch (the modulus projection two: the kernel and its sum) with the bytes the kernel
@@ -245,9 +241,8 @@ class CountingKernels(ReferenceKernels):
 
 
 def counting_modules() -> dict[str, types.ModuleType]:
-    """The ``cupyx`` modules the GPU code path imports (scatter-add, FFTs), counting."""
+    """The ``cupyx`` modules the GPU code path imports (its FFTs), counting."""
     cupyx = types.ModuleType("cupyx")
-    cupyx.scatter_add = _scatter_add
     scipy_mod = types.ModuleType("cupyx.scipy")
     fft_mod = types.ModuleType("cupyx.scipy.fft")
     fft_mod.fft2, fft_mod.ifft2 = _fft(True), _fft(False)

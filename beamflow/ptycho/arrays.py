@@ -385,7 +385,7 @@ class ArrayBackend:
         optional): :meth:`window_index` of the corners, made once for several calls.
         """
         if self.is_gpu:
-            idx = index if index is not None else self._flat_index(arr.shape[1], iy, ix, m, 1,
+            idx = index if index is not None else self._flat_index(arr.shape[1], iy, ix, m,
                                                                    flat)
             return self.xp.take(arr.ravel(), idx, out=out)
         # fancy indexing of the (H-m+1, W-m+1, m, m) window view copies b contiguous-row
@@ -396,12 +396,13 @@ class ArrayBackend:
         out[...] = view[iy, ix]
         return out
 
-    def scatter_add(self, acc: Any, patches: Any, iy: np.ndarray, ix: np.ndarray,
-                    flat: Any = None) -> None:
-        """``acc[iy_j:iy_j+m, ix_j:ix_j+m, ...] += patches[j]`` for every j (overlaps add).
+    def scatter_add(self, acc: Any, patches: Any, iy: np.ndarray, ix: np.ndarray) -> None:
+        """``acc[iy_j:iy_j+m, ix_j:ix_j+m, ...] += patches[j]`` for every j (overlaps add);
+        the CPU's object accumulation (a GPU adds a chunk's terms in one fused kernel,
+        :meth:`.kernels.GpuKernels.object_terms`).
 
         ``acc`` is (H, W, *tail) and ``patches`` (b, m, m, *tail), same dtype.
-        CPU: a loop of b in-place slice adds. It beat ``np.add.at`` on flat indices
+        A loop of b in-place slice adds. It beat ``np.add.at`` on flat indices
         (1.3-1.8x), ``np.bincount`` (~4x) and ``np.add.at`` on a window view (4-7x) for 400
         patches of 64x64 complex64 (benchmarks/bench_engine.py --scatter-only). Each slice
         add is row-bound (~0.15 µs per row), so separate arrays beat packing them. Each also
@@ -410,24 +411,10 @@ class ArrayBackend:
         as a scatter-add is one call that releases the GIL and scales (1.3-1.5x with two),
         but costs 1.25-1.5x the loop's CPU: in the engine on 2 cores it made an rPIE
         iteration ~5 % slower against the FFT floor, so the loop stays.
-        GPU: one atomic scatter-add kernel over flat indices (``flat``: as in :meth:`gather`,
-        for an ``acc`` of W columns).
         """
-        m = patches.shape[1]
         if self.is_gpu:
-            cp = self._cupy
-            tail = int(np.prod(acc.shape[2:], dtype=np.int64))
-            a = acc.reshape(acc.shape[0], acc.shape[1] * tail)
-            p = patches.reshape(patches.shape[0], m, m * tail)
-            if a.dtype.kind == "c":  # atomics on the float32 halves
-                a = a.view(cp.float32)
-                p = p.view(cp.float32)
-                tail *= 2
-            idx = self._flat_index(a.shape[1], iy, ix * tail, m, tail, flat)
-            import cupyx  # noqa: PLC0415
-
-            cupyx.scatter_add(a.ravel(), idx.ravel(), p.ravel())
-            return
+            raise ArrayBackendError("scatter_add is the CPU's; a GPU uses its fused kernels")
+        m = patches.shape[1]
         for j in range(len(iy)):
             y, x = int(iy[j]), int(ix[j])
             acc[y : y + m, x : x + m] += patches[j]
@@ -449,7 +436,7 @@ class ArrayBackend:
         (``flat``, ``index``: as in :meth:`gather`)."""
         m = patches.shape[1]
         if self.is_gpu:
-            idx = index if index is not None else self._flat_index(arr.shape[1], iy, ix, m, 1,
+            idx = index if index is not None else self._flat_index(arr.shape[1], iy, ix, m,
                                                                    flat)
             arr.ravel()[idx.ravel()] = patches.ravel()
             return
@@ -462,24 +449,24 @@ class ArrayBackend:
         (iy·row_len + ix, on the device) in a row-major array of ``row_len`` columns — for
         :meth:`gather` and :meth:`scatter_set` on several arrays of that shape (one kernel
         for all of them)."""
-        return self._flat_index(row_len, None, None, m, 1, flat)
+        return self._flat_index(row_len, None, None, m, flat)
 
-    def _flat_index(self, row_len: int, iy: np.ndarray, ix: np.ndarray, m: int, tail: int,
-                    flat: Any = None):
-        """Device int64 flat indices (b, m, m*tail) of patches in a row-major 2-D array.
+    def _flat_index(self, row_len: int, iy: np.ndarray, ix: np.ndarray, m: int,
+                    flat: Any = None) -> Any:
+        """Device int64 flat indices (b, m, m) of m×m windows in a row-major 2-D array of
+        ``row_len`` columns.
 
-        The window's own offsets (r·row_len + c) are made once per shape and kept: every
-        kernel saved here is saved three times per chunk (a gather and two scatters). With
-        ``flat`` (iy·W + ix, W = row_len / tail) the corners cost one kernel, or none."""
+        The window's own offsets (r·row_len + c) are made once per shape and kept. With
+        ``flat`` (iy·row_len + ix, on the device) the corners cost no kernel."""
         xp = self.xp
-        key = (row_len, m, tail)
+        key = (row_len, m)
         offsets = self._offsets.get(key)
         if offsets is None:
             r = xp.arange(m, dtype=xp.int64)[:, None] * row_len
-            c = xp.arange(m * tail, dtype=xp.int64)[None, :]
+            c = xp.arange(m, dtype=xp.int64)[None, :]
             offsets = self._offsets[key] = (r + c)[None]
         if flat is not None:
-            base = flat if tail == 1 else flat * tail
+            base = flat
         else:
             # Corners may be host arrays (uploaded here) or already on the device (no copy).
             base = xp.asarray(iy, dtype=xp.int64) * row_len + xp.asarray(ix, dtype=xp.int64)
