@@ -228,10 +228,19 @@ class CountingKernels(ReferenceKernels):
         return out
 
     def preconditioned_step(self, num: Any, den: Any, dmax: Any, c_den: float,
-                            c_max: float) -> Any:
-        super().preconditioned_step(_host(num), _host(den), _host(dmax), c_den, c_max)
-        _launch(2 * num.nbytes + den.nbytes)
-        return num
+                            c_max: float, into: Any = None) -> Any:
+        super().preconditioned_step(_host(num), _host(den), _host(dmax), c_den, c_max,
+                                    _host(into))
+        if into is None:
+            _launch(2 * num.nbytes + den.nbytes)
+            return num
+        _launch(num.nbytes + den.nbytes + 2 * into.nbytes)
+        return into
+
+    def axpy(self, y: Any, a: Any, x: Any) -> Any:
+        super().axpy(_host(y), _host(a), _host(x))
+        _launch(2 * y.nbytes + x.nbytes)
+        return y
 
     def modulus(self, psi: Any, data: Any, mask: Any, eps: Any) -> Any:
         loss = super().modulus(_host(psi), _host(data), _host(mask), eps)

@@ -82,13 +82,20 @@ class ReferenceKernels:
         return np.multiply(np.conj(x), o, out=out)
 
     def preconditioned_step(self, num: np.ndarray, den: np.ndarray, dmax: Any, c_den: float,
-                            c_max: float) -> np.ndarray:
+                            c_max: float, into: np.ndarray | None = None) -> np.ndarray:
         # rPIE's array code, in its order (den·c_den, + c_max·max, 1/x, ×): the same bits
         t = den * np.float32(c_den) if c_den != 1.0 else den.copy()
         t += c_max * dmax
         np.reciprocal(t, out=t)
+        if into is not None:
+            into += num * t
+            return into
         num *= t
         return num
+
+    def axpy(self, y: np.ndarray, a: Any, x: np.ndarray) -> np.ndarray:
+        y += a * x
+        return y
 
     def modulus(self, psi: np.ndarray, data: np.ndarray, mask: np.ndarray,
                 eps: Any) -> np.ndarray:

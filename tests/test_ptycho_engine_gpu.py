@@ -160,6 +160,17 @@ def test_preconditioned_step_kernel_matches_the_array_code():
     backend.kernels.preconditioned_step(box, dd[5:40, 7:50], dd.max(), 1 - a, a)
     np.testing.assert_allclose(backend.to_host(box), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(backend.to_host(dn)[:5], num[:5])  # outside the box
+    # added into the object's box instead (rPIE's update), and LSQ-ML's scaled direction
+    obj = _waves(rng, 50, 60)
+    do = backend.to_device(obj)
+    backend.kernels.preconditioned_step(backend.to_device(num)[5:40, 7:50], dd[5:40, 7:50],
+                                        dd.max(), 1 - a, a, into=do[5:40, 7:50])
+    np.testing.assert_allclose(backend.to_host(do)[5:40, 7:50], obj[5:40, 7:50] + want,
+                               rtol=1e-5, atol=1e-5)
+    backend.kernels.axpy(do[5:40, 7:50], backend.to_device(np.float32(0.5)), box)
+    np.testing.assert_allclose(backend.to_host(do)[5:40, 7:50],
+                               obj[5:40, 7:50] + want + 0.5 * want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(backend.to_host(do)[:5], obj[:5])
 
 
 @pytest.mark.parametrize("both", [True, False])

@@ -317,7 +317,8 @@ class Core:
 
     def update_object(self, accs: Sequence[ObjectAccumulator], bb: tuple[slice, slice],
                       step: Callable[[Any, Any, float, tuple[slice, slice]], Any],
-                      target: Any = None, replace: bool = False, write: bool = True) -> None:
+                      target: Any = None, replace: bool = False, write: bool = True,
+                      preconditioner: tuple[float, float] | None = None) -> None:
         """Apply an accumulated object update over the box ``bb``, in row slabs in parallel.
 
         ``step(num, den, den_max, region)`` gets the summed numerator/denominator of a slab
@@ -325,7 +326,9 @@ class Core:
         increment (or, with ``replace``, the new values) for ``target[region]`` (default:
         the object). ``write=False``: nothing is written; a step that works in place leaves
         its results in the first accumulator's numerator over ``bb`` (where the parts'
-        sums are combined) — no copy of the box.
+        sums are combined) — no copy of the box. ``preconditioner`` (c_den, c_max): the
+        step is num / (c_den·den + c_max·den_max), which a GPU then adds to the target in
+        one kernel (:meth:`.kernels.GpuKernels.preconditioned_step` with ``into``).
         """
         tgt = self.obj if target is None else target
         area = (bb[0].stop - bb[0].start) * (bb[1].stop - bb[1].start)
@@ -338,8 +341,14 @@ class Core:
                else xp.stack([d.max() for _, d in combined]).max())
         dmax = self.backend.scalar(top)
 
+        kernels = self.backend.kernels
+        fused = kernels is not None and preconditioner is not None and write and not replace
+
         def apply(t: int, sl: tuple[slice, slice]) -> None:
             num, den = combined[t]
+            if fused:
+                kernels.preconditioned_step(num, den, dmax, *preconditioner, into=tgt[sl])
+                return
             upd = step(num, den, dmax, sl)
             if not write:
                 return

@@ -216,9 +216,15 @@ class LSQML(Algorithm):
             step_o, step_p = self._step_lengths(tot, upd_obj and upd_probe)
             if upd_obj:
                 region = core.obj[bb]
-                xp.add(region, step_o * d_obj[bb], out=region)
+                if be.kernels is not None:  # one pass over the box instead of two
+                    be.kernels.axpy(region, step_o, d_obj[bb])
+                else:
+                    xp.add(region, step_o * d_obj[bb], out=region)
             if upd_probe:
-                core.probe += step_p * d_probe
+                if be.kernels is not None:
+                    be.kernels.axpy(core.probe, step_p, d_probe)
+                else:
+                    core.probe += step_p * d_probe
                 core.probe_changed()
 
     def _step_lengths(self, tot: Any, both: bool) -> tuple[Any, Any]:

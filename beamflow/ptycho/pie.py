@@ -27,6 +27,9 @@ class PIEFamily(Algorithm):
     # Whether object_step writes into ``den``: in sparse mode it then gets a copy of the
     # shared probe intensity per set (ePIE's step reads only the maximum: no copy kernel).
     object_step_writes_den = True
+    # (c_den, c_max) when object_step is num / (c_den·den + c_max·max): a GPU then adds it to
+    # the object in the same kernel (Core.update_object).
+    object_preconditioner: tuple[float, float] | None = None
 
     def object_step(self, num: Any, den: Any, den_max: float) -> Any:  # pragma: no cover
         """The object increment from Σconj(P)χ, Σ|P|² and its maximum (may overwrite
@@ -65,7 +68,7 @@ class PIEFamily(Algorithm):
         core = self.core
         if sw.accs is not None:
             core.update_object(sw.accs, sw.bbox, lambda num, den, dmax, _sl: self.object_step(
-                num, den, dmax))
+                num, den, dmax), preconditioner=self.object_preconditioner)
         if sw.update_probe:
             pnum, pden = self.probe_sums(sums)
             delta = core.probe_from_terms(pnum)

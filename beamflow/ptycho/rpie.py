@@ -23,11 +23,16 @@ __all__ = ["RPIE"]
 class RPIE(PIEFamily):
     name = "rpie"
 
+    @property
+    def object_preconditioner(self) -> tuple[float, float]:
+        a = self.params.alpha_value
+        return 1.0 - a, a
+
     def object_step(self, num: Any, den: Any, den_max: float) -> Any:
         a = self.params.alpha_value
         kernels = self.core.backend.kernels
         if kernels is not None:  # a GPU: the same step in one kernel
-            return kernels.preconditioned_step(num, den, den_max, 1.0 - a, a)
+            return kernels.preconditioned_step(num, den, den_max, *self.object_preconditioner)
         den *= 1.0 - a
         den += a * den_max
         # num/den for complex/real is a complex division in numpy: a real reciprocal and a
