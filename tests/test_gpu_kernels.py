@@ -318,6 +318,19 @@ def test_step_lengths_kernel_solves_as_the_array_code(cpu_kernels, both, tot):
     assert (out >= 0).all()
 
 
+def test_a_raw_kernel_refuses_to_write_a_strided_or_mistyped_array():
+    """A raw kernel writes through the array's pointer: a strided view (or a copy made
+    contiguous for it) would lose the writes, so the wrappers refuse such outputs."""
+    from beamflow.ptycho.kernels import _written
+
+    ok = np.zeros((4, 6), np.complex64)
+    assert _written(ok, np.complex64) is ok
+    with pytest.raises(ValueError, match="C-contiguous complex64"):
+        _written(ok[:, ::2], np.complex64)
+    with pytest.raises(ValueError, match="float32"):
+        _written(ok, np.float32)
+
+
 def _nvrtc() -> ctypes.CDLL | None:
     """libnvrtc from the nvidia-cuda-nvrtc wheel, a CUDA install, or the loader's path."""
     candidates = []

@@ -225,6 +225,15 @@ extern "C" __global__ void beamflow_step_lengths(
 """
 
 
+def _written(a: Any, dtype: Any) -> Any:
+    """``a``, which a raw kernel writes through its pointer: it must be C-contiguous and of
+    ``dtype`` (a copy would take the writes instead)."""
+    if not a.flags.c_contiguous or a.dtype != dtype:
+        raise ValueError(f"a fused kernel writes a C-contiguous {np.dtype(dtype)} array; got "
+                         f"{a.dtype} {'strided' if not a.flags.c_contiguous else ''} {a.shape}")
+    return a
+
+
 class GpuKernels:
     """The fused kernels on CuPy ``cp`` (compiled on first use, cached by CuPy)."""
 
@@ -262,6 +271,7 @@ class GpuKernels:
         a = cp.ascontiguousarray(a)
         if out is None:
             out = cp.empty((b, k, m, m), np.complex64)
+        _written(out, np.complex64)
         n = b * k * m * m
         self._ramp_product(
             ((n + THREADS - 1) // THREADS,), (THREADS,),
@@ -281,7 +291,7 @@ class GpuKernels:
         n = b * m * m
         self._exit_wave(
             ((n + THREADS - 1) // THREADS,), (THREADS,),
-            (cp.ascontiguousarray(obj), flat, pd,
+            (cp.ascontiguousarray(obj), cp.ascontiguousarray(flat, dtype=np.int64), pd,
              np.int64(0 if pd.shape[0] == 1 else k * m * m), oj, psi, np.int32(b),
              np.int32(k), np.int32(m), np.int64(obj.shape[1])))
         return oj, psi
@@ -298,11 +308,13 @@ class GpuKernels:
         pd = cp.ascontiguousarray(pd)
         chi = cp.ascontiguousarray(chi)
         exact = inten is None
+        _written(acc, np.float32)
         inten = cp.ascontiguousarray(inten) if not exact else acc  # unread when exact
         n = b * m * m
         self._object_terms(
             ((n + THREADS - 1) // THREADS,), (THREADS,),
-            (pd, np.int64(0 if pd.shape[0] == 1 else k * m * m), chi, inten, flat, acc,
+            (pd, np.int64(0 if pd.shape[0] == 1 else k * m * m), chi, inten,
+             cp.ascontiguousarray(flat, dtype=np.int64), acc,
              np.int32(b), np.int32(k), np.int32(m), np.int64(w), np.int64(h * w),
              np.int32(exact)))
 
@@ -326,7 +338,8 @@ class GpuKernels:
         n = b * SYSTEM_THREADS
         self._step_systems(
             ((n + THREADS - 1) // THREADS,), (THREADS,),
-            (pd, np.int64(0 if pd.shape[0] == 1 else k * m * m), d_obj, flat, oj, sp,
+            (pd, np.int64(0 if pd.shape[0] == 1 else k * m * m), d_obj,
+             cp.ascontiguousarray(flat, dtype=np.int64), oj, sp,
              np.int64(0 if sp.shape[0] == 1 else k * m * m), chi, out, np.int32(b),
              np.int32(k), np.int32(m), np.int64(w), np.int32(upd_obj), np.int32(upd_probe),
              np.int32(SYSTEM_THREADS)))
