@@ -4,8 +4,9 @@ On a GPU the sweep is memory-bound and launch-bound: every element-wise step of 
 code reads and writes whole (b, K, M, M) stacks and costs the host a launch. The steps below
 are the heaviest of a PIE or LSQ-ML batch, each written here once as a kernel that does the
 same arithmetic in one pass. The array code they stand for is the specification: on the CPU
-(and in :mod:`tests.counting_cupy`'s reference kernels) the engine runs it as it is, and
-``tests/test_gpu.py`` compares each kernel with it on a card.
+the engine runs it as it is (``tests/reference_kernels.py`` writes it out per kernel for the
+GPU stand-ins of the tests), and ``tests/test_ptycho_engine_gpu.py`` compares each kernel
+with it on a card.
 
 * :meth:`GpuKernels.ramp_product` — a sub-pixel phase ramp r_j = exp(−2πi k·δ_j) times a
   (b, K, M, M) stack, the ramp made in the kernel from its two (M,) factors per position
@@ -40,8 +41,10 @@ same arithmetic in one pass. The array code they stand for is the specification:
   for the loss and the correction (seven passes) as one kernel and one sum.
 
 This module does not import CuPy: :func:`~.arrays.array_backend` hands it the module. The
-raw kernel's source is plain CUDA C (no CuPy headers), so ``tests/test_gpu_kernels.py``
-compiles it with NVRTC on machines without a GPU.
+raw kernels' sources are plain CUDA C (no CuPy headers), so ``tests/test_gpu_kernels.py``
+runs them on machines without a GPU — compiled as C++ beside a stand-in for CUDA's
+built-ins, every thread in turn, against the array code — and compiles them with NVRTC
+where it is installed.
 """
 
 from __future__ import annotations
