@@ -281,8 +281,7 @@ def test_step_systems_kernel_sums_what_the_array_code_sums(cpu_kernels, upd_obj,
         dirs.append(pd * patches[:, None])
     if upd_probe:
         dirs.append(oj[:, None] * sp)
-    gram, rhs = _systems(np.ascontiguousarray(np.stack(dirs, axis=1)), chi, np,
-                         batched=False)
+    gram, rhs = _systems(np.ascontiguousarray(np.stack(dirs, axis=1)), chi, np)
     zero = np.zeros(b, np.float32)
     if upd_obj and upd_probe:
         want = [gram[:, 0, 0], gram[:, 0, 1], gram[:, 1, 1], rhs[:, 0], rhs[:, 1]]

@@ -114,7 +114,7 @@ def test_step_systems_kernel_sums_what_the_array_code_sums(upd_obj, upd_probe):
     patches = np.stack([d_obj[y : y + m, x : x + m] for y, x in zip(iy, ix, strict=True)])
     d0 = pd * patches[:, None] if upd_obj else np.zeros_like(chi)
     d1 = oj[:, None] * sp if upd_probe else np.zeros_like(chi)
-    gram, rhs = _systems(np.ascontiguousarray(np.stack([d0, d1], axis=1)), chi, np, False)
+    gram, rhs = _systems(np.ascontiguousarray(np.stack([d0, d1], axis=1)), chi, np)
     want = np.stack([gram[:, 0, 0], gram[:, 0, 1], gram[:, 1, 1], rhs[:, 0], rhs[:, 1]], 1)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-2)
 

@@ -50,23 +50,11 @@ def _rdot(a: Any, b: Any) -> Any:
     return (a.real * b.real + a.imag * b.imag).sum(axis=tuple(range(1, a.ndim)))
 
 
-def _systems(dirs: Any, chi: Any, xp: Any, batched: bool) -> tuple[Any, Any]:
+def _systems(dirs: Any, chi: Any, xp: Any) -> tuple[Any, Any]:
     """The step-length systems' sums for directions ``dirs`` (b, n, K, M, M) and the
     corrections ``chi`` (b, K, M, M): Re Σ conj(d_s)·d_t → (b, n, n) and Re Σ conj(d_s)·χ
-    → (b, n), each sum over (K, M, M).
-
-    ``batched`` (a GPU): all pairs in one product each, on the arrays' float32 pairs
-    (re, im): the product, each pair's sum (re·re + im·im, one add) and the sum over
-    (K, M, M) — 6 kernels for n = 2 where a dot product per pair takes 20. numpy gets the
-    same sums, bit for bit (the same float32 re·re + im·im, summed over the same contiguous
-    block), but its broadcast products run ~3x slower than the dot products: the CPU keeps
-    one per pair. ``dirs`` and ``chi`` must be C-contiguous (a GPU views them as float32)."""
-    if batched:
-        fd = dirs.view(np.float32)  # (b, n, K, M, 2M): re, im side by side
-        pairs = dirs.shape + (2,)
-        gram = (fd[:, :, None] * fd[:, None]).reshape(pairs[:2] + pairs[1:]).sum(axis=-1)
-        rhs = (fd * chi.view(np.float32)[:, None]).reshape(pairs).sum(axis=-1)
-        return gram.sum(axis=(3, 4, 5)), rhs.sum(axis=(2, 3, 4))
+    → (b, n), each sum over (K, M, M). The CPU's (a GPU makes the directions and these sums
+    in one kernel, :meth:`.kernels.GpuKernels.step_systems`)."""
     b, n = dirs.shape[:2]
     gram = xp.empty((b, n, n), np.float32)
     rhs = xp.empty((b, n), np.float32)
@@ -176,7 +164,7 @@ class LSQML(Algorithm):
                                 out=dirs[:, 0])
                 if upd_probe:
                     xp.multiply(oj[:, None], sp, out=dirs[:, -1])
-                gram, rhs = _systems(dirs, chi, xp, be.is_gpu)
+                gram, rhs = _systems(dirs, chi, xp)
                 zero = xp.zeros(len(c.idx), np.float32)
                 if upd_obj and upd_probe:
                     cols = [gram[:, 0, 0], gram[:, 0, 1], gram[:, 1, 1], rhs[:, 0], rhs[:, 1]]
