@@ -538,9 +538,8 @@ class Core:
         return be.ifft2(spec, workers=self.fft_workers)
 
     # -- update terms -----------------------------------------------------------------------
-    def object_num(self, pd: Any, chi: Any, c: Chunk, keep_probe: bool = False,
-                   out: Any = None) -> Any:
-        """Σ_k conj(P_k,j)·χ_jk → (b, M, M) (into ``out`` when given).
+    def object_num(self, pd: Any, chi: Any, c: Chunk, keep_probe: bool = False) -> Any:
+        """Σ_k conj(P_k,j)·χ_jk → (b, M, M).
 
         Overwrites an owned ``pd``: conjugated, and with one mode the result is written into
         it (one chunk-sized array fewer at the memory peak) unless ``keep_probe``, which
@@ -551,10 +550,8 @@ class Core:
         own = c.ramp is not None and not keep_probe
         pdc = xp.conjugate(pd, out=pd) if own else xp.conj(pd)
         if chi.shape[1] == 1:
-            if out is None and own:
-                out = pdc[:, 0]
-            return xp.multiply(pdc[:, 0], chi[:, 0], out=out)
-        return xp.sum(pdc * chi, axis=1, out=out)
+            return xp.multiply(pdc[:, 0], chi[:, 0], out=pdc[:, 0] if own else None)
+        return xp.sum(pdc * chi, axis=1)
 
     def accumulate_object(self, acc: ObjectAccumulator, pd: Any, chi: Any, c: Chunk,
                           keep_probe: bool = False, shifted: bool = False) -> None:
