@@ -86,7 +86,10 @@ Output (``--json``): one line per case: ``engine``, ``algorithm``, ``field``, ``
 (complex NRMSE of the object against the truth over the well-lit region), ``final_loss``,
 ``launches_per_iteration``, ``launch_us`` (the assumed cost), ``launch_seconds``,
 ``launch_ratio``, ``counted_bytes_per_iteration``, ``counted_passes``, ``model_gbs``,
-``model_seconds`` and ``batch_size``.
+``model_seconds`` and ``batch_size``. ``--sites N`` adds, per case, the N engine lines
+(``file:line`` in ``beamflow/ptycho``) whose kernels move the most bytes on the stand-in,
+one line each with ``site``, ``launches_per_iteration`` and ``counted_passes``: where to
+fuse next.
 """
 
 from __future__ import annotations
@@ -218,14 +221,22 @@ def count_launches(case: dict[str, Any], algorithm: str, args: argparse.Namespac
                    ) -> tuple[int, int]:
     """Kernel launches and the bytes they move in the case's second iteration on the
     counting stand-in for CuPy."""
-    from counting_cupy import COUNTS, installed  # noqa: PLC0415 - tests/, on the path
+    from counting_cupy import COUNTS, by_site, installed  # noqa: PLC0415 - tests/, on the path
 
     data, params = _setup(case, algorithm, 2, args)
     with installed() as backend, Reconstructor(data, initial_state(data, params),
                                                backend) as rec:
         rec.iterate()  # caches and index offsets made once
         COUNTS.clear()
-        rec.iterate()
+        if not args.sites:
+            rec.iterate()
+            return COUNTS["launch"], COUNTS["bytes"]
+        with by_site() as sites:
+            rec.iterate()
+        stack = 8 * rec.core.N * rec.core.K * rec.core.M**2
+        for site, (n, nbytes) in sorted(sites.items(), key=lambda kv: -kv[1][1])[:args.sites]:
+            _emit(args, {"engine": "beamflow", "algorithm": algorithm, "site": site,
+                         "launches_per_iteration": n, "counted_passes": nbytes / stack})
         return COUNTS["launch"], COUNTS["bytes"]
 
 
@@ -303,6 +314,9 @@ def main() -> None:
                     help="assumed host cost of a kernel launch, µs (default 7.5)")
     ap.add_argument("--model-gbs", type=float, default=MODEL_BANDWIDTH / 1e9,
                     help="the model's bandwidth on the CPU, GB/s (default 3000: an H100)")
+    ap.add_argument("--sites", type=int, default=0, metavar="N",
+                    help="also print the N engine lines that move the most bytes on the "
+                         "stand-in (one line each: site, launches, passes)")
     ap.add_argument("--no-launches", action="store_true",
                     help="do not count launches on the stand-in (it costs a CPU iteration)")
     args = ap.parse_args()

@@ -34,8 +34,8 @@ from reference_kernels import ReferenceKernels
 
 from beamflow.ptycho.arrays import ArrayBackend
 
-__all__ = ["COUNTS", "CountingKernels", "DeviceArray", "counting_backend", "counting_modules",
-           "installed"]
+__all__ = ["COUNTS", "SITES", "CountingKernels", "DeviceArray", "by_site", "counting_backend",
+           "counting_modules", "installed"]
 
 COUNTS: Counter[str] = Counter()
 
@@ -60,9 +60,42 @@ def _nbytes(*arrays: Any) -> int:
     return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
 
 
+# Per engine call site (``file:line``): launches and bytes, filled only while
+# :func:`by_site` is on (finding the caller costs a stack walk per launch).
+SITES: dict[str, list[int]] = {}
+_TRACE = [False]
+
+
+@contextmanager
+def by_site() -> Iterator[dict[str, list[int]]]:
+    """Attribute each launch and its bytes to the engine line that asked for it (the
+    innermost frame in beamflow/ptycho outside the array backend and the kernels), in
+    :data:`SITES` as ``{"forward.py:457": [launches, bytes]}``."""
+    SITES.clear()
+    _TRACE[0] = True
+    try:
+        yield SITES
+    finally:
+        _TRACE[0] = False
+
+
+def _site() -> str:
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if "/beamflow/ptycho/" in path and not path.endswith(("arrays.py", "kernels.py")):
+            return f"{path.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
 def _launch(nbytes: int) -> None:
     COUNTS["launch"] += 1
     COUNTS["bytes"] += nbytes
+    if _TRACE[0]:
+        site = SITES.setdefault(_site(), [0, 0])
+        site[0] += 1
+        site[1] += nbytes
 
 
 def _key_bytes(key: Any) -> int:

@@ -185,6 +185,22 @@ def test_a_snapshot_reads_the_device_only_when_its_result_is_asked_for(device, e
         np.testing.assert_array_equal(got.extras[k], expected.extras[k], err_msg=k)
 
 
+def test_the_stand_in_attributes_every_launch_to_an_engine_line(device):
+    """bench_gpu.py --sites: every launch and byte of an iteration lands on the engine line
+    that asked for it (the fused kernels on their callers), none unattributed."""
+    from counting_cupy import by_site
+
+    with _reconstructor(device, algorithm="lsqml") as rec:
+        rec.iterate()
+        COUNTS.clear()
+        with by_site() as sites:
+            rec.iterate()
+    assert sum(n for n, _ in sites.values()) == COUNTS["launch"]
+    assert sum(b for _, b in sites.values()) == COUNTS["bytes"]
+    assert "?" not in sites and all(k.split(":")[0].endswith(".py") for k in sites)
+    assert any(k.startswith("lsqml.py:") for k in sites)  # step_systems, on its caller
+
+
 def test_the_stand_in_counts_what_it_should(device):
     """The counts that the tests above rely on are real: a read, an upload, a kernel."""
     COUNTS.clear()
