@@ -342,6 +342,10 @@ def test_a_running_task_whose_worker_uses_no_cpu_is_stopped_as_lost(
     # A hung worker (blocked for ever: here, asleep) makes no progress: after
     # compute.stall_timeout it gets SIGTERM (a reconstruction saves its checkpoint) and the
     # task fails as lost, which the agent retries.
+    # A live worker pool first: after the tests before this one restarted the engine, a
+    # fresh pool can take longer than the 3 s below to come up on a loaded machine, and the
+    # task would then be lost as never taken (seen once in CI) instead of as hung.
+    assert finish(provider, body(task("f-add", 1))).details["result"][0]["sum"] == 1
     monkeypatch.setattr(provider.endpoints[ENDPOINT], "stall_timeout", 3.0)
     marker = tmp_path / "ck"
     began = time.monotonic()
