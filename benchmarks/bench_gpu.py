@@ -100,6 +100,7 @@ import platform
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -228,10 +229,7 @@ def count_launches(case: dict[str, Any], algorithm: str, args: argparse.Namespac
                                                backend) as rec:
         rec.iterate()  # caches and index offsets made once
         COUNTS.clear()
-        if not args.sites:
-            rec.iterate()
-            return COUNTS["launch"], COUNTS["bytes"]
-        with by_site() as sites:
+        with by_site() if args.sites else nullcontext({}) as sites:
             rec.iterate()
         stack = 8 * rec.core.N * rec.core.K * rec.core.M**2
         for site, (n, nbytes) in sorted(sites.items(), key=lambda kv: -kv[1][1])[:args.sites]:

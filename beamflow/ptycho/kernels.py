@@ -254,7 +254,19 @@ class GpuKernels:
             "beamflow_conj_product")
         self._conj_product_in_place = cp.ElementwiseKernel(
             "complex64 o", "complex64 g", "g = conj(g) * o", "beamflow_conj_product_in_place")
-        self._modulus: dict[bool, Any] = {}
+        # The modulus projection for float32 amplitudes √I and for uint16 counts I (√ taken
+        # here): CuPy compiles each on its first call.
+        self._modulus = {counts: cp.ElementwiseKernel(
+            f"{'uint16' if counts else 'float32'} data, float32 mask, float32 eps",
+            "complex64 psi, float32 r2",
+            f"""
+            float a = abs(psi);
+            float d = ({'sqrtf((float)data)' if counts else 'data'} - a) * mask;
+            r2 = d * d;
+            psi = psi * (d / (a + eps));
+            """,
+            f"beamflow_modulus{'_counts' if counts else ''}",
+        ) for counts in (False, True)}
         self._preconditioned_step = cp.ElementwiseKernel(
             "float32 den, float32 dmax, float32 c_den, float32 c_max", "complex64 num",
             "num = num * (1.0f / (den * c_den + c_max * dmax))",
@@ -383,21 +395,7 @@ class GpuKernels:
         d / (|psi| + eps)`` with ``d = (√I − |psi|)·mask``; returns Σd² (a 0-d device
         array). ``data``: float32 amplitudes √I or uint16 counts I."""
         cp = self._cp
-        counts = data.dtype == np.uint16
-        kernel = self._modulus.get(counts)
-        if kernel is None:
-            amp = "sqrtf((float)data)" if counts else "data"
-            kernel = self._modulus[counts] = cp.ElementwiseKernel(
-                f"{'uint16' if counts else 'float32'} data, float32 mask, float32 eps",
-                "complex64 psi, float32 r2",
-                f"""
-                float a = abs(psi);
-                float d = ({amp} - a) * mask;
-                r2 = d * d;
-                psi = psi * (d / (a + eps));
-                """,
-                f"beamflow_modulus{'_counts' if counts else ''}",
-            )
+        kernel = self._modulus[data.dtype == np.uint16]
         r2 = cp.empty(psi.shape, np.float32)
         kernel(data, mask, np.float32(eps), psi, r2)
         return r2.sum()

@@ -29,12 +29,12 @@ class RPIE(PIEFamily):
         return 1.0 - a, a
 
     def object_step(self, num: Any, den: Any, den_max: float) -> Any:
-        a = self.params.alpha_value
+        c_den, c_max = self.object_preconditioner
         kernels = self.core.backend.kernels
         if kernels is not None:  # a GPU: the same step in one kernel
-            return kernels.preconditioned_step(num, den, den_max, *self.object_preconditioner)
-        den *= 1.0 - a
-        den += a * den_max
+            return kernels.preconditioned_step(num, den, den_max, c_den, c_max)
+        den *= c_den
+        den += c_max * den_max
         # num/den for complex/real is a complex division in numpy: a real reciprocal and a
         # multiply are 2x faster.
         self.core.xp.reciprocal(den, out=den)
