@@ -2,20 +2,23 @@
 :class:`~beamflow.ptycho.arrays.ArrayBackend`, whose arrays count element-wise and reduction
 kernels, fancy-index gathers and window writes, FFTs and the fused kernels
 (``COUNTS["launch"]``), the bytes those kernels read and write in device memory
-(``"bytes"``), uploads (``"upload"``) and every conversion to a host value (``"read"``).
+(``"bytes"``), uploads (``"upload"``), every conversion to a host value (``"read"``) and
+CuPy's scaling kernels after an FFT (``"fft_scale"``, also counted as launches).
 
 Used by ``tests/test_device_syncs.py`` (what keeps the engine's speed on a GPU when no GPU is
 in the loop) and by ``benchmarks/bench_gpu.py`` (launches per iteration of each case). It
 counts what the engine asks for: a call that is a view on CuPy but a function on numpy
-(``broadcast_to``) counts as a launch, and CuPy's own allocations (``zeros``: a memset) do
-not.
+(``broadcast_to``) counts as a launch, and CuPy's own allocations (``zeros``: a memset;
+``empty_like``: none) do not.
 
 Bytes are what each kernel reads and writes once, as a memory-bound GPU kernel would: every
 operand array's and result's size (a broadcast operand counts its own size: it is read
 through the cache); a gather reads and writes its result and reads its index; a window
 write reads its values and index and writes the places; an FFT reads and writes its array
-once (cuFFT's small 2-D transforms are one pass); the fused kernels count what they read
-and write (``CountingKernels``). Reductions count their input. ``benchmarks/bench_gpu.py``
+once (cuFFT's small 2-D transforms are one pass), and a scaled one (an inverse FFT with
+``norm="backward"``) launches CuPy's scaling kernel after it, another read and write; the
+fused kernels count what they read and write (``CountingKernels``). Reductions count their
+input. ``benchmarks/bench_gpu.py``
 turns them into a modelled time on a card.
 """
 
@@ -125,6 +128,8 @@ class DeviceArray(np.ndarray):
             kwargs = {**kwargs, "out": _host(kwargs["out"])}
         out = func(*conv, **kwargs)
         result = kwargs.get("out", out)
+        if func is np.empty_like:  # an allocation, no kernel
+            return _dev(out)
         if func is np.take:  # reads only the gathered places of its source
             _launch(2 * _nbytes(result) + _nbytes(conv[1]))
         else:
@@ -199,6 +204,11 @@ class _XP(types.ModuleType):
 def _fft(forward: bool):
     def fft(a: Any, axes: Any = (-2, -1), overwrite_x: bool = False, norm: str = "backward"):
         _launch(2 * a.nbytes)
+        # CuPy scales after cuFFT (cuFFT itself never does): ``out /= n``, one more kernel
+        # over the whole array (cupy/fft/_fft.py, _exec_fftn).
+        if norm == "ortho" or norm == ("forward" if forward else "backward"):
+            COUNTS["fft_scale"] += 1
+            _launch(2 * a.nbytes)
         f = scipy.fft.fft2 if forward else scipy.fft.ifft2
         return _dev(f(_host(a), axes=axes, overwrite_x=overwrite_x, norm=norm, workers=1))
     return fft
@@ -275,8 +285,8 @@ class CountingKernels(ReferenceKernels):
         _launch(2 * y.nbytes + x.nbytes)
         return y
 
-    def modulus(self, psi: Any, data: Any, mask: Any, eps: Any) -> Any:
-        loss = super().modulus(_host(psi), _host(data), _host(mask), eps)
+    def modulus(self, psi: Any, data: Any, mask: Any, eps: Any, scale: Any = 1.0) -> Any:
+        loss = super().modulus(_host(psi), _host(data), _host(mask), eps, scale)
         _launch(2 * psi.nbytes + _nbytes(data, mask) + 4 * psi.size)  # psi, I, mask; r2
         _launch(4 * psi.size)  # the sum of r2
         return _dev(loss)

@@ -98,10 +98,10 @@ class ReferenceKernels:
         return y
 
     def modulus(self, psi: np.ndarray, data: np.ndarray, mask: np.ndarray,
-                eps: Any) -> np.ndarray:
+                eps: Any, scale: Any = 1.0) -> np.ndarray:
         amp = np.sqrt(data.astype(np.float32)) if data.dtype == np.uint16 else data
         a = np.abs(psi)
         d = (amp - a) * mask
-        np.multiply(psi, d / (a + eps), out=psi)
+        np.multiply(psi, d / (a + eps) * np.float32(scale), out=psi)
         flat = d.reshape(-1)
         return np.asarray(np.einsum("i,i->", flat, flat))

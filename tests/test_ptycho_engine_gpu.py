@@ -61,11 +61,13 @@ def test_fused_modulus_kernel_matches_the_plain_expression():
     amp = np.sqrt(counts.astype(np.float32))
     d = (amp - np.abs(psi)) * mask
     expected = psi * (d / (np.abs(psi) + eps))
-    for data in (amp, counts):  # float32 amplitudes, or uint16 counts
+    # float32 amplitudes, or uint16 counts; the inverse FFT's 1/M² folded in, or not
+    for data, scale in ((amp, 1.0), (counts, 1.0), (counts, 1 / 32**2)):
         got = backend.to_device(psi)
         loss = backend.kernels.modulus(got, backend.to_device(data), backend.to_device(mask),
-                                       eps)
-        np.testing.assert_allclose(backend.to_host(got), expected, rtol=1e-5, atol=1e-6)
+                                       eps, scale)
+        np.testing.assert_allclose(backend.to_host(got), expected * np.float32(scale),
+                                   rtol=1e-5, atol=1e-6 * scale)
         assert float(loss) == pytest.approx(float((d.astype(np.float64) ** 2).sum()), rel=1e-5)
 
 

@@ -219,16 +219,19 @@ class Algorithm:
         return sums
 
     # -- hooks ------------------------------------------------------------------------------
-    def fourier_constraint(self, big: Any, c: Chunk) -> Any:
-        """Turn the detector wave Ψ in place into the detector-plane correction; return the
-        chunk's loss. Default: the modulus projection, χ̂ = Ψ' − Ψ."""
-        return self.core.modulus_projection(big, c)
+    def fourier_constraint(self, big: Any, c: Chunk, scale: Any = None) -> Any:
+        """Turn the detector wave Ψ in place into the detector-plane correction (times
+        ``scale`` when one is given); return the chunk's loss. Default: the modulus
+        projection, χ̂ = Ψ' − Ψ."""
+        return self.core.modulus_projection(big, c, scale)
 
     def exit_correction(self, sw: Sweep, c: Chunk, big: Any) -> tuple[Any, Any]:
         """(loss, χ): the chunk's loss and its exit-wave correction at the sample (may reuse
-        ``big``). χ also drives the position steps."""
-        loss = self.fourier_constraint(big, c)
-        return loss, self.core.to_sample(big, c)
+        ``big``). χ also drives the position steps. On a GPU the inverse FFT's 1/M² is made
+        with the correction (:attr:`.forward.Core.ifft_scale`)."""
+        scale = self.core.ifft_scale
+        loss = self.fourier_constraint(big, c, scale)
+        return loss, self.core.to_sample(big, c, scaled=scale is not None)
 
     def chunk_update(self, sw: Sweep, sums: PartSums, c: Chunk, pd: Any, oj: Any, big: Any,
                      chi: Any) -> None:

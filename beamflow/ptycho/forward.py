@@ -144,6 +144,13 @@ class Core:
         self._dkfreq = backend.to_device(self.kfreq)
         h = propagation.transfer(m)
         self.transfer = None if h is None else backend.to_device(h)
+        # CuPy scales an inverse FFT in a kernel of its own: one more read and write of the
+        # stack. A GPU folds the 1/M² into a product the step makes anyway (the Fourier
+        # constraint's, the propagator's) and takes the unscaled transform; the CPU's FFTs
+        # scale as they go, and keep them.
+        self.ifft_scale = np.float32(1.0 / (m * m)) if backend.is_gpu else None
+        self._transfer_scaled = (None if h is None or self.ifft_scale is None
+                                 else backend.to_device((h * self.ifft_scale).astype(h.dtype)))
         self.obj = backend.to_device(np.array(state.object, np.complex64, copy=True))
         self.probe = backend.to_device(np.array(state.probe, np.complex64, copy=True))
         self.nominal = data.positions_px.copy()
@@ -466,17 +473,19 @@ class Core:
         big = self.backend.fft2(psi, workers=self.fft_workers)
         if self.transfer is None:
             return big
-        big *= self._propagator(c)[:, None]
-        return self.backend.ifft2(big, workers=self.fft_workers)
+        fold = self.ifft_scale is not None
+        big *= self._propagator(c, scaled=fold)[:, None]
+        return self.backend.ifft2(big, workers=self.fft_workers, scale=not fold)
 
-    def _propagator(self, c: Chunk, adjoint: bool = False) -> Any:
+    def _propagator(self, c: Chunk, adjoint: bool = False, scaled: bool = False) -> Any:
         """G_j = H·conj(r_j) per position (b, M, M), or its conjugate; (1, M, M) H without
-        sub-pixel shifts."""
+        sub-pixel shifts. ``scaled``: times the inverse FFT's 1/M² (a GPU's fold)."""
         xp = self.xp
+        transfer = self._transfer_scaled if scaled else self.transfer
         if c.ramp is None:
-            g = self.transfer[None]
+            g = transfer[None]
             return xp.conj(g) if adjoint else g
-        h = xp.conj(self.transfer) if adjoint else self.transfer
+        h = xp.conj(transfer) if adjoint else transfer
         if self.backend.kernels is not None:
             return self.backend.kernels.ramp_product(c.ramp, h[None, None], conj=not adjoint)[:, 0]
         g = xp.conj(c.ramp) if not adjoint else c.ramp.copy()
@@ -506,18 +515,21 @@ class Core:
         loss = xp.einsum("i,i->", flat, flat)
         return amp, d, loss
 
-    def modulus_projection(self, big_psi: Any, c: Chunk) -> Any:
+    def modulus_projection(self, big_psi: Any, c: Chunk, scale: Any = None) -> Any:
         """Turn Ψ in place into the far-field correction χ̂ = Ψ'−Ψ; return the loss.
 
         Ψ' = Ψ·√I/√(Σ_k|Ψ_k|²) on valid pixels; invalid pixels are left free (χ̂ = 0).
+        ``scale``: a factor χ̂ is made with (:attr:`ifft_scale`), or None.
         """
         be = self.backend
         if be.kernels is not None and big_psi.shape[1] == 1:
             return be.kernels.modulus(big_psi[:, 0], self.frames.raw(c.idx, c.didx),
-                                      self.mask, self.eps)
+                                      self.mask, self.eps, 1.0 if scale is None else scale)
         amp, d, loss = self.amplitude_residual(big_psi, c)
         amp += self.eps
         d /= amp  # (√I − |Ψ|)/|Ψ| on valid pixels, 0 elsewhere
+        if scale is not None:
+            d *= scale
         if big_psi.shape[1] == 1:
             # out= on the view: ``a[:, 0] *= d`` would copy the view onto itself after (a
             # second kernel on a GPU).
@@ -527,15 +539,18 @@ class Core:
             big_psi *= d[:, None]
         return loss
 
-    def to_sample(self, big_chi: Any, c: Chunk) -> Any:
+    def to_sample(self, big_chi: Any, c: Chunk, scaled: bool = False) -> Any:
         """The adjoint of :meth:`to_detector`'s propagation: a detector-plane correction
-        back to the exit-wave plane (far field: F⁻¹; near field: F⁻¹[conj(G_j)·F[·]])."""
+        back to the exit-wave plane (far field: F⁻¹; near field: F⁻¹[conj(G_j)·F[·]]).
+        ``scaled``: ``big_chi`` already carries the inverse FFT's 1/M² (:attr:`ifft_scale`,
+        folded into the Fourier constraint)."""
         be = self.backend
         if self.transfer is None:
-            return be.ifft2(big_chi, workers=self.fft_workers)
+            return be.ifft2(big_chi, workers=self.fft_workers, scale=not scaled)
         spec = be.fft2(big_chi, workers=self.fft_workers)
-        spec *= self._propagator(c, adjoint=True)[:, None]
-        return be.ifft2(spec, workers=self.fft_workers)
+        fold = not scaled and self.ifft_scale is not None  # the 1/M² goes into G_j here
+        spec *= self._propagator(c, adjoint=True, scaled=fold)[:, None]
+        return be.ifft2(spec, workers=self.fft_workers, scale=not (scaled or fold))
 
     # -- update terms -----------------------------------------------------------------------
     def object_num(self, pd: Any, chi: Any, c: Chunk, keep_probe: bool = False) -> Any:
@@ -634,9 +649,14 @@ class Core:
 
     def probe_from_terms(self, num: Any) -> Any:
         """Finish the probe adjoint from the summed terms (a new array)."""
-        if self.subpixel:
-            return self.backend.ifft2(self.xp.conj(num))
-        return self.xp.conj(num)
+        xp, be = self.xp, self.backend
+        if not self.subpixel:
+            return xp.conj(num)
+        if self.ifft_scale is None:
+            return be.ifft2(xp.conj(num))
+        # A GPU: the conjugate and the inverse FFT's 1/M² in one kernel (see ifft_scale).
+        g = be.kernels.conj_product(np.complex64(self.ifft_scale), num, xp.empty_like(num))
+        return be.ifft2(g, scale=False)
 
     # -- utilities --------------------------------------------------------------------------
     def center_probe(self, threshold_px: float = 0.25) -> tuple[float, float] | None:

@@ -257,13 +257,14 @@ class GpuKernels:
         # The modulus projection for float32 amplitudes √I and for uint16 counts I (√ taken
         # here): CuPy compiles each on its first call.
         self._modulus = {counts: cp.ElementwiseKernel(
-            f"{'uint16' if counts else 'float32'} data, float32 mask, float32 eps",
+            f"{'uint16' if counts else 'float32'} data, float32 mask, float32 eps, "
+            "float32 scale",
             "complex64 psi, float32 r2",
             f"""
             float a = abs(psi);
             float d = ({'sqrtf((float)data)' if counts else 'data'} - a) * mask;
             r2 = d * d;
-            psi = psi * (d / (a + eps));
+            psi = psi * (d / (a + eps) * scale);
             """,
             f"beamflow_modulus{'_counts' if counts else ''}",
         ) for counts in (False, True)}
@@ -390,12 +391,13 @@ class GpuKernels:
         """``y += a·x`` in place (``a``: a 0-d float32 device array or a float)."""
         return self._axpy(x, a, y)
 
-    def modulus(self, psi: Any, data: Any, mask: Any, eps: Any) -> Any:
+    def modulus(self, psi: Any, data: Any, mask: Any, eps: Any, scale: Any = 1.0) -> Any:
         """The modulus projection of one-mode waves ``psi`` (b, M, M) in place: ``psi *=
-        d / (|psi| + eps)`` with ``d = (√I − |psi|)·mask``; returns Σd² (a 0-d device
-        array). ``data``: float32 amplitudes √I or uint16 counts I."""
+        d / (|psi| + eps) · scale`` with ``d = (√I − |psi|)·mask``; returns Σd² (a 0-d
+        device array). ``data``: float32 amplitudes √I or uint16 counts I; ``scale``: the
+        inverse FFT's 1/M² when it is folded here (1: none)."""
         cp = self._cp
         kernel = self._modulus[data.dtype == np.uint16]
         r2 = cp.empty(psi.shape, np.float32)
-        kernel(data, mask, np.float32(eps), psi, r2)
+        kernel(data, mask, np.float32(eps), np.float32(scale), psi, r2)
         return r2.sum()

@@ -68,8 +68,9 @@ def _systems(dirs: Any, chi: Any, xp: Any) -> tuple[Any, Any]:
 class LSQML(Algorithm):
     name = "lsqml"
 
-    def poisson_correction(self, big: Any, c: Chunk) -> Any:
-        """Turn Ψ into the Poisson-likelihood far-field correction in place; return the loss."""
+    def poisson_correction(self, big: Any, c: Chunk, scale: Any = None) -> Any:
+        """Turn Ψ into the Poisson-likelihood far-field correction in place (times ``scale``
+        when one is given); return the loss."""
         core, xp = self.core, self.core.xp
         amp, _, loss = core.amplitude_residual(big, c)
         imod = xp.square(amp)
@@ -83,7 +84,8 @@ class LSQML(Algorithm):
             num = (xi * (imod - meas / t)).sum(axis=(1, 2))
             # float32 already (a, num and den are): no astype copy.
             a = xp.clip(0.5 * a + 0.5 * num / den, 0.0, 1.0)
-        xi *= -a[:, None, None]
+        a *= -1.0 if scale is None else -scale
+        xi *= a[:, None, None]
         big *= xi[:, None]
         return loss
 
@@ -92,10 +94,10 @@ class LSQML(Algorithm):
         # The batch's kept P_j, O_j and χ_j for the step-length systems.
         return params.batch_size_for(n) * (2 * k + 1) * m * m * 8
 
-    def fourier_constraint(self, big: Any, c: Chunk) -> Any:
+    def fourier_constraint(self, big: Any, c: Chunk, scale: Any = None) -> Any:
         if self.params.noise_model == "poisson":
-            return self.poisson_correction(big, c)
-        return self.core.modulus_projection(big, c)
+            return self.poisson_correction(big, c, scale)
+        return self.core.modulus_projection(big, c, scale)
 
     def chunk_update(self, sw: Sweep, sums: PartSums, c: Chunk, pd: Any, oj: Any, big: Any,
                      chi: Any) -> None:
