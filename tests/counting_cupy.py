@@ -260,6 +260,11 @@ class CountingKernels(ReferenceKernels):
         _launch(_nbytes(pd, flat, oj, sp, chi, out) + window)
         return _dev(out)
 
+    def intensity_sum(self, a: Any, out: Any) -> Any:
+        super().intensity_sum(_host(a), _host(out))
+        _launch(_nbytes(a) + 2 * out.nbytes)
+        return out
+
     def step_lengths(self, tot: Any, both: bool, damping: float) -> Any:
         out = super().step_lengths(_host(tot), both, damping)
         _launch(_nbytes(tot, out))

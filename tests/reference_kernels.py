@@ -52,6 +52,10 @@ class ReferenceKernels:
                   np.broadcast_to(num, (b, m, m)).ravel())
         np.add.at(acc[2 * h * w :], where, np.broadcast_to(den, (b, m, m)).ravel())
 
+    def intensity_sum(self, a: np.ndarray, out: np.ndarray) -> np.ndarray:
+        out += (np.square(a.real) + np.square(a.imag)).sum(axis=0)
+        return out
+
     def step_systems(self, pd: np.ndarray, d_obj: np.ndarray | None, flat: np.ndarray,
                      oj: np.ndarray, sp: np.ndarray | None, chi: np.ndarray,
                      w: int) -> np.ndarray:

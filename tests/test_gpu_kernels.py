@@ -31,10 +31,12 @@ import pytest
 
 from beamflow.ptycho.kernels import (
     EXIT_WAVE_SOURCE,
+    INTENSITY_SUM_SOURCE,
     OBJECT_TERMS_SOURCE,
     RAMP_PRODUCT_SOURCE,
     STEP_LENGTHS_SOURCE,
     STEP_SYSTEMS_SOURCE,
+    SUM_POSITIONS,
     SYSTEM_THREADS,
     THREADS,
 )
@@ -118,7 +120,21 @@ extern "C" void run_step_lengths(const double* t, float* out, int both, float da
     beamflow_step_lengths(t, out, both, damping);
 }
 """
-SOURCES = {"exit_wave": EXIT_WAVE_SOURCE, "object_terms": OBJECT_TERMS_SOURCE,
+INTENSITY_SUM_DRIVER = r"""
+extern "C" void run_intensity_sum(int grid_x, int grid_y, int block, const float2* a,
+                                  float* out, int b, long long mm, int per)
+{
+    blockDim.x = block;
+    for (int gy = 0; gy < grid_y; ++gy)
+        for (int g = 0; g < grid_x; ++g)
+            for (int t = 0; t < block; ++t) {
+                blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
+                beamflow_intensity_sum(a, out, b, mm, per);
+            }
+}
+"""
+SOURCES = {"exit_wave": EXIT_WAVE_SOURCE, "intensity_sum": INTENSITY_SUM_SOURCE,
+           "object_terms": OBJECT_TERMS_SOURCE,
            "ramp_product": RAMP_PRODUCT_SOURCE, "step_lengths": STEP_LENGTHS_SOURCE,
            "step_systems": STEP_SYSTEMS_SOURCE}
 
@@ -133,7 +149,7 @@ def cpu_kernels(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     src.write_text(PRELUDE + OBJECT_TERMS_SOURCE + OBJECT_TERMS_DRIVER + STEP_SYSTEMS_SOURCE
                    + STEP_SYSTEMS_DRIVER + EXIT_WAVE_SOURCE + EXIT_WAVE_DRIVER
                    + RAMP_PRODUCT_SOURCE + RAMP_PRODUCT_DRIVER + STEP_LENGTHS_SOURCE
-                   + STEP_LENGTHS_DRIVER)
+                   + STEP_LENGTHS_DRIVER + INTENSITY_SUM_SOURCE + INTENSITY_SUM_DRIVER)
     lib = d / "kernels.so"
     done = subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)],
                           capture_output=True, text=True)
@@ -246,6 +262,24 @@ def test_object_terms_kernel_adds_what_the_array_code_adds(cpu_kernels, modes, s
     assert np.abs(want_num).max() > 0 and (want_den == 0).any()  # windows leave gaps
     np.testing.assert_allclose(got_num, want_num, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got_den, want_den, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("b", [1, SUM_POSITIONS, 2 * SUM_POSITIONS + 5])
+def test_intensity_sum_kernel_adds_the_array_codes_illumination(cpu_kernels, b):
+    """The probe's illumination Σ_j |O_j|² (Core.probe_terms), added to the sums so far;
+    a batch that is not a whole number of the kernel's groups of positions included."""
+    rng = np.random.default_rng(13)
+    m = 24  # M² not a multiple of the block
+    oj = _waves(rng, b, m, m)
+    before = rng.random((m, m)).astype(np.float32)
+    out = before.copy()
+    cpu_kernels.run_intensity_sum(
+        (m * m + THREADS - 1) // THREADS, (b + SUM_POSITIONS - 1) // SUM_POSITIONS, THREADS,
+        _ptr(oj), _ptr(out), b, ctypes.c_longlong(m * m), SUM_POSITIONS)
+    ov = oj.view(np.float32).reshape(b, 2 * m * m)  # the array code's sums
+    sq = np.einsum("jp,jp->p", ov, ov)
+    want = before + sq[0::2].reshape(m, m) + sq[1::2].reshape(m, m)
+    np.testing.assert_allclose(out, want, rtol=1e-5)
 
 
 @pytest.mark.parametrize("upd_obj, upd_probe, modes, shifted", [

@@ -190,6 +190,17 @@ def test_step_lengths_kernel_matches_the_array_code(both):
     np.testing.assert_allclose(got, alg._step_lengths(tot, both), rtol=1e-6)
 
 
+def test_intensity_sum_kernel_matches_the_array_code():
+    backend = array_backend("cuda")
+    rng = np.random.default_rng(4)
+    oj = _waves(rng, 37, 48, 48)
+    before = rng.random((48, 48)).astype(np.float32)
+    out = backend.to_device(before)
+    backend.kernels.intensity_sum(backend.to_device(oj), out)
+    want = before + (np.abs(oj.astype(np.complex128)) ** 2).sum(axis=0)
+    np.testing.assert_allclose(backend.to_host(out), want, rtol=1e-5)
+
+
 def test_conj_product_kernel_matches_the_array_code():
     backend = array_backend("cuda")
     rng = np.random.default_rng(3)

@@ -609,13 +609,18 @@ class Core:
         """
         xp, be = self.xp, self.backend
         b, m = oj.shape[0], self.M
-        ov = oj.view(np.float32).reshape(b, 2 * m * m)
-        sq = xp.einsum("jp,jp->p", ov, ov)
-        if out_den is None:
-            out_den = xp.add(sq[0::2].reshape(m, m), sq[1::2].reshape(m, m))
+        if be.kernels is not None:  # one pass (CuPy's einsum below: transposes and a matmul)
+            if out_den is None:
+                out_den = xp.zeros((m, m), np.float32)
+            be.kernels.intensity_sum(oj, out_den)
         else:
-            out_den += sq[0::2].reshape(m, m)
-            out_den += sq[1::2].reshape(m, m)
+            ov = oj.view(np.float32).reshape(b, 2 * m * m)
+            sq = xp.einsum("jp,jp->p", ov, ov)
+            if out_den is None:
+                out_den = xp.add(sq[0::2].reshape(m, m), sq[1::2].reshape(m, m))
+            else:
+                out_den += sq[0::2].reshape(m, m)
+                out_den += sq[1::2].reshape(m, m)
         # The terms are accumulated conjugated: conj(conj(O_j)·χ_j) = O_j·conj(χ_j), and with
         # sub-pixel shifts conj(F[g]) is the unscaled inverse FFT of conj(g) — no conjugate
         # after the FFT (a kernel per chunk; the same bits: each product and sum is the

@@ -29,6 +29,9 @@ with it on a card.
   dozen launches; the kernel reads each operand once and writes five numbers a position.
 * :meth:`GpuKernels.step_lengths` — the batch's 2×2 solve from the five summed sums, the
   clip at 0 and the damping: ~14 kernels on 0-d and (2,) arrays as one thread.
+* :meth:`GpuKernels.intensity_sum` — the probe's illumination Σ_j |O_j|² over a batch. On
+  CuPy the array code's ``einsum("jp,jp->p")`` is two transposed copies and a batched matrix
+  product of 2·M² dot products; the kernel reads the patches once.
 * :meth:`GpuKernels.conj_product` — conj(χ_jk)·O_j for the probe terms: a conjugate and a
   product (5 passes) as one (3).
 * :meth:`GpuKernels.preconditioned_step` — rPIE's (and mPIE's) preconditioned steps,
@@ -53,9 +56,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EXIT_WAVE_SOURCE", "OBJECT_TERMS_SOURCE", "RAMP_PRODUCT_SOURCE",
-           "STEP_LENGTHS_SOURCE", "STEP_SYSTEMS_SOURCE", "SYSTEM_THREADS", "GpuKernels",
-           "THREADS"]
+__all__ = ["EXIT_WAVE_SOURCE", "INTENSITY_SUM_SOURCE", "OBJECT_TERMS_SOURCE",
+           "RAMP_PRODUCT_SOURCE", "STEP_LENGTHS_SOURCE", "STEP_SYSTEMS_SOURCE", "SUM_POSITIONS",
+           "SYSTEM_THREADS", "GpuKernels", "THREADS"]
 
 THREADS = 256
 
@@ -145,6 +148,31 @@ extern "C" __global__ void beamflow_object_terms(
 }
 """
 
+
+# Positions each thread of beamflow_intensity_sum adds up (the grid's second dimension
+# splits the batch in groups of this many).
+SUM_POSITIONS = 16
+
+# Σ_j |a_j(p)|² over a batch's (b, M, M) stack, added into ``out`` (M·M float32): one thread
+# per (pixel p, group of SUM_POSITIONS positions), consecutive threads on consecutive pixels,
+# one atomic add per thread.
+INTENSITY_SUM_SOURCE = r"""
+extern "C" __global__ void beamflow_intensity_sum(
+    const float2* __restrict__ a, float* __restrict__ out, const int b, const long long mm,
+    const int per)
+{
+    const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= mm) return;
+    const int j0 = blockIdx.y * per;
+    const int j1 = j0 + per < b ? j0 + per : b;
+    float s = 0.0f;
+    for (int j = j0; j < j1; ++j) {
+        const float2 v = a[j * mm + p];
+        s += v.x * v.x + v.y * v.y;
+    }
+    atomicAdd(out + p, s);
+}
+"""
 
 # Threads per position of the step systems: each sums every SYSTEM_THREADS-th element of
 # the position's (K, M, M) values (consecutive threads read consecutive elements), then adds
@@ -247,6 +275,7 @@ class GpuKernels:
         self._object_terms = cp.RawKernel(OBJECT_TERMS_SOURCE, "beamflow_object_terms")
         self._step_systems = cp.RawKernel(STEP_SYSTEMS_SOURCE, "beamflow_step_systems")
         self._step_lengths = cp.RawKernel(STEP_LENGTHS_SOURCE, "beamflow_step_lengths")
+        self._intensity_sum = cp.RawKernel(INTENSITY_SUM_SOURCE, "beamflow_intensity_sum")
         # In place, the array is an output parameter that the body reads (as the modulus
         # kernel's ψ): no input aliasing an output.
         self._conj_product = cp.ElementwiseKernel(
@@ -368,6 +397,18 @@ class GpuKernels:
         out = cp.empty(2, np.float32)
         self._step_lengths((1,), (1,), (cp.ascontiguousarray(tot), out, np.int32(both),
                                         np.float32(damping)))
+        return out
+
+    def intensity_sum(self, a: Any, out: Any) -> Any:
+        """``out += Σ_j |a_j|²`` in place over the first axis of ``a`` (b, M, M) complex64;
+        ``out`` (M, M) float32. Returns ``out``."""
+        cp = self._cp
+        b, mm = a.shape[0], a.shape[1] * a.shape[2]
+        _written(out, np.float32)
+        self._intensity_sum(
+            ((mm + THREADS - 1) // THREADS, (b + SUM_POSITIONS - 1) // SUM_POSITIONS),
+            (THREADS,), (cp.ascontiguousarray(a), out, np.int32(b), np.int64(mm),
+                         np.int32(SUM_POSITIONS)))
         return out
 
     def conj_product(self, o: Any, x: Any, out: Any) -> Any:
