@@ -396,8 +396,11 @@ class Core:
     def probe_intensity(self) -> Any:
         """Σ_k |P_k|² (M, M) float32 of the current probe (cached)."""
         if self._probe_int is None:
-            xp = self.xp
+            xp, kernels = self.xp, self.backend.kernels
             p = self.probe
+            if kernels is not None:  # one kernel over the modes (the array code: 3 or 4)
+                self._probe_int = kernels.intensity_sum(p, xp.zeros(p.shape[1:], np.float32))
+                return self._probe_int
             inten = xp.square(p.real)
             inten += xp.square(p.imag)
             # One mode: the sum over it is the value itself (a kernel saved per batch).

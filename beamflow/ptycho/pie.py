@@ -27,9 +27,10 @@ class PIEFamily(Algorithm):
     # Whether object_step writes into ``den``: in sparse mode it then gets a copy of the
     # shared probe intensity per set (ePIE's step reads only the maximum: no copy kernel).
     object_step_writes_den = True
-    # (c_den, c_max) when object_step is num / (c_den·den + c_max·max): a GPU then adds it to
-    # the object in the same kernel (Core.update_object).
+    # (c_den, c_max) when object_step (probe_step) is num / (c_den·den + c_max·max): a GPU
+    # then adds it to the object (probe) in the same kernel (Core.update_object, update).
     object_preconditioner: tuple[float, float] | None = None
+    probe_preconditioner: tuple[float, float] | None = None
 
     def object_step(self, num: Any, den: Any, den_max: float) -> Any:  # pragma: no cover
         """The object increment from Σconj(P)χ, Σ|P|² and its maximum (may overwrite
@@ -72,5 +73,12 @@ class PIEFamily(Algorithm):
         if sw.update_probe:
             pnum, pden = self.probe_sums(sums)
             delta = core.probe_from_terms(pnum)
-            core.probe += self.probe_step(delta, pden, core.backend.scalar(pden.max()))
+            dmax = core.backend.scalar(pden.max())
+            kernels = core.backend.kernels
+            if kernels is not None and self.probe_preconditioner is not None:
+                # a GPU: the step added to the probe in the same kernel
+                kernels.preconditioned_step(delta, pden, dmax, *self.probe_preconditioner,
+                                            into=core.probe)
+            else:
+                core.probe += self.probe_step(delta, pden, dmax)
             core.probe_changed()

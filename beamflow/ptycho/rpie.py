@@ -41,9 +41,11 @@ class RPIE(PIEFamily):
         num *= den
         return num
 
+    @property
+    def probe_preconditioner(self) -> tuple[float, float]:
+        b = self.params.beta_value
+        return 1.0 - b, b
+
     def probe_step(self, num: Any, den: Any, den_max: float) -> Any:
         b = self.params.beta_value
-        kernels = self.core.backend.kernels
-        if kernels is not None:  # ``num`` is the caller's own new array
-            return kernels.preconditioned_step(num, den, den_max, 1.0 - b, b)
         return num / ((1.0 - b) * den + b * den_max)
