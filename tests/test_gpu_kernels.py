@@ -369,7 +369,8 @@ def _nvrtc() -> ctypes.CDLL | None:
     candidates = []
     spec = importlib.util.find_spec("nvidia")
     for root in (spec.submodule_search_locations or []) if spec else []:
-        candidates += sorted(glob.glob(os.path.join(root, "cuda_nvrtc", "lib", "libnvrtc.so*")))
+        # nvidia/cuda_nvrtc/lib (CUDA 12's wheel) or nvidia/cu13/lib (CUDA 13's)
+        candidates += sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so*")))
     candidates += sorted(glob.glob("/usr/local/cuda*/lib64/libnvrtc.so*"))
     found = ctypes.util.find_library("nvrtc")
     if found:
@@ -384,20 +385,92 @@ def _nvrtc() -> ctypes.CDLL | None:
     return None
 
 
+def _nvrtc_compile(lib: ctypes.CDLL, source: str, name: str, options: list[str]
+                   ) -> tuple[int, str]:
+    """NVRTC's status and log for ``source``."""
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), f"{name}.cu".encode(),
+                                  0, None, None) == 0
+    opts = (ctypes.c_char_p * len(options))(*(o.encode() for o in options))
+    status = lib.nvrtcCompileProgram(prog, len(options), opts)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return status, log.value.decode(errors="replace")
+
+
 @pytest.mark.parametrize("arch", ["compute_80", "compute_90"])
 @pytest.mark.parametrize("name", list(SOURCES))
 def test_kernel_source_compiles_with_nvrtc(name, arch):
     lib = _nvrtc()
     if lib is None:
         pytest.skip("NVRTC not found (pip install nvidia-cuda-nvrtc-cu12 to check the source)")
-    prog = ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), SOURCES[name].encode(),
-                                  f"{name}.cu".encode(), 0, None, None) == 0
-    opts = (ctypes.c_char_p * 1)(f"--gpu-architecture={arch}".encode())
-    status = lib.nvrtcCompileProgram(prog, 1, opts)
-    size = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    lib.nvrtcGetProgramLog(prog, log)
-    lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    assert status == 0, log.value.decode(errors="replace")
+    status, log = _nvrtc_compile(lib, SOURCES[name], name, [f"--gpu-architecture={arch}"])
+    assert status == 0, log
+
+
+class _RecordingCupy:
+    """What GpuKernels asks CuPy to build, recorded instead of compiled."""
+
+    def __init__(self) -> None:
+        self.elementwise: dict[str, tuple[str, str, str]] = {}
+
+    def RawKernel(self, source: str, name: str) -> None:  # noqa: N802 - CuPy's name
+        return None
+
+    def ElementwiseKernel(self, in_params: str, out_params: str, operation: str,  # noqa: N802
+                          name: str) -> None:
+        self.elementwise[name] = (in_params, out_params, operation)
+
+
+def _elementwise_kernels() -> dict[str, tuple[str, str, str]]:
+    from beamflow.ptycho.kernels import GpuKernels
+
+    cp = _RecordingCupy()
+    GpuKernels(cp)
+    return cp.elementwise
+
+
+# CuPy's C types of the parameter types the kernels use.
+_CTYPES = {"float32": "float", "complex64": "complex<float>", "uint16": "unsigned short"}
+
+
+def _elementwise_source(name: str, in_params: str, out_params: str, operation: str) -> str:
+    """A kernel as CuPy writes an ElementwiseKernel: each input a const value, each output a
+    reference to its element, then the body (CuPy's own adds broadcasting and strides)."""
+    args, binds = [], []
+    for kind, params in (("in", in_params), ("out", out_params)):
+        for i, param in enumerate(params.split(",")):
+            dtype, var = param.split()
+            ctype = _CTYPES[dtype]
+            if kind == "in":
+                args.append(f"const {ctype}* _in{i}")
+                binds.append(f"const {ctype} {var} = _in{i}[i];")
+            else:
+                args.append(f"{ctype}* _out{i}")
+                binds.append(f"{ctype}& {var} = _out{i}[i];")
+    return ("#include <cupy/complex.cuh>\n"
+            f'extern "C" __global__ void {name}({", ".join(args)}, long long n) {{\n'
+            "  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+            "  if (i >= n) return;\n  " + "\n  ".join(binds) + f"\n  {operation};\n}}\n")
+
+
+@pytest.mark.parametrize("name", list(_elementwise_kernels()))
+def test_elementwise_kernel_bodies_compile_with_cupys_headers(name):
+    """The element-wise kernels' bodies against CuPy's own complex type (its headers come
+    with CuPy; NVRTC as above): a card is lent to few sessions, and a body that does not
+    compile would stop every reconstruction on one."""
+    lib = _nvrtc()
+    spec = importlib.util.find_spec("cupy")
+    if lib is None or spec is None or spec.origin is None:
+        pytest.skip("needs NVRTC and CuPy's headers (pip install cupy-cuda12x "
+                    "nvidia-cuda-nvrtc-cu12)")
+    inc = Path(spec.origin).parent / "_core" / "include"
+    cccl = inc / "cupy" / "_cccl"
+    options = ["--gpu-architecture=compute_90", "--std=c++17", f"-I{inc}",
+               f"-I{cccl / 'libcudacxx'}", f"-I{cccl / 'thrust'}", f"-I{cccl / 'cub'}"]
+    source = _elementwise_source(name, *_elementwise_kernels()[name])
+    status, log = _nvrtc_compile(lib, source, name, options)
+    assert status == 0, source + log
