@@ -57,7 +57,8 @@ Pty-Chi side by side: when an interpreter with Pty-Chi is there (``--ptychi-pyth
 default ``benchmarks/.peers/venv/bin/python`` as built by ``bench_ptychi.py``), the far-field
 ePIE, rPIE and LSQ-ML cases also run in Pty-Chi on the same device, frames, probe guess and
 batch size (``benchmarks/ptychi_runner.py --device``), one line each with
-``"engine": "ptychi"``. Without it, one line says it was skipped.
+``"engine": "ptychi"``. Without it, one line says it was skipped. ``--skip-beamflow`` runs
+Pty-Chi alone (beamflow's lines taken earlier, with the same arguments).
 
 Launches: a kernel launch costs the host ~5-10 µs (CuPy's Python side and the CUDA launch)
 whatever the kernel's size, so an iteration that launches more kernels than its bytes take
@@ -94,7 +95,11 @@ Output (``--json``): one line per case: ``engine``, ``algorithm``, ``field``, ``
 (complex NRMSE of the object against the truth over the well-lit region), ``final_loss``,
 ``launches_per_iteration``, ``launch_us`` (the assumed cost), ``launch_seconds``,
 ``launch_ratio``, ``counted_bytes_per_iteration``, ``counted_passes``, ``model_gbs``,
-``model_seconds`` and ``batch_size``. ``--sites N`` adds, per case, the N engine lines
+``model_seconds`` and ``batch_size``. A case's objects are scored (``nrmse``) after all its
+timed runs, one after another or, with ``--score-workers N``, side by side in N spawned
+processes: ``compare`` costs the host ~9 s at 4000 × 128² and ~70 s at 10000 × 256² on one
+core, more than the timed iterations on a card; each timing is logged (stderr) as soon as it
+is taken. ``--sites N`` adds, per case, the N engine lines
 (``file:line`` in ``beamflow/ptycho``) whose kernels move the most bytes on the stand-in,
 one line each with ``site``, ``launches_per_iteration`` and ``counted_passes``: where to
 fuse next.
@@ -375,6 +380,8 @@ def main() -> None:
                     help="keep simulated scans in DIR and reuse them (docstring)")
     ap.add_argument("--simulate-only", action="store_true",
                     help="only fill --scan-cache with the selected scans; no device")
+    ap.add_argument("--skip-beamflow", action="store_true",
+                    help="run only Pty-Chi (from beamflow's probe guess and batch size)")
     ap.add_argument("--score-workers", type=int, default=0, metavar="N",
                     help="score a case's objects (NRMSE) in N processes side by side "
                          "(default: one after another, in this process)")
@@ -407,6 +414,12 @@ def main() -> None:
             probe, batch = None, args.batch or 32
             done: list[tuple[dict[str, Any], np.ndarray]] = []  # records to score, objects
             for algorithm in args.algorithms:
+                if args.skip_beamflow:  # Pty-Chi alone: its probe guess and batch size
+                    data, params = _setup(case, algorithm, 1, args)
+                    probe = initial_state(data, params).probe
+                    if algorithm in ("rpie", "lsqml"):
+                        batch = params.batch_size_for(n)
+                    continue
                 log(f"beamflow {algorithm} {field} {n} x {m}²")
                 r = run_beamflow(case, algorithm, backend, args)
                 probe = r.pop("probe")

@@ -235,7 +235,7 @@ run_all() {
         --algorithms rpie lsqml dm
     step near-epie-$tiny 60 "$j" "${b[@]}" --fields near --cases "$tiny" --algorithms epie
     if compgen -G "$WHEELS/ptychi-*.whl" >/dev/null; then
-        local ptychi=(--ptychi-python "$(command -v "$PY")")
+        local ptychi=(--ptychi-python "$(command -v "$PY")" --skip-beamflow)
         step ptychi-rpie-lsqml-$small 150 "$j" "${b[@]}" "${ptychi[@]}" --fields far \
             --cases "$small" --algorithms rpie lsqml
         step ptychi-rpie-$big 150 "$j" "${b[@]}" "${ptychi[@]}" --fields far --cases "$big" \
