@@ -145,6 +145,27 @@ for line in sys.stdin:
 EOF
 summarize() { "$PY" -c "$SUMMARIZE" "$1"; }
 
+# The background simulations (SIMS: "field case" -> pid), waited for by the first step that
+# needs their scan; one that failed leaves that step to simulate it under its own limit.
+declare -A SIMS=()
+
+scans_ready() {
+    local spec rc t0=$SECONDS
+    for spec in "$@"; do
+        [[ -n ${SIMS[$spec]:-} ]] || continue
+        rc=0
+        wait "${SIMS[$spec]}" || rc=$?
+        ((rc == 0)) || log "simulating $spec ended with rc=$rc: its step simulates it"
+        SIMS[$spec]=""
+    done
+    local busy=()
+    for spec in "${!SIMS[@]}"; do
+        [[ -n ${SIMS[$spec]} ]] && kill -0 "${SIMS[$spec]}" 2>/dev/null && busy+=("$spec")
+    done
+    local note=${busy:+"; still simulating beside the next step: ${busy[*]}"}
+    log "scans $* ready (waited $((SECONDS - t0)) s)$note"
+}
+
 record_card() {
     {
         echo "# $(date -u +%FT%TZ) $(git rev-parse HEAD 2>/dev/null || echo 'no git')"
@@ -202,35 +223,31 @@ run_all() {
 
     # The scans, each in a process of its own, while the GPU tests run.
     local bench=(benchmarks/bench_gpu.py --scan-cache "$scans")
-    local sims=() spec field scan seen=" "
+    local spec field scan
     for spec in "far $small" "far $big" "near $small" "near $tiny"; do
-        [[ $seen == *" $spec "* ]] && continue # GPU_CHECK_QUICK: one scan for all
-        seen+="$spec "
+        [[ -n ${SIMS[$spec]:-} ]] && continue # GPU_CHECK_QUICK: one scan for all
         read -r field scan <<<"$spec"
-        timeout -k 10 300 "$PY" "${bench[@]}" --simulate-only --fields "$field" --cases "$scan" \
+        timeout -k 10 240 "$PY" "${bench[@]}" --simulate-only --fields "$field" --cases "$scan" \
             >>"$OUT/simulate.log" 2>&1 &
-        sims+=($!)
+        SIMS[$spec]=$!
     done
 
     step pytest-gpu 180 /dev/stdout "$PY" -m pytest -m gpu -q --noconftest \
         -p no:cacheprovider --timeout 120 tests/test_ptycho_engine_gpu.py
 
-    local pid
-    for pid in "${sims[@]}"; do
-        wait "$pid" || log "a background simulation ended with rc=$? (its step simulates)"
-    done
-    log "scans ready at $((SECONDS - START)) s"
-
     local b=("$PY" "${bench[@]}" --device "$device" --json --no-launches --score-workers 4
         "${iters[@]}")
     local j=$OUT/gpu.jsonl
+    scans_ready "far $small"
     step far-rpie-lsqml-$small 120 "$j" "${b[@]}" --fields far --cases "$small" \
         --algorithms rpie lsqml
+    scans_ready "far $big"
     step far-rpie-lsqml-$big 180 "$j" "${b[@]}" --fields far --cases "$big" \
         --algorithms rpie lsqml
     step far-rpie-lsqml-batch512 180 "$j" "${b[@]}" --fields far --cases "$small" "$big" \
         --algorithms rpie lsqml --batch 512
     step far-epie-dm-$small 120 "$j" "${b[@]}" --fields far --cases "$small" --algorithms epie dm
+    scans_ready "near $small" "near $tiny"
     step near-rpie-lsqml-dm-$small 120 "$j" "${b[@]}" --fields near --cases "$small" \
         --algorithms rpie lsqml dm
     step near-epie-$tiny 60 "$j" "${b[@]}" --fields near --cases "$tiny" --algorithms epie
