@@ -12,6 +12,14 @@ DM, LSQ-ML; ``--algorithms`` picks). Scans come from ``beamflow.simulate`` (Pois
 dead and hot pixels masked, sub-pixel positions); the reconstruction starts from the engine's
 own probe guess.
 
+Simulating a scan costs the host more than timing it on a card (10000 × 256²: about 70 s
+on one core, mostly Poisson draws that hold the GIL). ``--scan-cache DIR`` keeps each
+simulated scan there (``{field}_{N}x{M}_seed{S}.npy`` and ``.pkl``, written under temporary
+names and renamed) and loads it in later invocations; ``--simulate-only`` fills the cache for
+the selected cases and fields without touching the device, so scans can be made in other
+processes while the card is busy (``benchmarks/gpu_check.sh``). The cache is keyed by the
+case and seed only: empty it when the simulator changes.
+
 Timing: ``--warmup`` iterations (default 2: plans, caches, kernel compilation), then
 ``--iterations`` timed ones; the engine synchronises the device after each iteration, so
 each is its true duration; ``seconds_per_iteration`` is their median.
@@ -49,7 +57,8 @@ Pty-Chi side by side: when an interpreter with Pty-Chi is there (``--ptychi-pyth
 default ``benchmarks/.peers/venv/bin/python`` as built by ``bench_ptychi.py``), the far-field
 ePIE, rPIE and LSQ-ML cases also run in Pty-Chi on the same device, frames, probe guess and
 batch size (``benchmarks/ptychi_runner.py --device``), one line each with
-``"engine": "ptychi"``. Without it, one line says it was skipped.
+``"engine": "ptychi"``. Without it, one line says it was skipped. ``--skip-beamflow`` runs
+Pty-Chi alone (beamflow's lines taken earlier, with the same arguments).
 
 Launches: a kernel launch costs the host ~5-10 µs (CuPy's Python side and the CUDA launch)
 whatever the kernel's size, so an iteration that launches more kernels than its bytes take
@@ -86,7 +95,11 @@ Output (``--json``): one line per case: ``engine``, ``algorithm``, ``field``, ``
 (complex NRMSE of the object against the truth over the well-lit region), ``final_loss``,
 ``launches_per_iteration``, ``launch_us`` (the assumed cost), ``launch_seconds``,
 ``launch_ratio``, ``counted_bytes_per_iteration``, ``counted_passes``, ``model_gbs``,
-``model_seconds`` and ``batch_size``. ``--sites N`` adds, per case, the N engine lines
+``model_seconds`` and ``batch_size``. A case's objects are scored (``nrmse``) after all its
+timed runs, one after another or, with ``--score-workers N``, side by side in N spawned
+processes: ``compare`` costs the host ~9 s at 4000 × 128² and ~70 s at 10000 × 256² on one
+core, more than the timed iterations on a card; each timing is logged (stderr) as soon as it
+is taken. ``--sites N`` adds, per case, the N engine lines
 (``file:line`` in ``beamflow/ptycho``) whose kernels move the most bytes on the stand-in,
 one line each with ``site``, ``launches_per_iteration`` and ``counted_passes``: where to
 fuse next.
@@ -96,11 +109,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import platform
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
+from itertools import repeat
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +128,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))  # the counting stand-in for CuPy
 
+from beamflow.atomic import atomic_path  # noqa: E402
 from beamflow.ptycho import (  # noqa: E402
     ArrayBackend,
     PtychoData,
@@ -187,7 +205,33 @@ def launch_cost(backend: ArrayBackend, n: int = 2000) -> float | None:
     return best
 
 
+def cached_scan(cache: Path | None, field: str, n: int, m: int, seed: int
+                ) -> dict[str, Any]:
+    """The case's simulated scan, from ``cache`` when it holds it (both files), else
+    simulated now and, with a ``cache``, stored there for the next invocation."""
+    if cache is None:
+        return simulate(field, n, m, seed)
+    stem = cache / f"{field}_{n}x{m}_seed{seed}"
+    frames_path, rest_path = stem.with_suffix(".npy"), stem.with_suffix(".pkl")
+    if frames_path.exists() and rest_path.exists():
+        log(f"loading {field} field {n} x {m}² from {stem}.*")
+        with open(rest_path, "rb") as f:
+            case = pickle.load(f)
+        case["frames"] = np.load(frames_path)
+        return case
+    case = simulate(field, n, m, seed)
+    cache.mkdir(parents=True, exist_ok=True)
+    # Frames first, the rest last: a reader needs both, so a step killed between the two
+    # leaves a scan that is simulated again, never half of one.
+    with atomic_path(frames_path, durable=False) as tmp, open(tmp, "wb") as f:
+        np.save(f, case["frames"])
+    with atomic_path(rest_path, durable=False) as tmp, open(tmp, "wb") as f:
+        pickle.dump({k: v for k, v in case.items() if k != "frames"}, f)
+    return case
+
+
 def simulate(field: str, n: int, m: int, seed: int) -> dict[str, Any]:
+    log(f"simulating {field} field {n} x {m}²")
     from beamflow.simulate import (  # noqa: PLC0415
         detector_frames,
         make_ground_truth,
@@ -252,12 +296,29 @@ def run_beamflow(case: dict[str, Any], algorithm: str, backend: ArrayBackend,
         final = rec.run(callback=lambda _view, info: seconds.append(info["seconds"]))
         frame_bytes = rec.core.frames.data.dtype.itemsize
     timed = seconds[args.warmup:] or seconds
-    score = compare(final.object, case["gt"].object, case["region"])
     return {"seconds_per_iteration": float(np.median(timed)),
             "first_iteration_seconds": seconds[0], "frame_bytes": frame_bytes,
-            "nrmse": float(score.nrmse), "final_loss": final.loss_history[-1],
+            "final_loss": final.loss_history[-1],
             "iterations": len(timed), "batch_size": params.batch_size_for(len(case["frames"])),
-            "probe": state.probe}
+            "probe": state.probe, "object": final.object}
+
+
+def nrmse(obj: np.ndarray, truth: np.ndarray, region: np.ndarray) -> float:
+    return float(compare(obj, truth, region).nrmse)
+
+
+def score(objects: list[np.ndarray], case: dict[str, Any], workers: int) -> list[float]:
+    """The NRMSE of each finished object against the case's truth, after its timed runs.
+
+    ``compare`` (sub-pixel registration, ramp fit) costs the host ~9 s at 4000 × 128² and
+    ~70 s at 10000 × 256² on one core, more than the timed iterations on a card: with
+    ``workers`` > 1 the objects are scored side by side in processes of their own (spawned:
+    the parent may hold a CUDA context), never beside a timed iteration."""
+    truth, region = case["gt"].object, case["region"]
+    if workers <= 1 or len(objects) <= 1:
+        return [nrmse(obj, truth, region) for obj in objects]
+    with ProcessPoolExecutor(min(workers, len(objects)), mp_context=get_context("spawn")) as pool:
+        return list(pool.map(nrmse, objects, repeat(truth), repeat(region)))
 
 
 def run_ptychi(case: dict[str, Any], probe: np.ndarray, algorithms: list[str], batch: int,
@@ -280,10 +341,8 @@ def run_ptychi(case: dict[str, Any], probe: np.ndarray, algorithms: list[str], b
     subprocess.run(cmd, check=True, cwd=ROOT)
     records = json.loads(prefix.with_suffix(".json").read_text())
     with np.load(prefix.with_suffix(".npz")) as f:
-        objects = {k: f[k] for k in f.files}
-    for r in records:
-        r["nrmse"] = float(compare(objects[f"object_{r['algorithm']}"], gt.object,
-                                   case["region"]).nrmse)
+        for r in records:
+            r["object"] = f[f"object_{r['algorithm']}"]
     return records
 
 
@@ -317,7 +376,24 @@ def main() -> None:
                          "stand-in (one line each: site, launches, passes)")
     ap.add_argument("--no-launches", action="store_true",
                     help="do not count launches on the stand-in (it costs a CPU iteration)")
+    ap.add_argument("--scan-cache", type=Path, default=None, metavar="DIR",
+                    help="keep simulated scans in DIR and reuse them (docstring)")
+    ap.add_argument("--simulate-only", action="store_true",
+                    help="only fill --scan-cache with the selected scans; no device")
+    ap.add_argument("--skip-beamflow", action="store_true",
+                    help="run only Pty-Chi (from beamflow's probe guess and batch size)")
+    ap.add_argument("--score-workers", type=int, default=0, metavar="N",
+                    help="score a case's objects (NRMSE) in N processes side by side "
+                         "(default: one after another, in this process)")
     args = ap.parse_args()
+    names = args.cases or (list(QUICK) if args.quick else list(CASES))
+    if args.simulate_only:
+        if args.scan_cache is None:
+            ap.error("--simulate-only needs --scan-cache DIR")
+        for name in names:
+            for field in args.fields:
+                cached_scan(args.scan_cache, field, *CASES[name], args.seed)
+        return
 
     backend = array_backend(args.device)
     bandwidth = copy_bandwidth(backend)
@@ -327,18 +403,23 @@ def main() -> None:
     with_ptychi = ptychi_available(args.ptychi_python)
     if not with_ptychi:
         _emit(args, {"engine": "ptychi", "skipped": f"no Pty-Chi at {args.ptychi_python}"})
-    names = args.cases or (list(QUICK) if args.quick else list(CASES))
     for name in names:
         n, m = CASES[name]
         for field in args.fields:
-            log(f"simulating {field} field {n} x {m}²")
-            case = simulate(field, n, m, args.seed)
+            case = cached_scan(args.scan_cache, field, n, m, args.seed)
             common = {"field": field, "positions": n, "frame": m, "device": device,
                       "copy_gbs": bandwidth / 1e9}
             if per_launch is not None:
                 common["measured_launch_us"] = per_launch * 1e6
             probe, batch = None, args.batch or 32
+            done: list[tuple[dict[str, Any], np.ndarray]] = []  # records to score, objects
             for algorithm in args.algorithms:
+                if args.skip_beamflow:  # Pty-Chi alone: its probe guess and batch size
+                    data, params = _setup(case, algorithm, 1, args)
+                    probe = initial_state(data, params).probe
+                    if algorithm in ("rpie", "lsqml"):
+                        batch = params.batch_size_for(n)
+                    continue
                 log(f"beamflow {algorithm} {field} {n} x {m}²")
                 r = run_beamflow(case, algorithm, backend, args)
                 probe = r.pop("probe")
@@ -358,18 +439,27 @@ def main() -> None:
                              model_gbs=model_bw / 1e9,
                              model_seconds=model_seconds(launches, counted, model_bw,
                                                          args.launch_us * 1e-6))
-                _emit(args, {"engine": "beamflow", "algorithm": algorithm, **common, **r,
-                             "bytes_per_iteration": nbytes, "floor_seconds": floor,
-                             "floor_ratio": r["seconds_per_iteration"] / floor})
+                obj = r.pop("object")
+                # In the log at once: the timing survives a step killed while scoring.
+                log(f"beamflow {algorithm} {field} {n} x {m}²: "
+                    f"{r['seconds_per_iteration']:.4g} s/iteration, batch {r['batch_size']}")
+                done.append(({"engine": "beamflow", "algorithm": algorithm, **common, **r,
+                              "bytes_per_iteration": nbytes, "floor_seconds": floor,
+                              "floor_ratio": r["seconds_per_iteration"] / floor}, obj))
             peers = [a for a in args.algorithms if a in PTYCHI_ALGORITHMS]
             if with_ptychi and field == "far" and peers and probe is not None:
                 for rec in run_ptychi(case, probe, peers, batch, args, f"{name}_{field}"):
                     nbytes = bytes_per_iteration(rec["algorithm"], False, n, m, 1, 4)
-                    _emit(args, {"engine": "ptychi", "algorithm": rec["algorithm"], **common,
-                                 "seconds_per_iteration": rec["seconds_per_iteration"],
-                                 "floor_seconds": nbytes / bandwidth,
-                                 "floor_ratio": rec["seconds_per_iteration"] * bandwidth
-                                 / nbytes, "nrmse": rec["nrmse"]})
+                    log(f"ptychi {rec['algorithm']} {field} {n} x {m}²: "
+                        f"{rec['seconds_per_iteration']:.4g} s/iteration, batch {batch}")
+                    done.append(({"engine": "ptychi", "algorithm": rec["algorithm"], **common,
+                                  "seconds_per_iteration": rec["seconds_per_iteration"],
+                                  "batch_size": batch, "floor_seconds": nbytes / bandwidth,
+                                  "floor_ratio": rec["seconds_per_iteration"] * bandwidth
+                                  / nbytes}, rec["object"]))
+            scores = score([obj for _, obj in done], case, args.score_workers)
+            for (record, _), value in zip(done, scores, strict=True):
+                _emit(args, {**record, "nrmse": value})
 
 
 def _describe(backend: ArrayBackend) -> str:

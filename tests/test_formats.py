@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pickle
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -81,6 +83,26 @@ def test_detector_scan_loads_with_geometry_positions_mask_and_lazy_frames(good_s
     mean = frames.mean(axis=0)
     cy, cx = np.unravel_index(np.argmax(np.where(scan.mask, mean, 0)), mean.shape)
     assert abs(cy - M / 2) < M / 4 and abs(cx - M / 2) < M / 4
+
+
+def test_hdf5plugin_is_imported_to_read_a_scan_not_to_simulate_one(good_scan):
+    """A GPU machine may lack hdf5plugin (docs/performance.md): the simulator's in-memory
+    frames and the engine run without it, and a fresh process that reads a scan still gets
+    the data files' bitshuffle filter."""
+    code = """import sys
+import beamflow.ptycho, beamflow.simulate
+from beamflow.simulate import detector_frames, make_ground_truth
+gt = make_ground_truth(positions=4, probe_size=16, photons=1e4, seed=1)
+detector_frames(gt, 0, 4, __import__("numpy").random.default_rng(0))
+print("hdf5plugin" in sys.modules)
+from beamflow.formats import load_scan
+print(float(load_scan(sys.argv[1]).frames().sum()), "hdf5plugin" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(good_scan)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    total = float(load_scan(good_scan).frames().sum())
+    assert out.stdout.split() == ["False", repr(total), "True"]
 
 
 def test_directory_master_and_cxi_load_into_the_same_model(good_scan, cxi_file):

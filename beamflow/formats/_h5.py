@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import h5py
-import hdf5plugin  # noqa: F401  (registers the bitshuffle/LZ4 filter for reading and writing)
 import numpy as np
 
 from beamflow.atomic import atomic_path
@@ -37,9 +36,21 @@ _LENGTH_UNITS = {
 }
 
 
+def register_filters() -> None:
+    """Register hdf5plugin's filters (the Eiger data files' bitshuffle/LZ4) with h5py.
+
+    Every HDF5 file this package reads or writes goes through :func:`open_h5` or
+    :func:`atomic_h5`, which call this first; importing hdf5plugin only then (not when the
+    package is imported) lets the simulator's in-memory frames and the engine run where
+    hdf5plugin is not installed (a GPU machine lent without it, docs/performance.md).
+    """
+    import hdf5plugin  # noqa: F401, PLC0415  (the import registers the filters)
+
+
 @contextlib.contextmanager
 def open_h5(path: Path) -> Iterator[h5py.File]:
     """Open an HDF5 file for reading, turning every way it can fail into a ScanFormatError."""
+    register_filters()
     if not path.exists():
         raise ScanFormatError(path, "/", "file does not exist")
     if path.is_dir():
@@ -129,6 +140,7 @@ def atomic_h5(path: Path, tmp_name: str | None = None) -> Iterator[h5py.File]:
     ``tmp_name`` fixes the temporary name (the simulator uses detector-like hidden names);
     by default a unique hidden name in the same directory is used.
     """
+    register_filters()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path, tmp_name=tmp_name) as tmp, h5py.File(tmp, "w") as f:

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
-import hdf5plugin
 import numpy as np
 from pydantic import ValidationError
 
@@ -197,6 +196,8 @@ def write_master(
 
 
 def _compression() -> dict:
+    import hdf5plugin  # noqa: PLC0415  (imported where used: _h5.register_filters says why)
+
     return dict(hdf5plugin.Bitshuffle(nelems=0, cname="lz4"))
 
 

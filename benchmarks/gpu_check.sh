@@ -1,0 +1,285 @@
+#!/usr/bin/env bash
+# The GPU check: what a session lent a GPU machine runs there, prepared so that its 15 minutes
+# of device time (machine start included) measure what docs/performance.md, "What the next GPU
+# run must measure", asks for.
+#
+#   benchmarks/gpu_check.sh prepare   # here (network): wheels the machine lacks -> .whl/
+#   benchmarks/gpu_check.sh run       # on the GPU machine, from the repository root
+#
+# The device tool's call, after `prepare` (one call, nothing else on the machine first):
+#
+#   run(command="bash benchmarks/gpu_check.sh run", carry=[".whl"], timeout_s=540)
+#
+# `run` ends by itself within GPU_CHECK_BUDGET seconds (default 450) plus ~15 s: each step
+# runs under `timeout` with what is left of the budget, a step that fails or hangs is logged
+# and the next one runs, and a step with under 20 s left is skipped. What comes back in $OUT
+# (./gpu-check-out/ when OUT is unset): run.log (everything printed), card.txt (the card,
+# driver, versions, pip list), gpu.jsonl (bench_gpu.py's JSON lines, each step between two
+# {"gpu_check_step": ...} lines), simulate.log (the scans simulated in the background) and
+# summary.txt (one line per step: rc and seconds).
+#
+# Order (the must-have figures first): pytest -m gpu (the fused kernels against the array
+# code) while the big scans are simulated in background processes (10000 x 256² takes ~70 s
+# of one core); far field rPIE and LSQ-ML at 4000 x 128², then 10000 x 256²; the same with
+# --batch 512; ePIE and DM far field; near field (rPIE, LSQ-ML, DM at 4000 x 128², ePIE at
+# 400 x 64²: one position a batch); Pty-Chi (rPIE, LSQ-ML) at 4000 x 128², then rPIE at
+# 10000 x 256².
+#
+# Environment (for `prepare`): PYVER (default 3.12, the machine's; another only to test
+# `run` here), GPU_CHECK_WHEELS (default .whl). For `run`: GPU_CHECK_BUDGET (seconds),
+# GPU_CHECK_SITE (default /tmp/site), GPU_CHECK_SCANS (the scan cache, default
+# /tmp/gpu-check-scans), and, only to test the script without a card, GPU_CHECK_DEVICE=cpu
+# (bench_gpu.py --device cpu; the GPU tests skip) and GPU_CHECK_QUICK=1 (every case 400 x 64²,
+# 2 iterations).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+PY=${PYTHON:-python3}
+WHEELS=${GPU_CHECK_WHEELS:-.whl}
+WHEEL_LIST=benchmarks/gpu_wheels.txt
+CONSTRAINTS=deploy/constraints-worker.txt
+MAX_WHEEL_MIB=40
+MIN_STEP_S=20
+
+log() { printf '[gpu_check %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+
+# -------------------------------------------------------------------------------- prepare
+
+# name==version of each line of the wheel list; a bare name takes the constraints' pin.
+wheel_specs() {
+    local line pin
+    while IFS= read -r line || [[ -n $line ]]; do
+        line=${line%%#*}
+        line=${line//[[:space:]]/}
+        [[ -z $line ]] && continue
+        if [[ $line == *==* ]]; then
+            echo "$line"
+            continue
+        fi
+        pin=$(awk -F'==' -v n="$line" 'tolower($1) == tolower(n) { print $2 }' "$CONSTRAINTS")
+        if [[ -z $pin ]]; then
+            echo "gpu_check: $WHEEL_LIST: $line has no pin in $CONSTRAINTS" >&2
+            return 1
+        fi
+        echo "$line==$pin"
+    done <"$WHEEL_LIST"
+}
+
+prepare() {
+    local pyver=${PYVER:-3.12} lines specs
+    lines=$(wheel_specs)
+    mapfile -t specs <<<"$lines"
+    mkdir -p "$WHEELS"
+    rm -f "$WHEELS"/*.whl # one version of each: two stop the install on the machine
+    log "downloading ${#specs[@]} wheels for CPython $pyver into $WHEELS: ${specs[*]}"
+    "$PY" -m pip download --no-deps --only-binary=:all: --python-version "$pyver" \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        --platform manylinux1_x86_64 -d "$WHEELS" "${specs[@]}" 2>&1 | { grep -v "is ignored" || true; }
+    local n
+    n=$(find "$WHEELS" -maxdepth 1 -type f -name '*.whl' | wc -l)
+    if ((n != ${#specs[@]})); then
+        echo "gpu_check: $n wheels in $WHEELS for ${#specs[@]} packages" >&2
+        return 1
+    fi
+    ls -l "$WHEELS"
+    local bytes
+    bytes=$(du -cb "$WHEELS"/*.whl | tail -1 | cut -f1)
+    log "wheels: $((bytes / 1024)) KiB in all (limit $MAX_WHEEL_MIB MiB)"
+    if ((bytes > MAX_WHEEL_MIB * 1024 * 1024)); then
+        echo "gpu_check: the wheels are over $MAX_WHEEL_MIB MiB: the working tree must travel" \
+            "in 64 MiB" >&2
+        return 1
+    fi
+}
+
+# ------------------------------------------------------------------------------------ run
+
+FAILED=0
+
+# step NAME LIMIT_S STDOUT_FILE COMMAND...: COMMAND under what is left of the budget (at most
+# LIMIT_S); its stdout appended to STDOUT_FILE, its stderr to the log. Never fails the script.
+step() {
+    local name=$1 limit=$2 dest=$3
+    shift 3
+    local left=$((BUDGET - (SECONDS - START)))
+    ((limit > left)) && limit=$left
+    if ((limit < MIN_STEP_S)); then
+        log "SKIP $name: ${left} s of the budget left"
+        echo "$name skipped (budget)" >>"$OUT/summary.txt"
+        FAILED=1
+        return 0
+    fi
+    local before t0=$SECONDS rc=0
+    before=$(wc -l <"$OUT/gpu.jsonl")
+    log "START $name (limit ${limit} s): $*"
+    [[ $dest == "$OUT/gpu.jsonl" ]] && printf '{"gpu_check_step": "%s", "command": "%s"}\n' \
+        "$name" "$*" >>"$dest"
+    timeout -k 10 "$limit" "$@" >>"$dest" || rc=$?
+    local took=$((SECONDS - t0))
+    [[ $dest == "$OUT/gpu.jsonl" ]] && printf '{"gpu_check_step": "%s", "rc": %d, "seconds": %d}\n' \
+        "$name" "$rc" "$took" >>"$dest"
+    log "END $name: rc=$rc in ${took} s$( ((rc == 124 || rc == 137)) && echo ' (TIMED OUT)')"
+    echo "$name rc=$rc seconds=$took" >>"$OUT/summary.txt"
+    ((rc == 0)) || FAILED=1
+    tail -n +$((before + 1)) "$OUT/gpu.jsonl" | summarize "$name"
+}
+
+# One line per bench_gpu.py result: what to read off the output tail at a glance.
+read -r -d '' SUMMARIZE <<'EOF' || true
+import json, sys
+for line in sys.stdin:
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    if "seconds_per_iteration" not in r:
+        if "skipped" in r and sys.argv[1].startswith("ptychi"):
+            print("  ", r.get("engine"), "skipped:", r["skipped"])
+        continue
+    keys = ("floor_ratio", "nrmse", "measured_launch_us", "first_iteration_seconds")
+    extra = " ".join(f"{k}={r[k]:.4g}" for k in keys if isinstance(r.get(k), float))
+    print(f"   {r['engine']:8} {r['algorithm']:6} {r['field']:4} {r['positions']}x{r['frame']}"
+          f" batch={r.get('batch_size')} s/it={r['seconds_per_iteration']:.4g} {extra}")
+EOF
+summarize() { "$PY" -c "$SUMMARIZE" "$1"; }
+
+# The background simulations (SIMS: "field case" -> pid), waited for by the first step that
+# needs their scan; one that failed leaves that step to simulate it under its own limit.
+declare -A SIMS=()
+
+scans_ready() {
+    local spec rc t0=$SECONDS
+    for spec in "$@"; do
+        [[ -n ${SIMS[$spec]:-} ]] || continue
+        rc=0
+        wait "${SIMS[$spec]}" || rc=$?
+        ((rc == 0)) || log "simulating $spec ended with rc=$rc: its step simulates it"
+        SIMS[$spec]=""
+    done
+    local busy=()
+    for spec in "${!SIMS[@]}"; do
+        [[ -n ${SIMS[$spec]} ]] && kill -0 "${SIMS[$spec]}" 2>/dev/null && busy+=("$spec")
+    done
+    local note=${busy:+"; still simulating beside the next step: ${busy[*]}"}
+    log "scans $* ready (waited $((SECONDS - t0)) s)$note"
+}
+
+record_card() {
+    {
+        echo "# $(date -u +%FT%TZ) $(git rev-parse HEAD 2>/dev/null || echo 'no git')"
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 ||
+            echo "nvidia-smi: not available"
+        "$PY" -c '
+import platform, sys
+print("python", platform.python_version(), sys.executable)
+for name in ("numpy", "scipy", "h5py", "pydantic", "cupy", "torch", "ptychi"):
+    try:
+        mod = __import__(name)
+        print(name, getattr(mod, "__version__", "?"), mod.__file__)
+    except Exception as exc:  # a missing package is a finding here, not an error
+        print(name, "NOT IMPORTABLE:", type(exc).__name__, exc)
+try:
+    import cupy
+    print("cuda runtime", cupy.cuda.runtime.runtimeGetVersion(),
+          "driver", cupy.cuda.runtime.driverGetVersion(),
+          "devices", cupy.cuda.runtime.getDeviceCount())
+except Exception as exc:
+    print("cupy CUDA: NOT AVAILABLE:", type(exc).__name__, exc)
+'
+        echo "# pip list"
+        "$PY" -m pip list 2>/dev/null || true
+    } >"$OUT/card.txt" 2>&1
+    head -n 16 "$OUT/card.txt"
+}
+
+run_all() {
+    BUDGET=${GPU_CHECK_BUDGET:-450}
+    START=$SECONDS
+    local device=${GPU_CHECK_DEVICE:-cuda} site=${GPU_CHECK_SITE:-/tmp/site}
+    local scans=${GPU_CHECK_SCANS:-/tmp/gpu-check-scans}
+    local small=4000x128 big=10000x256 tiny=400x64 iters=(--warmup 2 --iterations 10)
+    if [[ ${GPU_CHECK_QUICK:-0} == 1 ]]; then
+        small=400x64 big=400x64 iters=(--warmup 1 --iterations 2)
+    fi
+    export PYTHONUNBUFFERED=1
+    log "run on $(uname -n), device $device, budget ${BUDGET} s, out $OUT"
+
+    local wheels=("$WHEELS"/*.whl)
+    if [[ -e ${wheels[0]} ]]; then
+        if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$site" "${wheels[@]}" 2>&1 | { grep -v "is ignored" || true; }; then
+            log "the wheels did not install: see above"
+            FAILED=1
+        fi
+    else
+        log "no wheels in $WHEELS: run 'benchmarks/gpu_check.sh prepare' first and carry .whl"
+    fi
+    export PYTHONPATH="$site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    record_card
+    "$PY" -c "import pydantic, beamflow.ptycho, beamflow.simulate; print('imports: ok')" ||
+        { log "the engine does not import: see above"; FAILED=1; }
+
+    # The scans, each in a process of its own, while the GPU tests run.
+    local bench=(benchmarks/bench_gpu.py --scan-cache "$scans")
+    local spec field scan
+    for spec in "far $small" "far $big" "near $small" "near $tiny"; do
+        [[ -n ${SIMS[$spec]:-} ]] && continue # GPU_CHECK_QUICK: one scan for all
+        read -r field scan <<<"$spec"
+        timeout -k 10 240 "$PY" "${bench[@]}" --simulate-only --fields "$field" --cases "$scan" \
+            >>"$OUT/simulate.log" 2>&1 &
+        SIMS[$spec]=$!
+    done
+
+    step pytest-gpu 180 /dev/stdout "$PY" -m pytest -m gpu -q --noconftest \
+        -p no:cacheprovider --timeout 120 tests/test_ptycho_engine_gpu.py
+
+    local b=("$PY" "${bench[@]}" --device "$device" --json --no-launches --score-workers 4
+        "${iters[@]}")
+    local j=$OUT/gpu.jsonl
+    scans_ready "far $small"
+    step far-rpie-lsqml-$small 120 "$j" "${b[@]}" --fields far --cases "$small" \
+        --algorithms rpie lsqml
+    scans_ready "far $big"
+    step far-rpie-lsqml-$big 180 "$j" "${b[@]}" --fields far --cases "$big" \
+        --algorithms rpie lsqml
+    step far-rpie-lsqml-batch512 180 "$j" "${b[@]}" --fields far --cases "$small" "$big" \
+        --algorithms rpie lsqml --batch 512
+    step far-epie-dm-$small 120 "$j" "${b[@]}" --fields far --cases "$small" --algorithms epie dm
+    scans_ready "near $small" "near $tiny"
+    step near-rpie-lsqml-dm-$small 120 "$j" "${b[@]}" --fields near --cases "$small" \
+        --algorithms rpie lsqml dm
+    step near-epie-$tiny 60 "$j" "${b[@]}" --fields near --cases "$tiny" --algorithms epie
+    if compgen -G "$WHEELS/ptychi-*.whl" >/dev/null; then
+        local ptychi=(--ptychi-python "$(command -v "$PY")" --skip-beamflow)
+        step ptychi-rpie-lsqml-$small 150 "$j" "${b[@]}" "${ptychi[@]}" --fields far \
+            --cases "$small" --algorithms rpie lsqml
+        step ptychi-rpie-$big 150 "$j" "${b[@]}" "${ptychi[@]}" --fields far --cases "$big" \
+            --algorithms rpie
+    else
+        log "no Pty-Chi wheel in $WHEELS: its steps left out"
+    fi
+
+    log "done in $((SECONDS - START)) s; steps:"
+    cat "$OUT/summary.txt"
+    return "$FAILED"
+}
+
+case ${1:-} in
+prepare)
+    prepare
+    ;;
+run)
+    OUT=${OUT:-$ROOT/gpu-check-out}
+    mkdir -p "$OUT"
+    : >"$OUT/summary.txt"
+    touch "$OUT/gpu.jsonl"
+    run_all 2>&1 | tee -a "$OUT/run.log"
+    exit "${PIPESTATUS[0]}"
+    ;;
+*)
+    echo "usage: $0 prepare|run   (the header of this file says what each does)" >&2
+    exit 2
+    ;;
+esac
