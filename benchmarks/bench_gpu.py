@@ -109,7 +109,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import platform
 import subprocess
 import sys
@@ -129,6 +128,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))  # the counting stand-in for CuPy
 
 from beamflow.atomic import atomic_path  # noqa: E402
+from beamflow.ground_truth import read_ground_truth, write_ground_truth  # noqa: E402
 from beamflow.ptycho import (  # noqa: E402
     ArrayBackend,
     PtychoData,
@@ -212,21 +212,22 @@ def cached_scan(cache: Path | None, field: str, n: int, m: int, seed: int
     if cache is None:
         return simulate(field, n, m, seed)
     stem = cache / f"{field}_{n}x{m}_seed{seed}"
-    frames_path, rest_path = stem.with_suffix(".npy"), stem.with_suffix(".pkl")
-    if frames_path.exists() and rest_path.exists():
-        log(f"loading {field} field {n} x {m}² from {stem}.*")
-        with open(rest_path, "rb") as f:
-            case = pickle.load(f)
-        case["frames"] = np.load(frames_path)
-        return case
+    frames_path = stem.with_name(stem.name + "_frames.npy")
+    region_path = stem.with_name(stem.name + "_region.npy")
+    gt_path = stem.with_name(stem.name + "_ground_truth.h5")
+    if frames_path.exists() and region_path.exists() and gt_path.exists():
+        log(f"loading {field} field {n} x {m}² from {stem}_*")
+        return {"gt": read_ground_truth(gt_path), "frames": np.load(frames_path),
+                "region": np.load(region_path)}
     case = simulate(field, n, m, seed)
     cache.mkdir(parents=True, exist_ok=True)
-    # Frames first, the rest last: a reader needs both, so a step killed between the two
-    # leaves a scan that is simulated again, never half of one.
-    with atomic_path(frames_path, durable=False) as tmp, open(tmp, "wb") as f:
-        np.save(f, case["frames"])
-    with atomic_path(rest_path, durable=False) as tmp, open(tmp, "wb") as f:
-        pickle.dump({k: v for k, v in case.items() if k != "frames"}, f)
+    # The ground truth last: a reader needs all three, so a step killed before it leaves a
+    # scan that is simulated again, never half of one. No pickle: arrays and the simulator's
+    # own ground-truth file.
+    for path, array in ((frames_path, case["frames"]), (region_path, case["region"])):
+        with atomic_path(path, durable=False) as tmp, open(tmp, "wb") as f:
+            np.save(f, array)
+    write_ground_truth(gt_path, case["gt"])
     return case
 
 

@@ -85,7 +85,7 @@ def test_detector_scan_loads_with_geometry_positions_mask_and_lazy_frames(good_s
     assert abs(cy - M / 2) < M / 4 and abs(cx - M / 2) < M / 4
 
 
-def test_hdf5plugin_is_imported_to_read_a_scan_not_to_simulate_one(good_scan):
+def test_hdf5plugin_is_imported_to_read_a_scan_not_to_simulate_one(good_scan, tmp_path):
     """A GPU machine may lack hdf5plugin (docs/performance.md): the simulator's in-memory
     frames and the engine run without it, and a fresh process that reads a scan still gets
     the data files' bitshuffle filter."""
@@ -94,12 +94,15 @@ import beamflow.ptycho, beamflow.simulate
 from beamflow.simulate import detector_frames, make_ground_truth
 gt = make_ground_truth(positions=4, probe_size=16, photons=1e4, seed=1)
 detector_frames(gt, 0, 4, __import__("numpy").random.default_rng(0))
+from beamflow.ground_truth import write_ground_truth  # an uncompressed file (bench_gpu's)
+write_ground_truth(sys.argv[2], gt)
 print("hdf5plugin" in sys.modules)
 from beamflow.formats import load_scan
 print(float(load_scan(sys.argv[1]).frames().sum()), "hdf5plugin" in sys.modules)
 """
-    out = subprocess.run([sys.executable, "-c", code, str(good_scan)], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code, str(good_scan),
+                          str(tmp_path / "ground_truth.h5")], capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
     total = float(load_scan(good_scan).frames().sum())
     assert out.stdout.split() == ["False", repr(total), "True"]

@@ -45,8 +45,9 @@ def test_a_cached_scan_is_the_simulated_one_and_is_not_simulated_again(
     bench_gpu, tmp_path, monkeypatch, field
 ):
     fresh = bench_gpu.cached_scan(tmp_path, field, N, M, 3)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        f"{field}_{N}x{M}_seed3.npy", f"{field}_{N}x{M}_seed3.pkl"]
+    stem = f"{field}_{N}x{M}_seed3"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # arrays and an HDF5 file, no pickle
+        f"{stem}_frames.npy", f"{stem}_ground_truth.h5", f"{stem}_region.npy"]
 
     def no_simulation(*args):
         raise AssertionError(f"simulated again: {args}")
@@ -58,9 +59,10 @@ def test_a_cached_scan_is_the_simulated_one_and_is_not_simulated_again(
 
 
 def test_a_half_written_cache_entry_is_simulated_again(bench_gpu, tmp_path):
-    """A step killed between the frames and the rest leaves frames alone: not a scan."""
+    """A step killed before the ground truth leaves frames alone: not a scan."""
     expected = bench_gpu.simulate("far", N, M, 3)
-    np.save(tmp_path / f"far_{N}x{M}_seed3.npy", np.zeros((N, M, M), np.float32))
+    np.save(tmp_path / f"far_{N}x{M}_seed3_frames.npy", np.zeros((N, M, M), np.float32))
+    np.save(tmp_path / f"far_{N}x{M}_seed3_region.npy", np.zeros(3))
     _same_scan(bench_gpu.cached_scan(tmp_path, "far", N, M, 3), expected)
     _same_scan(bench_gpu.cached_scan(tmp_path, "far", N, M, 3), expected)  # now complete
 

@@ -39,10 +39,11 @@ _LENGTH_UNITS = {
 def register_filters() -> None:
     """Register hdf5plugin's filters (the Eiger data files' bitshuffle/LZ4) with h5py.
 
-    Every HDF5 file this package reads or writes goes through :func:`open_h5` or
-    :func:`atomic_h5`, which call this first; importing hdf5plugin only then (not when the
-    package is imported) lets the simulator's in-memory frames and the engine run where
-    hdf5plugin is not installed (a GPU machine lent without it, docs/performance.md).
+    Every HDF5 file this package reads goes through :func:`open_h5`, which calls this
+    first; a writer that compresses imports hdf5plugin where it asks for the filter
+    (``eiger._compression``). Importing it only then (not when the package is imported)
+    lets the simulator, its ground truth and the engine run where hdf5plugin is not
+    installed (a GPU machine lent without it, docs/performance.md).
     """
     import hdf5plugin  # noqa: F401, PLC0415  (the import registers the filters)
 
@@ -140,7 +141,6 @@ def atomic_h5(path: Path, tmp_name: str | None = None) -> Iterator[h5py.File]:
     ``tmp_name`` fixes the temporary name (the simulator uses detector-like hidden names);
     by default a unique hidden name in the same directory is used.
     """
-    register_filters()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path, tmp_name=tmp_name) as tmp, h5py.File(tmp, "w") as f:
