@@ -75,6 +75,11 @@ skips it. The fused kernels (``beamflow/ptycho/kernels.py``) run there as their 
 references (``tests/reference_kernels.py``), each counted as the one launch it is on CuPy
 (the modulus kernel two: it and its sum). What it counts differs from CuPy in small ways:
 CuPy's allocations (``zeros``) are not counted and its ``broadcast_to`` (a view) is.
+An FFT costs the host more than a plain launch (CuPy's argument checks and plan lookup in
+Python): ``ffts_per_iteration`` counts the FFTs among the launches, and on a GPU
+``measured_fft_us`` is the host cost of one engine FFT on a small stack, so the host's time
+per iteration is about launches × ``measured_launch_us`` + FFTs × (``measured_fft_us`` −
+``measured_launch_us``), to set beside ``seconds_per_iteration``.
 
 Counted traffic and the model: the stand-in also counts the bytes each kernel reads and
 writes in device memory (``tests/counting_cupy.py`` says how), so the engine's own traffic
@@ -93,7 +98,8 @@ Output (``--json``): one line per case: ``engine``, ``algorithm``, ``field``, ``
 ``frame``, ``device``, ``iterations``, ``seconds_per_iteration``, ``floor_seconds``,
 ``floor_ratio`` (seconds / floor), ``bytes_per_iteration``, ``copy_gbs``, ``nrmse``
 (complex NRMSE of the object against the truth over the well-lit region), ``final_loss``,
-``launches_per_iteration``, ``launch_us`` (the assumed cost), ``launch_seconds``,
+``launches_per_iteration``, ``ffts_per_iteration``, ``launch_us`` (the assumed cost),
+``launch_seconds``, on a GPU ``measured_launch_us`` and ``measured_fft_us``,
 ``launch_ratio``, ``counted_bytes_per_iteration``, ``counted_passes``, ``model_gbs``,
 ``model_seconds`` and ``batch_size``. A case's objects are scored (``nrmse``) after all its
 timed runs, one after another or, with ``--score-workers N``, side by side in N spawned
@@ -205,6 +211,24 @@ def launch_cost(backend: ArrayBackend, n: int = 2000) -> float | None:
     return best
 
 
+def fft_cost(backend: ArrayBackend, n: int = 500) -> float | None:
+    """Seconds per call of the engine's FFT (``ArrayBackend.fft2``, in place) on a stack
+    small enough that the host's side is what is timed: CuPy's argument checks and plan
+    lookup, beyond a plain launch. Best of 5 runs of ``n``; None on the CPU."""
+    if not backend.is_gpu:
+        return None
+    a = backend.xp.zeros((4, 32, 32), np.complex64)
+    best = float("inf")
+    for _ in range(5):
+        backend.synchronize()
+        t = time.perf_counter()
+        for _ in range(n):
+            a = backend.fft2(a)
+        backend.synchronize()
+        best = min(best, (time.perf_counter() - t) / n)
+    return best
+
+
 def cached_scan(cache: Path | None, field: str, n: int, m: int, seed: int
                 ) -> dict[str, Any]:
     """The case's simulated scan, from ``cache`` when it holds it (both files), else
@@ -264,9 +288,9 @@ def _setup(case: dict[str, Any], algorithm: str, iterations: int,
 
 
 def count_launches(case: dict[str, Any], algorithm: str, args: argparse.Namespace
-                   ) -> tuple[int, int]:
-    """Kernel launches and the bytes they move in the case's second iteration on the
-    counting stand-in for CuPy."""
+                   ) -> tuple[int, int, int]:
+    """Kernel launches, the bytes they move and the FFTs among them in the case's second
+    iteration on the counting stand-in for CuPy."""
     from counting_cupy import COUNTS, by_site, installed  # noqa: PLC0415 - tests/, on the path
 
     data, params = _setup(case, algorithm, 2, args)
@@ -280,7 +304,7 @@ def count_launches(case: dict[str, Any], algorithm: str, args: argparse.Namespac
         for site, (n, nbytes) in sorted(sites.items(), key=lambda kv: -kv[1][1])[:args.sites]:
             _emit(args, {"engine": "beamflow", "algorithm": algorithm, "site": site,
                          "launches_per_iteration": n, "counted_passes": nbytes / stack})
-        return COUNTS["launch"], COUNTS["bytes"]
+        return COUNTS["launch"], COUNTS["bytes"], COUNTS["fft"]
 
 
 def model_seconds(launches: int, nbytes: int, bandwidth: float, launch_s: float) -> float:
@@ -400,7 +424,7 @@ def main() -> None:
     bandwidth = copy_bandwidth(backend)
     device = _describe(backend)
     log(f"{device}: copy bandwidth {bandwidth / 1e9:.1f} GB/s")
-    per_launch = launch_cost(backend)
+    per_launch, per_fft = launch_cost(backend), fft_cost(backend)
     with_ptychi = ptychi_available(args.ptychi_python)
     if not with_ptychi:
         _emit(args, {"engine": "ptychi", "skipped": f"no Pty-Chi at {args.ptychi_python}"})
@@ -412,6 +436,8 @@ def main() -> None:
                       "copy_gbs": bandwidth / 1e9}
             if per_launch is not None:
                 common["measured_launch_us"] = per_launch * 1e6
+            if per_fft is not None:
+                common["measured_fft_us"] = per_fft * 1e6
             probe, batch = None, args.batch or 32
             done: list[tuple[dict[str, Any], np.ndarray]] = []  # records to score, objects
             for algorithm in args.algorithms:
@@ -430,10 +456,11 @@ def main() -> None:
                                              r.pop("frame_bytes"))
                 floor = nbytes / bandwidth
                 if not args.no_launches:
-                    launches, counted = count_launches(case, algorithm, args)
+                    launches, counted, ffts = count_launches(case, algorithm, args)
                     launch_s = launches * args.launch_us * 1e-6
                     model_bw = bandwidth if backend.is_gpu else args.model_gbs * 1e9
-                    r.update(launches_per_iteration=launches, launch_us=args.launch_us,
+                    r.update(launches_per_iteration=launches, ffts_per_iteration=ffts,
+                             launch_us=args.launch_us,
                              launch_seconds=launch_s, launch_ratio=launch_s / floor,
                              counted_bytes_per_iteration=counted,
                              counted_passes=counted / (8 * n * m * m),

@@ -138,7 +138,8 @@ for line in sys.stdin:
         if "skipped" in r and sys.argv[1].startswith("ptychi"):
             print("  ", r.get("engine"), "skipped:", r["skipped"])
         continue
-    keys = ("floor_ratio", "nrmse", "measured_launch_us", "first_iteration_seconds")
+    keys = ("floor_ratio", "nrmse", "measured_launch_us", "measured_fft_us",
+            "first_iteration_seconds")
     extra = " ".join(f"{k}={r[k]:.4g}" for k in keys if isinstance(r.get(k), float))
     print(f"   {r['engine']:8} {r['algorithm']:6} {r['field']:4} {r['positions']}x{r['frame']}"
           f" batch={r.get('batch_size')} s/it={r['seconds_per_iteration']:.4g} {extra}")

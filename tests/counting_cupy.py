@@ -2,8 +2,9 @@
 :class:`~beamflow.ptycho.arrays.ArrayBackend`, whose arrays count element-wise and reduction
 kernels, fancy-index gathers and window writes, FFTs and the fused kernels
 (``COUNTS["launch"]``), the bytes those kernels read and write in device memory
-(``"bytes"``), uploads (``"upload"``), every conversion to a host value (``"read"``) and
-CuPy's scaling kernels after an FFT (``"fft_scale"``, also counted as launches).
+(``"bytes"``), uploads (``"upload"``), every conversion to a host value (``"read"``), the
+FFTs (``"fft"``) and CuPy's scaling kernels after an FFT (``"fft_scale"``; both also
+counted as launches).
 
 Used by ``tests/test_device_syncs.py`` (what keeps the engine's speed on a GPU when no GPU is
 in the loop) and by ``benchmarks/bench_gpu.py`` (launches per iteration of each case). It
@@ -203,6 +204,7 @@ class _XP(types.ModuleType):
 
 def _fft(forward: bool):
     def fft(a: Any, axes: Any = (-2, -1), overwrite_x: bool = False, norm: str = "backward"):
+        COUNTS["fft"] += 1
         _launch(2 * a.nbytes)
         # CuPy scales after cuFFT (cuFFT itself never does): ``out /= n``, one more kernel
         # over the whole array (cupy/fft/_fft.py, _exec_fftn).
