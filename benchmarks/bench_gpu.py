@@ -14,10 +14,11 @@ own probe guess.
 
 Simulating a scan costs the host more than timing it on a card (10000 × 256²: about 70 s
 on one core, mostly Poisson draws that hold the GIL). ``--scan-cache DIR`` keeps each
-simulated scan there (``{field}_{N}x{M}_seed{S}.npy`` and ``.pkl``, written under temporary
-names and renamed) and loads it in later invocations; ``--simulate-only`` fills the cache for
-the selected cases and fields without touching the device, so scans can be made in other
-processes while the card is busy (``benchmarks/gpu_check.sh``). The cache is keyed by the
+simulated scan there (``{field}_{N}x{M}_seed{S}_frames.npy``, ``_region.npy`` and
+``_ground_truth.h5``, written under temporary names and renamed, the ground truth last) and
+loads it in later invocations; ``--simulate-only`` fills the cache for the selected cases
+and fields without touching the device, so scans can be made in other processes while the
+card is busy (``benchmarks/gpu_check.sh``). The cache is keyed by the
 case and seed only: empty it when the simulator changes.
 
 Timing: ``--warmup`` iterations (default 2: plans, caches, kernel compilation), then
@@ -194,39 +195,37 @@ def copy_bandwidth(backend: ArrayBackend, nbytes: int = 2**30) -> float:
     return 2 * n * 4 / best
 
 
-def launch_cost(backend: ArrayBackend, n: int = 2000) -> float | None:
-    """Seconds per launch of a tiny in-place kernel on a GPU (the queue never fills, so
-    this is the host's cost per launch), best of 5 runs of ``n``; None on the CPU."""
-    if not backend.is_gpu:
-        return None
-    a = backend.xp.zeros(1, np.float32)
+def _host_seconds(backend: ArrayBackend, call: Any, n: int) -> float:
+    """Seconds per ``call()`` on the device's queue, best of 5 runs of ``n``: the call is
+    small enough that the queue never fills, so this is what the host spends on it."""
     best = float("inf")
     for _ in range(5):
         backend.synchronize()
         t = time.perf_counter()
         for _ in range(n):
-            a += 1
+            call()
         backend.synchronize()
         best = min(best, (time.perf_counter() - t) / n)
     return best
 
 
-def fft_cost(backend: ArrayBackend, n: int = 500) -> float | None:
+def launch_cost(backend: ArrayBackend) -> float | None:
+    """Seconds per launch of a tiny in-place kernel on a GPU; None on the CPU."""
+    if not backend.is_gpu:
+        return None
+    xp = backend.xp
+    a = xp.zeros(1, np.float32)
+    return _host_seconds(backend, lambda: xp.add(a, 1, out=a), 2000)
+
+
+def fft_cost(backend: ArrayBackend) -> float | None:
     """Seconds per call of the engine's FFT (``ArrayBackend.fft2``, in place) on a stack
     small enough that the host's side is what is timed: CuPy's argument checks and plan
-    lookup, beyond a plain launch. Best of 5 runs of ``n``; None on the CPU."""
+    lookup, beyond a plain launch. None on the CPU."""
     if not backend.is_gpu:
         return None
     a = backend.xp.zeros((4, 32, 32), np.complex64)
-    best = float("inf")
-    for _ in range(5):
-        backend.synchronize()
-        t = time.perf_counter()
-        for _ in range(n):
-            a = backend.fft2(a)
-        backend.synchronize()
-        best = min(best, (time.perf_counter() - t) / n)
-    return best
+    return _host_seconds(backend, lambda: backend.fft2(a), 500)
 
 
 def cached_scan(cache: Path | None, field: str, n: int, m: int, seed: int

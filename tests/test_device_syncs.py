@@ -319,18 +319,26 @@ def test_the_gpu_code_path_reconstructs_as_the_cpu_does(device, extra):
     np.testing.assert_allclose(losses[0], losses[1], rtol=2e-5)
 
 
-@pytest.mark.parametrize("algorithm", ["rpie", "lsqml", "dm"])
-def test_the_gpu_code_path_reconstructs_near_field_scans_as_the_cpu_does(device, algorithm):
-    """Near field: the propagator G_j = H·conj(r_j) and its adjoint, which a GPU makes from
-    the ramp factors in a kernel, give the CPU's losses."""
-    from beamflow.ptycho import PtychoData, array_backend
+def _near_field_scan() -> tuple[Any, Any]:
+    """(PtychoData, Propagation) of a small simulated near-field scan."""
+    from beamflow.ptycho import PtychoData
     from beamflow.simulate import detector_frames, make_near_field_ground_truth
 
     gt = make_near_field_ground_truth(positions=16, probe_size=32, photons=1e7, seed=1)
     frames = detector_frames(gt, 0, gt.n_positions, np.random.default_rng(5))
     data = PtychoData(intensities=frames.astype(np.float32), positions_px=gt.positions_px,
                       object_shape=gt.object.shape, mask=gt.mask)
-    params = ReconParams(algorithm=algorithm, iterations=4, propagation=gt.propagation)
+    return data, gt.propagation
+
+
+@pytest.mark.parametrize("algorithm", ["rpie", "lsqml", "dm"])
+def test_the_gpu_code_path_reconstructs_near_field_scans_as_the_cpu_does(device, algorithm):
+    """Near field: the propagator G_j = H·conj(r_j) and its adjoint, which a GPU makes from
+    the ramp factors in a kernel, give the CPU's losses."""
+    from beamflow.ptycho import array_backend
+
+    data, propagation = _near_field_scan()
+    params = ReconParams(algorithm=algorithm, iterations=4, propagation=propagation)
     losses = []
     for backend in (device, array_backend("cpu", threads=1)):
         with Reconstructor(data, initial_state(data, params), backend) as rec:
@@ -345,15 +353,11 @@ def test_a_gpu_batch_folds_the_inverse_ffts_scale_into_its_kernels(device, algor
     """CuPy scales an inverse FFT in a kernel of its own, a read and a write of the stack:
     the sweep's inverse FFTs take their 1/M² in the products before them instead (the
     modulus kernel, the propagator, the probe's conjugate), and give the CPU's losses."""
-    from beamflow.ptycho import PtychoData, array_backend
-    from beamflow.simulate import detector_frames, make_near_field_ground_truth
+    from beamflow.ptycho import array_backend
 
     if field == "near":
-        gt = make_near_field_ground_truth(positions=16, probe_size=32, photons=1e7, seed=1)
-        frames = detector_frames(gt, 0, gt.n_positions, np.random.default_rng(5))
-        data = PtychoData(intensities=frames.astype(np.float32), positions_px=gt.positions_px,
-                          object_shape=gt.object.shape, mask=gt.mask)
-        extra = {"propagation": gt.propagation}
+        data, propagation = _near_field_scan()
+        extra = {"propagation": propagation}
     else:
         data, extra = data_of(simulate(n=64)), {}
     params = ReconParams(algorithm=algorithm, iterations=3, **extra)
