@@ -15,12 +15,14 @@
 # and the next one runs, and a step with under 20 s left is skipped. What comes back in $OUT
 # (./gpu-check-out/ when OUT is unset): run.log (everything printed), card.txt (the card,
 # driver, versions, pip list), gpu.jsonl (bench_gpu.py's JSON lines, each step between two
-# {"gpu_check_step": ...} lines), simulate.log (the scans simulated in the background) and
-# summary.txt (one line per step: rc and seconds).
+# {"gpu_check_step": ...} lines), simulate.log (the scans simulated in the background),
+# summary.txt (one line per step: rc and seconds) and ncu-rpie.csv, ncu-lsqml.csv (Nsight
+# Compute's kernel times and DRAM bytes of one iteration; benchmarks/profile_gpu.py).
 #
 # Order (the must-have figures first): pytest -m gpu (the fused kernels against the array
 # code) while the big scans are simulated in background processes (10000 x 256² takes ~70 s
-# of one core); far field rPIE and LSQ-ML at 4000 x 128², then 10000 x 256²; the same with
+# of one core); far field rPIE and LSQ-ML at 4000 x 128², then 10000 x 256²; one iteration
+# of each at 4000 x 128² kernel by kernel under ncu (when it is there); the same with
 # --batch 512; ePIE and DM far field; near field (rPIE, LSQ-ML, DM at 4000 x 128², ePIE at
 # 400 x 64²: one position a batch); Pty-Chi (rPIE, LSQ-ML) at 4000 x 128², then rPIE at
 # 10000 x 256².
@@ -245,6 +247,23 @@ run_all() {
     scans_ready "far $big"
     step far-rpie-lsqml-$big 180 "$j" "${b[@]}" --fields far --cases "$big" \
         --algorithms rpie lsqml
+    # Kernel by kernel, one iteration of each at the small case (benchmarks/profile_gpu.py):
+    # the card's busy time beside the wall time says whether the host or the card limits it.
+    if command -v ncu >/dev/null && [[ $device == cuda ]]; then
+        local alg
+        for alg in rpie lsqml; do
+            step ncu-$alg-$small 75 /dev/stdout ncu --profile-from-start off \
+                --clock-control none --print-units base --print-kernel-base function --csv \
+                --log-file "$OUT/ncu-$alg.csv" \
+                --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+                "$PY" benchmarks/profile_gpu.py --scan-cache "$scans" --cases "$small" \
+                --algorithms "$alg"
+            [[ -s $OUT/ncu-$alg.csv ]] && "$PY" benchmarks/profile_gpu.py \
+                --summarize "$OUT/ncu-$alg.csv" 2>&1 | head -n 30 || true
+        done
+    else
+        log "no ncu (or no card): the kernel profile left out"
+    fi
     step far-rpie-lsqml-batch512 180 "$j" "${b[@]}" --fields far --cases "$small" "$big" \
         --algorithms rpie lsqml --batch 512
     step far-epie-dm-$small 120 "$j" "${b[@]}" --fields far --cases "$small" --algorithms epie dm

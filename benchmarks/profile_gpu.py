@@ -1,0 +1,127 @@
+"""Where one engine iteration spends the card's time, kernel by kernel, under Nsight Compute.
+
+Two modes, run from the repository root on a GPU machine with ``ncu`` on the PATH::
+
+    ncu --profile-from-start off --clock-control none --print-units base \\
+        --print-kernel-base function --csv --log-file ncu.csv \\
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \\
+        python3 benchmarks/profile_gpu.py --cases 4000x128 --algorithms rpie
+    python3 benchmarks/profile_gpu.py --summarize ncu.csv
+
+The first reconstructs each case (from ``bench_gpu.py``'s scan cache, ``--scan-cache``) for
+``--warmup`` iterations, then brackets one iteration with the CUDA profiler's start and stop
+(``cupy.cuda.profiler``), so ``ncu --profile-from-start off`` records exactly that
+iteration's kernels. It prints, per case, the iteration's wall seconds without the profiler
+(median of 3) so the kernels' sum can be set beside it: when the sum is far below the wall
+time, the host (launches, CuPy's checks) is what limits the iteration, not the card.
+
+The second prints one JSON line per kernel name of each profiled iteration (launches, summed
+device µs, DRAM bytes read and written, achieved GB/s) and a total line: ``kernel_us``
+(the card's busy time), ``dram_gb`` and the achieved GB/s. It sums every profiled
+iteration in the file: profile one algorithm and case per ``ncu`` call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gpu import CASES, _setup, cached_scan, log  # noqa: E402
+
+from beamflow.ptycho import Reconstructor, array_backend, initial_state  # noqa: E402
+
+
+def profile(args: argparse.Namespace) -> None:
+    import cupy  # noqa: PLC0415 - a GPU machine only
+
+    backend = array_backend("cuda")
+    for name in args.cases:
+        n, m = CASES[name]
+        case = cached_scan(args.scan_cache, args.field, n, m, args.seed)
+        for algorithm in args.algorithms:
+            data, params = _setup(case, algorithm, args.warmup + 4, args)
+            with Reconstructor(data, initial_state(data, params), backend) as rec:
+                for _ in range(args.warmup):
+                    rec.iterate()
+                walls = []
+                for _ in range(3):
+                    backend.synchronize()
+                    t = time.perf_counter()
+                    rec.iterate()
+                    backend.synchronize()
+                    walls.append(time.perf_counter() - t)
+                backend.synchronize()
+                cupy.cuda.profiler.start()
+                rec.iterate()
+                backend.synchronize()
+                cupy.cuda.profiler.stop()
+            print(json.dumps({"profiled": f"{algorithm} {args.field} {name}",
+                              "batch_size": params.batch_size_for(n),
+                              "wall_seconds": float(np.median(walls))}), flush=True)
+            log(f"profiled {algorithm} {args.field} {name}")
+
+
+def summarize(path: Path) -> None:
+    """ncu's CSV (one row per kernel and metric, in launch order) -> per-kernel sums."""
+    rows = []
+    with open(path, newline="") as f:
+        lines = [ln for ln in f if ln.startswith('"')]  # ncu's own log lines come first
+    for row in csv.DictReader(lines):
+        rows.append(row)
+    if not rows:
+        print(json.dumps({"summary": "no kernels in " + str(path)}))
+        return
+    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
+             "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
+    kernels: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    seen: set[tuple[str, str]] = set()
+    for row in rows:
+        value = float(row["Metric Value"].replace(",", "")) * scale.get(row["Metric Unit"], 1.0)
+        k = kernels[row["Kernel Name"][:80]]
+        k[row["Metric Name"]] += value
+        key = (row["ID"], row["Kernel Name"])
+        if key not in seen:
+            seen.add(key)
+            k["launches"] += 1
+    total_us = sum(k["gpu__time_duration.sum"] for k in kernels.values())
+    total_bytes = 0.0
+    for name, k in sorted(kernels.items(), key=lambda kv: -kv[1]["gpu__time_duration.sum"]):
+        nbytes = k["dram__bytes_read.sum"] + k["dram__bytes_write.sum"]
+        total_bytes += nbytes
+        us = k["gpu__time_duration.sum"]
+        print(json.dumps({"kernel": name, "launches": int(k["launches"]), "us": round(us, 1),
+                          "share": round(us / total_us, 3), "dram_mb": round(nbytes / 1e6, 1),
+                          "gbs": round(nbytes / us / 1e3, 1) if us else None}))
+    print(json.dumps({"total_kernels": len(seen), "kernel_us": round(total_us, 1),
+                      "dram_gb": round(total_bytes / 1e9, 3),
+                      "gbs": round(total_bytes / total_us / 1e3, 1)}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--summarize", type=Path, metavar="NCU_CSV")
+    ap.add_argument("--cases", nargs="+", choices=list(CASES), default=["4000x128"])
+    ap.add_argument("--field", choices=("far", "near"), default="far")
+    ap.add_argument("--algorithms", nargs="+", default=["rpie", "lsqml"])
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--scan-cache", type=Path, default=None, metavar="DIR")
+    args = ap.parse_args()
+    if args.summarize:
+        summarize(args.summarize)
+    else:
+        profile(args)
+
+
+if __name__ == "__main__":
+    main()
