@@ -105,8 +105,8 @@ Output (``--json``): one line per case: ``engine``, ``algorithm``, ``field``, ``
 ``model_seconds`` and ``batch_size``. A case's objects are scored (``nrmse``) after all its
 timed runs, one after another or, with ``--score-workers N``, side by side in N spawned
 processes: ``compare`` costs the host ~9 s at 4000 × 128² and ~70 s at 10000 × 256² on one
-core, more than the timed iterations on a card; each timing is logged (stderr) as soon as it
-is taken. ``--sites N`` adds, per case, the N engine lines
+core, more than the timed iterations on a card (``--no-score``: ``nrmse`` null); each timing
+is logged (stderr) as soon as it is taken. ``--sites N`` adds, per case, the N engine lines
 (``file:line`` in ``beamflow/ptycho``) whose kernels move the most bytes on the stand-in,
 one line each with ``site``, ``launches_per_iteration`` and ``counted_passes``: where to
 fuse next.
@@ -409,6 +409,8 @@ def main() -> None:
     ap.add_argument("--score-workers", type=int, default=0, metavar="N",
                     help="score a case's objects (NRMSE) in N processes side by side "
                          "(default: one after another, in this process)")
+    ap.add_argument("--no-score", action="store_true",
+                    help="time only: no NRMSE (scoring 10000 x 256² costs a core ~70 s)")
     args = ap.parse_args()
     names = args.cases or (list(QUICK) if args.quick else list(CASES))
     if args.simulate_only:
@@ -484,7 +486,8 @@ def main() -> None:
                                   "batch_size": batch, "floor_seconds": nbytes / bandwidth,
                                   "floor_ratio": rec["seconds_per_iteration"] * bandwidth
                                   / nbytes}, rec["object"]))
-            scores = score([obj for _, obj in done], case, args.score_workers)
+            scores = (score([obj for _, obj in done], case, args.score_workers)
+                      if not args.no_score else [None] * len(done))
             for (record, _), value in zip(done, scores, strict=True):
                 _emit(args, {**record, "nrmse": value})
 

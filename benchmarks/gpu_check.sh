@@ -17,22 +17,26 @@
 # driver, versions, pip list), gpu.jsonl (bench_gpu.py's JSON lines, each step between two
 # {"gpu_check_step": ...} lines), simulate.log (the scans simulated in the background),
 # summary.txt (one line per step: rc and seconds) and ncu-rpie.csv, ncu-lsqml.csv (Nsight
-# Compute's kernel times and DRAM bytes of one iteration; benchmarks/profile_gpu.py).
+# Compute's kernel times and DRAM bytes of one iteration; benchmarks/profile_gpu.py), and
+# ncu-epie.csv (ePIE's first 400 kernels of an iteration).
 #
 # Order (the must-have figures first): pytest -m gpu (the fused kernels against the array
 # code) while the big scans are simulated in background processes (10000 x 256² takes ~70 s
-# of one core); far field rPIE and LSQ-ML at 4000 x 128², then 10000 x 256²; one iteration
-# of each at 4000 x 128² kernel by kernel under ncu (when it is there); the same with
-# --batch 512; ePIE and DM far field; near field (rPIE, LSQ-ML, DM at 4000 x 128², ePIE at
-# 400 x 64²: one position a batch); Pty-Chi (rPIE, LSQ-ML) at 4000 x 128², then rPIE at
-# 10000 x 256².
+# of one core); far field rPIE and LSQ-ML at 4000 x 128²; one iteration of each kernel by
+# kernel under ncu (when it is there; ePIE's first 400 kernels too) and its host's side
+# under cProfile (ePIE, rPIE; near-field ePIE); the two at 10000 x 256² (timed, not scored: scoring
+# costs a core ~70 s); both sizes with --batch 512 (timed); the NRMSE of rPIE and LSQ-ML at
+# 4000 x 128² after 100 iterations, default batch and 512; ePIE and DM far field; near field
+# (rPIE, LSQ-ML, DM at 4000 x 128², ePIE at 400 x 64²: one position a batch); Pty-Chi (rPIE,
+# LSQ-ML) at 4000 x 128², then rPIE at 10000 x 256².
 #
 # Environment (for `prepare`): PYVER (default 3.12, the machine's; another only to test
 # `run` here), GPU_CHECK_WHEELS (default .whl). For `run`: GPU_CHECK_BUDGET (seconds),
 # GPU_CHECK_SITE (default /tmp/site), GPU_CHECK_SCANS (the scan cache, default
 # /tmp/gpu-check-scans), and, only to test the script without a card, GPU_CHECK_DEVICE=cpu
 # (bench_gpu.py --device cpu; the GPU tests skip) and GPU_CHECK_QUICK=1 (every case 400 x 64²,
-# 2 iterations).
+# 2 iterations). GPU_CHECK_ONLY="pytest far ncu quality near ptychi" (any of these words, a
+# step's name's first word; also "host") runs those steps alone: a second, shorter call after a fix.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -112,6 +116,9 @@ step() {
         echo "$name skipped (budget)" >>"$OUT/summary.txt"
         FAILED=1
         return 0
+    fi
+    if [[ -n ${GPU_CHECK_ONLY:-} && " $GPU_CHECK_ONLY " != *" ${name%%-*} "* ]]; then
+        return 0 # not asked for (GPU_CHECK_ONLY names steps by their first word)
     fi
     local before t0=$SECONDS rc=0
     before=$(wc -l <"$OUT/gpu.jsonl")
@@ -203,8 +210,9 @@ run_all() {
     local device=${GPU_CHECK_DEVICE:-cuda} site=${GPU_CHECK_SITE:-/tmp/site}
     local scans=${GPU_CHECK_SCANS:-/tmp/gpu-check-scans}
     local small=4000x128 big=10000x256 tiny=400x64 iters=(--warmup 2 --iterations 10)
+    local quality=100
     if [[ ${GPU_CHECK_QUICK:-0} == 1 ]]; then
-        small=400x64 big=400x64 iters=(--warmup 1 --iterations 2)
+        small=400x64 big=400x64 iters=(--warmup 1 --iterations 2) quality=3
     fi
     export PYTHONUNBUFFERED=1
     log "run on $(uname -n), device $device, budget ${BUDGET} s, out $OUT"
@@ -244,9 +252,6 @@ run_all() {
     scans_ready "far $small"
     step far-rpie-lsqml-$small 120 "$j" "${b[@]}" --fields far --cases "$small" \
         --algorithms rpie lsqml
-    scans_ready "far $big"
-    step far-rpie-lsqml-$big 180 "$j" "${b[@]}" --fields far --cases "$big" \
-        --algorithms rpie lsqml
     # Kernel by kernel, one iteration of each at the small case (benchmarks/profile_gpu.py):
     # the card's busy time beside the wall time says whether the host or the card limits it.
     if command -v ncu >/dev/null && [[ $device == cuda ]]; then
@@ -259,13 +264,37 @@ run_all() {
                 "$PY" benchmarks/profile_gpu.py --scan-cache "$scans" --cases "$small" \
                 --algorithms "$alg"
             [[ -s $OUT/ncu-$alg.csv ]] && "$PY" benchmarks/profile_gpu.py \
-                --summarize "$OUT/ncu-$alg.csv" 2>&1 | head -n 30 || true
+                --summarize "$OUT/ncu-$alg.csv" || true
         done
+        # ePIE launches its sequence once per set of windows: the first 400 kernels.
+        step ncu-epie-$small 75 /dev/stdout ncu --profile-from-start off --launch-count 400 \
+            --clock-control none --print-units base --print-kernel-base function --csv \
+            --log-file "$OUT/ncu-epie.csv" \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+            "$PY" benchmarks/profile_gpu.py --scan-cache "$scans" --cases "$small" \
+            --algorithms epie
+        [[ -s $OUT/ncu-epie.csv ]] && "$PY" benchmarks/profile_gpu.py \
+            --summarize "$OUT/ncu-epie.csv" || true
     else
         log "no ncu (or no card): the kernel profile left out"
     fi
+    # The host's side of one iteration (cProfile): where the host waits.
+    step host-far-$small 60 /dev/stdout "$PY" benchmarks/profile_gpu.py --host --top 15 \
+        --device "$device" --scan-cache "$scans" --cases "$small" --algorithms epie rpie
+    scans_ready "near $tiny"
+    step host-near-$tiny 60 /dev/stdout "$PY" benchmarks/profile_gpu.py --host --top 15 \
+        --device "$device" --scan-cache "$scans" --field near --cases "$tiny" --algorithms epie
+    scans_ready "far $big"
+    step far-rpie-lsqml-$big 180 "$j" "${b[@]}" --fields far --cases "$big" \
+        --algorithms rpie lsqml --no-score
     step far-rpie-lsqml-batch512 180 "$j" "${b[@]}" --fields far --cases "$small" "$big" \
-        --algorithms rpie lsqml --batch 512
+        --algorithms rpie lsqml --batch 512 --no-score
+    # The NRMSE after 100 iterations (the issue's quality figures), default batch and 512.
+    local q=("$PY" "${bench[@]}" --device "$device" --json --no-launches --score-workers 4
+        --warmup 0 --iterations "$quality" --fields far --cases "$small"
+        --algorithms rpie lsqml)
+    step quality-default-$small 90 "$j" "${q[@]}"
+    step quality-batch512-$small 90 "$j" "${q[@]}" --batch 512
     step far-epie-dm-$small 120 "$j" "${b[@]}" --fields far --cases "$small" --algorithms epie dm
     scans_ready "near $small" "near $tiny"
     step near-rpie-lsqml-dm-$small 120 "$j" "${b[@]}" --fields near --cases "$small" \

@@ -15,21 +15,28 @@ iteration's kernels. It prints, per case, the iteration's wall seconds without t
 (median of 3) so the kernels' sum can be set beside it: when the sum is far below the wall
 time, the host (launches, CuPy's checks) is what limits the iteration, not the card.
 
+With ``--host`` (no ``ncu``) the profiled iteration runs under cProfile instead: one JSON
+line per Python function, by its own time, for the ``--top`` first; a function holding the
+host long waits for the card (launches return at once) or is the host's own cost.
+
 The second prints one JSON line per kernel name of each profiled iteration (launches, summed
-device µs, DRAM bytes read and written, achieved GB/s) and a total line: ``kernel_us``
-(the card's busy time), ``dram_gb`` and the achieved GB/s. It sums every profiled
-iteration in the file: profile one algorithm and case per ``ncu`` call.
+device µs, DRAM bytes read and written, achieved GB/s; the ``--top`` most costly), after a
+total line: ``kernel_us`` (the card's busy time), ``dram_gb`` and the achieved GB/s. It
+sums every profiled iteration in the file: profile one algorithm and case per ``ncu`` call.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import csv
 import json
+import pstats
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -41,9 +48,7 @@ from beamflow.ptycho import Reconstructor, array_backend, initial_state  # noqa:
 
 
 def profile(args: argparse.Namespace) -> None:
-    import cupy  # noqa: PLC0415 - a GPU machine only
-
-    backend = array_backend("cuda")
+    backend = array_backend(args.device)
     for name in args.cases:
         n, m = CASES[name]
         case = cached_scan(args.scan_cache, args.field, n, m, args.seed)
@@ -60,17 +65,38 @@ def profile(args: argparse.Namespace) -> None:
                     backend.synchronize()
                     walls.append(time.perf_counter() - t)
                 backend.synchronize()
-                cupy.cuda.profiler.start()
-                rec.iterate()
-                backend.synchronize()
-                cupy.cuda.profiler.stop()
+                if args.host:
+                    _host_profile(rec, backend, args.top)
+                else:
+                    import cupy  # noqa: PLC0415 - a GPU machine only
+
+                    cupy.cuda.profiler.start()
+                    rec.iterate()
+                    backend.synchronize()
+                    cupy.cuda.profiler.stop()
             print(json.dumps({"profiled": f"{algorithm} {args.field} {name}",
                               "batch_size": params.batch_size_for(n),
                               "wall_seconds": float(np.median(walls))}), flush=True)
             log(f"profiled {algorithm} {args.field} {name}")
 
 
-def summarize(path: Path) -> None:
+def _host_profile(rec: Reconstructor, backend: Any, top: int) -> None:
+    """The host's side of one iteration under cProfile: the ``top`` functions by their own
+    time. Launches return at once, so a function that holds the host long is one that
+    waits for the card (a hidden synchronisation) or costs the host itself."""
+    prof = cProfile.Profile()
+    prof.enable()
+    rec.iterate()
+    backend.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tottime, cumtime, ...)}
+    ranked = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    for (file, line, name), (_cc, calls, own, cum, _callers) in ranked:
+        print(json.dumps({"function": f"{Path(file).name}:{line}:{name}", "calls": calls,
+                          "own_ms": round(own * 1e3, 2), "cumulative_ms": round(cum * 1e3, 2)}))
+
+
+def summarize(path: Path, top: int) -> None:
     """ncu's CSV (one row per kernel and metric, in launch order) -> per-kernel sums."""
     rows = []
     with open(path, newline="") as f:
@@ -80,12 +106,17 @@ def summarize(path: Path) -> None:
     if not rows:
         print(json.dumps({"summary": "no kernels in " + str(path)}))
         return
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
-             "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
+    # ncu's units (--print-units base gives ns and byte; others kept in case it scales).
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3,
+             "msecond": 1e3, "s": 1e6, "second": 1e6, "byte": 1.0, "Kbyte": 1e3,
+             "Mbyte": 1e6, "Gbyte": 1e9}
     kernels: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     seen: set[tuple[str, str]] = set()
     for row in rows:
-        value = float(row["Metric Value"].replace(",", "")) * scale.get(row["Metric Unit"], 1.0)
+        unit = row["Metric Unit"]
+        if unit not in scale:
+            raise SystemExit(f"{path}: unknown unit {unit!r} of {row['Metric Name']}")
+        value = float(row["Metric Value"].replace(",", "")) * scale[unit]
         k = kernels[row["Kernel Name"][:80]]
         k[row["Metric Name"]] += value
         key = (row["ID"], row["Kernel Name"])
@@ -93,22 +124,29 @@ def summarize(path: Path) -> None:
             seen.add(key)
             k["launches"] += 1
     total_us = sum(k["gpu__time_duration.sum"] for k in kernels.values())
-    total_bytes = 0.0
-    for name, k in sorted(kernels.items(), key=lambda kv: -kv[1]["gpu__time_duration.sum"]):
+    total_bytes = sum(k["dram__bytes_read.sum"] + k["dram__bytes_write.sum"]
+                      for k in kernels.values())
+    print(json.dumps({"total_kernels": len(seen), "kernel_us": round(total_us, 1),
+                      "dram_gb": round(total_bytes / 1e9, 3),
+                      "gbs": round(total_bytes / total_us / 1e3, 1)}))
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1]["gpu__time_duration.sum"])
+    for name, k in ranked[:top]:
         nbytes = k["dram__bytes_read.sum"] + k["dram__bytes_write.sum"]
-        total_bytes += nbytes
         us = k["gpu__time_duration.sum"]
         print(json.dumps({"kernel": name, "launches": int(k["launches"]), "us": round(us, 1),
                           "share": round(us / total_us, 3), "dram_mb": round(nbytes / 1e6, 1),
                           "gbs": round(nbytes / us / 1e3, 1) if us else None}))
-    print(json.dumps({"total_kernels": len(seen), "kernel_us": round(total_us, 1),
-                      "dram_gb": round(total_bytes / 1e9, 3),
-                      "gbs": round(total_bytes / total_us / 1e3, 1)}))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--summarize", type=Path, metavar="NCU_CSV")
+    ap.add_argument("--top", type=int, default=25,
+                    help="kernels (--summarize) or functions (--host) listed")
+    ap.add_argument("--host", action="store_true",
+                    help="profile the host's side of the iteration (cProfile), not the card")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda",
+                    help="cpu: only to try --host without a card")
     ap.add_argument("--cases", nargs="+", choices=list(CASES), default=["4000x128"])
     ap.add_argument("--field", choices=("far", "near"), default="far")
     ap.add_argument("--algorithms", nargs="+", default=["rpie", "lsqml"])
@@ -118,7 +156,7 @@ def main() -> None:
     ap.add_argument("--scan-cache", type=Path, default=None, metavar="DIR")
     args = ap.parse_args()
     if args.summarize:
-        summarize(args.summarize)
+        summarize(args.summarize, args.top)
     else:
         profile(args)
 

@@ -3,8 +3,9 @@
 kernels, fancy-index gathers and window writes, FFTs and the fused kernels
 (``COUNTS["launch"]``), the bytes those kernels read and write in device memory
 (``"bytes"``), uploads (``"upload"``), every conversion to a host value (``"read"``), the
-FFTs (``"fft"``) and CuPy's scaling kernels after an FFT (``"fft_scale"``; both also
-counted as launches).
+FFTs (``"fft"``), CuPy's scaling kernels after an FFT (``"fft_scale"``; both also
+counted as launches) and reductions of a strided (non-contiguous) view to one value
+(``"strided_reduce"``: CuPy runs those on a single block, as CUB takes contiguous input only).
 
 Used by ``tests/test_device_syncs.py`` (what keeps the engine's speed on a GPU when no GPU is
 in the loop) and by ``benchmarks/bench_gpu.py`` (launches per iteration of each case). It
@@ -120,6 +121,10 @@ class DeviceArray(np.ndarray):
         out = getattr(ufunc, method)(*(_host(i) for i in inputs), **kwargs)
         results = kwargs.get("out") or (out if isinstance(out, tuple) else (out,))
         _launch(_nbytes(*inputs, *results))
+        src = inputs[0]
+        if (method == "reduce" and np.ndim(out) == 0 and isinstance(src, np.ndarray)
+                and src.ndim > 1 and not src.flags.c_contiguous):
+            COUNTS["strided_reduce"] += 1
         return _dev(out)
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:

@@ -37,8 +37,8 @@ from beamflow.ptycho.kernels import (
     STEP_LENGTHS_SOURCE,
     STEP_SYSTEMS_SOURCE,
     SUM_POSITIONS,
-    SYSTEM_THREADS,
     THREADS,
+    system_blocks,
 )
 
 PRELUDE = r"""
@@ -76,14 +76,14 @@ extern "C" void run_step_systems(
     int grid, int block, const float2* pd, long long pd_stride, const float2* dobj,
     const long long* flat, const float2* oj, const float2* sp, long long sp_stride,
     const float2* chi, double* out, int b, int K, int M, long long W, int upd_obj,
-    int upd_probe, int T)
+    int upd_probe, int per)
 {
     blockDim.x = block;
     for (int g = 0; g < grid; ++g)
         for (int t = 0; t < block; ++t) {
             blockIdx.x = g; threadIdx.x = t;
             beamflow_step_systems(pd, pd_stride, dobj, flat, oj, sp, sp_stride, chi, out, b,
-                                  K, M, W, upd_obj, upd_probe, T);
+                                  K, M, W, upd_obj, upd_probe, per);
         }
 }
 """
@@ -282,20 +282,21 @@ def test_intensity_sum_kernel_adds_the_array_codes_illumination(cpu_kernels, b):
     np.testing.assert_allclose(out, want, rtol=1e-5)
 
 
-@pytest.mark.parametrize("upd_obj, upd_probe, modes, shifted", [
-    (True, True, 1, True),     # both directions, sub-pixel shifts: each position its probe
-    (True, True, 2, False),    # probe modes, no shifts: one probe and ΔP for all
-    (True, False, 1, True),    # object only (the probe's updates not started)
-    (False, True, 1, True),    # probe only
+@pytest.mark.parametrize("upd_obj, upd_probe, modes, shifted, m", [
+    (True, True, 1, True, 16),     # both directions, sub-pixel shifts: each position its probe
+    (True, True, 2, False, 72),    # probe modes, no shifts: one probe and ΔP for all; 2 blocks
+    (True, False, 1, True, 24),    # object only (the probe's updates not started)
+    (False, True, 1, True, 24),    # probe only
 ], ids=["both", "modes-unshifted", "object-only", "probe-only"])
 def test_step_systems_kernel_sums_what_the_array_code_sums(cpu_kernels, upd_obj, upd_probe,
-                                                          modes, shifted):
+                                                          modes, shifted, m):
     """LSQ-ML's step-length systems: the kernel's rows against the engine's array code (the
-    directions side by side, then lsqml._systems) on the same inputs."""
+    directions side by side, then lsqml._systems) on the same inputs; frames of 24² and 72²
+    make a thread sum several pixels, and 72² two blocks a position."""
     from beamflow.ptycho.lsqml import _systems
 
     rng = np.random.default_rng(11)
-    b, m, h, w = 7, 16, 37, 45
+    b, h, w = 7, m + 21, m + 29
     iy, ix = rng.integers(0, h - m + 1, b), rng.integers(0, w - m + 1, b)
     nb = b if shifted else 1
     pd, sp = _waves(rng, nb, modes, m, m), _waves(rng, nb, modes, m, m)
@@ -303,11 +304,13 @@ def test_step_systems_kernel_sums_what_the_array_code_sums(cpu_kernels, upd_obj,
     flat = (iy * w + ix).astype(np.int64)
     out = np.zeros((b, 5), np.float64)
     stride = modes * m * m if shifted else 0
+    per = system_blocks(m)
+    assert per == (2 if m == 72 else 1)
     cpu_kernels.run_step_systems(
-        (b * SYSTEM_THREADS + THREADS - 1) // THREADS, THREADS, _ptr(pd),
+        b * per, THREADS, _ptr(pd),
         ctypes.c_longlong(stride), _ptr(d_obj), _ptr(flat), _ptr(oj), _ptr(sp),
         ctypes.c_longlong(stride), _ptr(chi), _ptr(out), b, modes, m, ctypes.c_longlong(w),
-        int(upd_obj), int(upd_probe), SYSTEM_THREADS)
+        int(upd_obj), int(upd_probe), per)
     # The array code (LSQML.update without kernels).
     dirs = []
     if upd_obj:

@@ -344,8 +344,8 @@ class Core:
         slabs = [(slice(int(r[0]), int(r[-1]) + 1), bb[1]) for r in rows if len(r)]
         combined = self.map_list(lambda _t, sl: self.combine(accs, sl), slabs)
         xp = self.xp
-        top = (combined[0][1].max() if len(combined) == 1
-               else xp.stack([d.max() for _, d in combined]).max())
+        top = (_box_max(combined[0][1]) if len(combined) == 1
+               else xp.stack([_box_max(d) for _, d in combined]).max())
         dmax = self.backend.scalar(top)
 
         kernels = self.backend.kernels
@@ -712,3 +712,11 @@ class Core:
         xp = self.xp
         return float(self.backend.to_host(xp.sum(xp.stack([xp.asarray(v, xp.float64)
                                                              for v in values]))))
+
+
+def _box_max(d: Any) -> Any:
+    """The maximum of a 2-D box cut from a larger array, row by row first: CuPy reduces a
+    strided view to one value on a single block (CUB takes contiguous input only), which
+    took 1 ms for a 1100² box on an H100 — three quarters of an rPIE iteration's kernel
+    time at 4000 × 128²; a row maximum is a kernel as wide as the box."""
+    return d.max(axis=-1).max()

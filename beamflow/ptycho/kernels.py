@@ -58,7 +58,7 @@ import numpy as np
 
 __all__ = ["EXIT_WAVE_SOURCE", "INTENSITY_SUM_SOURCE", "OBJECT_TERMS_SOURCE",
            "RAMP_PRODUCT_SOURCE", "STEP_LENGTHS_SOURCE", "STEP_SYSTEMS_SOURCE", "SUM_POSITIONS",
-           "SYSTEM_THREADS", "GpuKernels", "THREADS"]
+           "SYSTEM_PIXELS", "GpuKernels", "THREADS", "system_blocks"]
 
 THREADS = 256
 
@@ -174,16 +174,20 @@ extern "C" __global__ void beamflow_intensity_sum(
 }
 """
 
-# Threads per position of the step systems: each sums every SYSTEM_THREADS-th element of
-# the position's (K, M, M) values (consecutive threads read consecutive elements), then adds
-# its five partial sums into the position's row in float64.
-SYSTEM_THREADS = 64
+# Pixels of each mode that one thread of the step systems sums: a position gets
+# ceil(M² / (SYSTEM_PIXELS · THREADS)) blocks, so a batch of b positions fills the card (a
+# fixed 64 threads a position left a batch of 128 on 32 blocks: a quarter of an H100's SMs,
+# 0.27 TB/s measured).
+SYSTEM_PIXELS = 16
 
 # One position's 2×2 least-squares system for LSQ-ML's step lengths (β_O, β_P):
 # d0 = P_j·ΔO[window j] (``upd_obj``), d1 = O_j·S_j[ΔP] (``upd_probe``; ``sp``: the shifted
 # ΔP, (b, K, M, M), or (1, K, M, M) without sub-pixel shifts: ``sp_stride`` 0), and the row
 # [Re Σ|d0|², Re Σ conj(d0)·d1, Re Σ|d1|², Re Σ conj(d0)·χ, Re Σ conj(d1)·χ] added to
 # ``out`` (b, 5) float64, zeroed by the caller. A missing direction is zero, so are its sums.
+# ``per``: blocks per position; the position's T = per·blockDim threads each sum every T-th
+# pixel of each mode (consecutive threads on consecutive pixels), then add their five partial
+# sums into the position's row in float64.
 STEP_SYSTEMS_SOURCE = r"""
 extern "C" __global__ void beamflow_step_systems(
     const float2* __restrict__ pd, const long long pd_stride,
@@ -191,35 +195,38 @@ extern "C" __global__ void beamflow_step_systems(
     const float2* __restrict__ oj, const float2* __restrict__ sp, const long long sp_stride,
     const float2* __restrict__ chi, double* __restrict__ out,
     const int b, const int K, const int M, const long long W,
-    const int upd_obj, const int upd_probe, const int T)
+    const int upd_obj, const int upd_probe, const int per)
 {
-    const long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long j = g / T;
-    const long long t = g - j * T;
+    const long long j = blockIdx.x / per;
     if (j >= b) return;
-    const long long mm = (long long)M * M;
+    const int T = per * blockDim.x;
+    const int t = (int)(blockIdx.x - j * per) * blockDim.x + threadIdx.x;
+    const int mm = M * M;
+    if (t >= mm) return;
     float a11 = 0.0f, a12 = 0.0f, a22 = 0.0f, b1 = 0.0f, b2 = 0.0f;
-    for (long long q = t; q < K * mm; q += T) {
-        const long long k = q / mm;
-        const long long p = q - k * mm;
-        const float2 X = chi[j * K * mm + q];
-        float2 d0 = make_float2(0.0f, 0.0f), d1 = make_float2(0.0f, 0.0f);
-        if (upd_obj) {
-            const long long r = p / M;
-            const float2 P = pd[j * pd_stride + q];
-            const float2 D = dobj[flat[j] + r * W + (p - r * M)];
-            d0 = make_float2(P.x * D.x - P.y * D.y, P.x * D.y + P.y * D.x);
+    for (int k = 0; k < K; ++k) {
+        const long long q0 = (long long)k * mm;
+        for (int p = t; p < mm; p += T) {
+            const long long q = q0 + p;
+            const float2 X = chi[j * K * mm + q];
+            float2 d0 = make_float2(0.0f, 0.0f), d1 = make_float2(0.0f, 0.0f);
+            if (upd_obj) {
+                const int r = p / M;
+                const float2 P = pd[j * pd_stride + q];
+                const float2 D = dobj[flat[j] + r * W + (p - r * M)];
+                d0 = make_float2(P.x * D.x - P.y * D.y, P.x * D.y + P.y * D.x);
+            }
+            if (upd_probe) {
+                const float2 O = oj[j * mm + p];
+                const float2 S = sp[j * sp_stride + q];
+                d1 = make_float2(O.x * S.x - O.y * S.y, O.x * S.y + O.y * S.x);
+            }
+            a11 += d0.x * d0.x + d0.y * d0.y;
+            a12 += d0.x * d1.x + d0.y * d1.y;
+            a22 += d1.x * d1.x + d1.y * d1.y;
+            b1 += d0.x * X.x + d0.y * X.y;
+            b2 += d1.x * X.x + d1.y * X.y;
         }
-        if (upd_probe) {
-            const float2 O = oj[j * mm + p];
-            const float2 S = sp[j * sp_stride + q];
-            d1 = make_float2(O.x * S.x - O.y * S.y, O.x * S.y + O.y * S.x);
-        }
-        a11 += d0.x * d0.x + d0.y * d0.y;
-        a12 += d0.x * d1.x + d0.y * d1.y;
-        a22 += d1.x * d1.x + d1.y * d1.y;
-        b1 += d0.x * X.x + d0.y * X.y;
-        b2 += d1.x * X.x + d1.y * X.y;
     }
     double* row = out + j * 5;
     atomicAdd(row, (double)a11);
@@ -229,6 +236,11 @@ extern "C" __global__ void beamflow_step_systems(
     atomicAdd(row + 4, (double)b2);
 }
 """
+
+
+def system_blocks(m: int) -> int:
+    """Blocks of THREADS per position of the step systems for M×M frames."""
+    return max(1, -(-m * m // (SYSTEM_PIXELS * THREADS)))
 
 
 # LSQ-ML's step pair from the batch's summed system ``t`` = [a11, a12, a22, b1, b2]
@@ -380,14 +392,14 @@ class GpuKernels:
         upd_obj, upd_probe = d_obj is not None, sp is not None
         d_obj = cp.ascontiguousarray(d_obj) if upd_obj else chi  # unread when absent
         sp = cp.ascontiguousarray(sp) if upd_probe else chi
-        n = b * SYSTEM_THREADS
+        per = system_blocks(m)
         self._step_systems(
-            ((n + THREADS - 1) // THREADS,), (THREADS,),
+            (b * per,), (THREADS,),
             (pd, np.int64(0 if pd.shape[0] == 1 else k * m * m), d_obj,
              cp.ascontiguousarray(flat, dtype=np.int64), oj, sp,
              np.int64(0 if sp.shape[0] == 1 else k * m * m), chi, out, np.int32(b),
              np.int32(k), np.int32(m), np.int64(w), np.int32(upd_obj), np.int32(upd_probe),
-             np.int32(SYSTEM_THREADS)))
+             np.int32(per)))
         return out
 
     def step_lengths(self, tot: Any, both: bool, damping: float) -> Any:

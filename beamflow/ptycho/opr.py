@@ -288,6 +288,8 @@ def _mix(w: Any, z: Any, xp: Any) -> Any:
     """Σ_k w[b, k]·z[k] for real weights (B, K) and complex64 z (K, ...) → (B, ...)."""
     zv = xp.ascontiguousarray(z).view(np.float32)
     flat = xp.einsum("bk,kp->bp", w.astype(np.float32), zv.reshape(zv.shape[0], -1))
+    # CuPy's einsum may return a transposed (non-contiguous) product: view needs rows.
+    flat = xp.ascontiguousarray(flat)
     return flat.view(np.complex64).reshape((w.shape[0],) + z.shape[1:])
 
 
