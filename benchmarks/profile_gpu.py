@@ -42,9 +42,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gpu import CASES, _setup, cached_scan, log  # noqa: E402
+from bench_gpu import CASES, _setup, cached_scan, log, start  # noqa: E402
 
-from beamflow.ptycho import Reconstructor, array_backend, initial_state  # noqa: E402
+from beamflow.ptycho import Reconstructor, array_backend  # noqa: E402
 
 
 def profile(args: argparse.Namespace) -> None:
@@ -54,7 +54,7 @@ def profile(args: argparse.Namespace) -> None:
         case = cached_scan(args.scan_cache, args.field, n, m, args.seed)
         for algorithm in args.algorithms:
             data, params = _setup(case, algorithm, args.warmup + 4, args)
-            with Reconstructor(data, initial_state(data, params), backend) as rec:
+            with Reconstructor(data, start(case, data, params), backend) as rec:
                 for _ in range(args.warmup):
                     rec.iterate()
                 walls = []
