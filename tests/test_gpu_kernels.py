@@ -38,6 +38,7 @@ from beamflow.ptycho.kernels import (
     STEP_SYSTEMS_SOURCE,
     SUM_POSITIONS,
     THREADS,
+    position_grid,
     system_blocks,
 )
 
@@ -46,27 +47,28 @@ PRELUDE = r"""
 struct float2 { float x, y; };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct uint3 { unsigned x, y, z; };
-static uint3 blockIdx, threadIdx, blockDim;
+static uint3 blockIdx, threadIdx, blockDim, gridDim;
 #define __global__
 static inline float atomicAdd(float* a, float v) { float o = *a; *a += v; return o; }
 static inline double atomicAdd(double* a, double v) { double o = *a; *a += v; return o; }
 """
 
-# Runs every thread of a 1-D grid in turn (threads of the kernel share nothing but atomics,
-# so any order is one a GPU may take).
+# Run every thread of a 1-D grid (or of a 2-D grid_x × grid_y one) in turn: threads of the
+# kernel share nothing but atomics, so any order is one a GPU may take.
 OBJECT_TERMS_DRIVER = r"""
 extern "C" void run_object_terms(
-    int grid, int block, const float2* pd, long long pd_stride, const float2* chi,
-    const float* inten, const long long* flat, float* acc, int b, int K, int M,
-    long long W, long long HW, int exact)
+    int grid_x, int grid_y, int block, const float2* pd, long long pd_stride,
+    const float2* chi, const float* inten, const long long* flat, float* acc, int b, int K,
+    int M, long long W, long long HW, int exact)
 {
-    blockDim.x = block;
-    for (int g = 0; g < grid; ++g)
-        for (int t = 0; t < block; ++t) {
-            blockIdx.x = g; threadIdx.x = t;
-            beamflow_object_terms(pd, pd_stride, chi, inten, flat, acc, b, K, M, W, HW,
-                                  exact);
-        }
+    blockDim.x = block; gridDim.x = grid_x; gridDim.y = grid_y;
+    for (int gy = 0; gy < grid_y; ++gy)
+        for (int g = 0; g < grid_x; ++g)
+            for (int t = 0; t < block; ++t) {
+                blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
+                beamflow_object_terms(pd, pd_stride, chi, inten, flat, acc, b, K, M, W, HW,
+                                      exact);
+            }
 }
 """
 
@@ -89,28 +91,31 @@ extern "C" void run_step_systems(
 """
 EXIT_WAVE_DRIVER = r"""
 extern "C" void run_exit_wave(
-    int grid, int block, const float2* obj, const long long* flat, const float2* pd,
-    long long pd_stride, float2* oj, float2* psi, int b, int K, int M, long long W)
+    int grid_x, int grid_y, int block, const float2* obj, const long long* flat,
+    const float2* pd, long long pd_stride, float2* oj, float2* psi, int b, int K, int M,
+    long long W)
 {
-    blockDim.x = block;
-    for (int g = 0; g < grid; ++g)
-        for (int t = 0; t < block; ++t) {
-            blockIdx.x = g; threadIdx.x = t;
-            beamflow_exit_wave(obj, flat, pd, pd_stride, oj, psi, b, K, M, W);
-        }
+    blockDim.x = block; gridDim.x = grid_x; gridDim.y = grid_y;
+    for (int gy = 0; gy < grid_y; ++gy)
+        for (int g = 0; g < grid_x; ++g)
+            for (int t = 0; t < block; ++t) {
+                blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
+                beamflow_exit_wave(obj, flat, pd, pd_stride, oj, psi, b, K, M, W);
+            }
 }
 """
 RAMP_PRODUCT_DRIVER = r"""
 extern "C" void run_ramp_product(
-    int grid, int block, const float2* e, const float2* a, long long a_stride, float2* out,
-    int b, int K, int M, int conj)
+    int grid_x, int grid_y, int block, const float2* e, const float2* a, long long a_stride,
+    float2* out, int b, int K, int M, int conj)
 {
-    blockDim.x = block;
-    for (int g = 0; g < grid; ++g)
-        for (int t = 0; t < block; ++t) {
-            blockIdx.x = g; threadIdx.x = t;
-            beamflow_ramp_product(e, a, a_stride, out, b, K, M, conj);
-        }
+    blockDim.x = block; gridDim.x = grid_x; gridDim.y = grid_y;
+    for (int gy = 0; gy < grid_y; ++gy)
+        for (int g = 0; g < grid_x; ++g)
+            for (int t = 0; t < block; ++t) {
+                blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
+                beamflow_ramp_product(e, a, a_stride, out, b, K, M, conj);
+            }
 }
 """
 STEP_LENGTHS_DRIVER = r"""
@@ -166,13 +171,38 @@ def _waves(rng: np.random.Generator, *shape: int) -> np.ndarray:
     return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
 
 
+# The per-position kernels' grid rows: as GpuKernels launches them (a row a position), or
+# fewer rows than positions and not a divisor of their number, so each thread strides over
+# several positions as it does when a chunk holds more than CUDA's 65535 rows.
+GRID_ROWS = {"a row a position": None, "strided": 4}
+
+
+def _grid(pixels: int, b: int, rows: int | None) -> tuple[int, int]:
+    """GpuKernels' grid for ``b`` positions of ``pixels``, with ``rows`` rows if given."""
+    grid_x, grid_y = position_grid(pixels, b)
+    if rows is not None:
+        assert rows < b and b % rows != 0
+        grid_y = rows
+    return grid_x, grid_y
+
+
+def test_per_position_grid_has_a_row_a_position_up_to_cudas_limit():
+    """A chunk of more positions than CUDA's 65535 grid rows still launches: its threads
+    stride over the positions past the last row (the strided cases below)."""
+    assert position_grid(20 * 20, 7) == (2, 7)          # M² = 400: two blocks of 256
+    assert position_grid(3 * 128 * 128, 4000) == (192, 4000)
+    assert position_grid(128 * 128, 100_000) == (64, 65535)
+
+
+@pytest.mark.parametrize("rows", GRID_ROWS.values(), ids=GRID_ROWS.keys())
 @pytest.mark.parametrize("modes, shared, conj, in_place", [
     (1, True, False, False),   # the shifted probe: one spectrum for every position
     (3, True, False, False),   # probe modes
     (2, False, False, True),   # the probe terms: each position's own stack, in place
     (1, True, True, False),    # the near-field propagator: conj(r_j)·H
 ], ids=["probe", "modes", "in-place", "conjugate"])
-def test_ramp_product_kernel_makes_the_cpus_ramps(cpu_kernels, modes, shared, conj, in_place):
+def test_ramp_product_kernel_makes_the_cpus_ramps(cpu_kernels, modes, shared, conj, in_place,
+                                                  rows):
     """The ramps the kernel makes from a position's two factors are the CPU's
     (Core._outer_ramps), times the stack."""
     from beamflow.ptycho import (
@@ -184,7 +214,7 @@ def test_ramp_product_kernel_makes_the_cpus_ramps(cpu_kernels, modes, shared, co
     )
 
     rng = np.random.default_rng(2)
-    b, m = 6, 16
+    b, m = 6, 12  # K·M² not a multiple of the block
     frames = rng.random((b, m, m)).astype(np.float32)
     positions = rng.uniform(0, 20, (b, 2))  # sub-pixel
     data = PtychoData(intensities=frames, positions_px=positions, object_shape=(40, 40),
@@ -197,28 +227,27 @@ def test_ramp_product_kernel_makes_the_cpus_ramps(cpu_kernels, modes, shared, co
         ramps = core._outer_ramps(core.frac, np)
     a = _waves(rng, 1 if shared else b, modes, m, m)
     want = (np.conj(ramps) if conj else ramps)[:, None] * a
-    out = a if in_place else np.empty((b, modes, m, m), np.complex64)
-    n = b * modes * m * m
+    out = a if in_place else np.full((b, modes, m, m), np.nan, np.complex64)
     cpu_kernels.run_ramp_product(
-        (n + THREADS - 1) // THREADS, THREADS, _ptr(e), _ptr(a),
+        *_grid(modes * m * m, b, rows), THREADS, _ptr(e), _ptr(a),
         ctypes.c_longlong(0 if shared else modes * m * m), _ptr(out), b, modes, m, int(conj))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows", GRID_ROWS.values(), ids=GRID_ROWS.keys())
 @pytest.mark.parametrize("modes, shared_probe", [(1, False), (1, True), (3, False)],
                          ids=["one-mode", "shared-probe", "modes"])
 def test_exit_wave_kernel_gives_the_array_codes_patches_and_waves(cpu_kernels, modes,
-                                                                 shared_probe):
+                                                                 shared_probe, rows):
     rng = np.random.default_rng(5)
-    b, m, h, w = 8, 16, 41, 53
+    b, m, h, w = 7, 20, 41, 53  # M² not a multiple of the block
     iy, ix = rng.integers(0, h - m + 1, b), rng.integers(0, w - m + 1, b)
     obj, pd = _waves(rng, h, w), _waves(rng, 1 if shared_probe else b, modes, m, m)
     flat = (iy * w + ix).astype(np.int64)
-    oj = np.empty((b, m, m), np.complex64)
-    psi = np.empty((b, modes, m, m), np.complex64)
-    n = b * m * m
+    oj = np.full((b, m, m), np.nan, np.complex64)
+    psi = np.full((b, modes, m, m), np.nan, np.complex64)
     cpu_kernels.run_exit_wave(
-        (n + THREADS - 1) // THREADS, THREADS, _ptr(obj), _ptr(flat), _ptr(pd),
+        *_grid(m * m, b, rows), THREADS, _ptr(obj), _ptr(flat), _ptr(pd),
         ctypes.c_longlong(0 if shared_probe else modes * m * m), _ptr(oj), _ptr(psi), b,
         modes, m, ctypes.c_longlong(w))
     # Core.object_patches and Core.exit_wave's product on the CPU.
@@ -227,6 +256,7 @@ def test_exit_wave_kernel_gives_the_array_codes_patches_and_waves(cpu_kernels, m
     np.testing.assert_allclose(psi, pd * want_oj[:, None], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows", GRID_ROWS.values(), ids=GRID_ROWS.keys())
 @pytest.mark.parametrize("modes, shared_probe, exact", [
     (1, False, False),   # rPIE with sub-pixel shifts: one mode, each position its probe
     (1, True, False),    # no sub-pixel shifts: the (1, K, M, M) probe for every position
@@ -234,18 +264,17 @@ def test_exit_wave_kernel_gives_the_array_codes_patches_and_waves(cpu_kernels, m
     (2, False, True),    # DM: the shifted probes' own illumination
 ], ids=["one-mode", "shared-probe", "modes", "exact-illumination"])
 def test_object_terms_kernel_adds_what_the_array_code_adds(cpu_kernels, modes, shared_probe,
-                                                           exact):
+                                                           exact, rows):
     rng = np.random.default_rng(7)
-    b, m, h, w = 9, 16, 40, 47  # windows overlap; W not a multiple of anything
+    b, m, h, w = 9, 20, 40, 47  # windows overlap; W, M² not multiples of anything
     iy, ix = rng.integers(0, h - m + 1, b), rng.integers(0, w - m + 1, b)
     pd = _waves(rng, 1 if shared_probe else b, modes, m, m)
     chi = _waves(rng, b, modes, m, m)
     inten = rng.random((m, m)).astype(np.float32)
     flat = (iy * w + ix).astype(np.int64)
     acc = np.zeros(3 * h * w, np.float32)
-    n = b * m * m
     cpu_kernels.run_object_terms(
-        (n + THREADS - 1) // THREADS, THREADS, _ptr(pd),
+        *_grid(m * m, b, rows), THREADS, _ptr(pd),
         ctypes.c_longlong(0 if shared_probe else modes * m * m), _ptr(chi), _ptr(inten),
         _ptr(flat), _ptr(acc), b, modes, m, ctypes.c_longlong(w), ctypes.c_longlong(h * w),
         int(exact))
