@@ -64,7 +64,6 @@ def profile(args: argparse.Namespace) -> None:
                     rec.iterate()
                     backend.synchronize()
                     walls.append(time.perf_counter() - t)
-                backend.synchronize()
                 if args.host:
                     _host_profile(rec, backend, args.top)
                 else:
@@ -98,17 +97,14 @@ def _host_profile(rec: Reconstructor, backend: Any, top: int) -> None:
 
 def summarize(path: Path, top: int) -> None:
     """ncu's CSV (one row per kernel and metric, in launch order) -> per-kernel sums."""
-    rows = []
     with open(path, newline="") as f:
         lines = [ln for ln in f if ln.startswith('"')]  # ncu's own log lines come first
-    for row in csv.DictReader(lines):
-        rows.append(row)
+    rows = list(csv.DictReader(lines))
     if not rows:
         print(json.dumps({"summary": "no kernels in " + str(path)}))
         return
-    # ncu's units (--print-units base gives ns and byte; others kept in case it scales).
-    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3,
-             "msecond": 1e3, "s": 1e6, "second": 1e6, "byte": 1.0, "Kbyte": 1e3,
+    # ncu's units: --print-units base gives ns and byte (an unknown one stops the summary).
+    scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6, "byte": 1.0, "Kbyte": 1e3,
              "Mbyte": 1e6, "Gbyte": 1e9}
     kernels: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     seen: set[tuple[str, str]] = set()

@@ -39,7 +39,7 @@ from beamflow.ptycho.kernels import (
     SUM_POSITIONS,
     THREADS,
     position_grid,
-    system_blocks,
+    system_grid,
 )
 
 PRELUDE = r"""
@@ -75,18 +75,19 @@ extern "C" void run_object_terms(
 
 STEP_SYSTEMS_DRIVER = r"""
 extern "C" void run_step_systems(
-    int grid, int block, const float2* pd, long long pd_stride, const float2* dobj,
-    const long long* flat, const float2* oj, const float2* sp, long long sp_stride,
-    const float2* chi, double* out, int b, int K, int M, long long W, int upd_obj,
-    int upd_probe, int per)
+    int grid_x, int grid_y, int block, const float2* pd, long long pd_stride,
+    const float2* dobj, const long long* flat, const float2* oj, const float2* sp,
+    long long sp_stride, const float2* chi, double* out, int b, int K, int M, long long W,
+    int upd_obj, int upd_probe)
 {
-    blockDim.x = block;
-    for (int g = 0; g < grid; ++g)
-        for (int t = 0; t < block; ++t) {
-            blockIdx.x = g; threadIdx.x = t;
-            beamflow_step_systems(pd, pd_stride, dobj, flat, oj, sp, sp_stride, chi, out, b,
-                                  K, M, W, upd_obj, upd_probe, per);
-        }
+    blockDim.x = block; gridDim.x = grid_x; gridDim.y = grid_y;
+    for (int gy = 0; gy < grid_y; ++gy)
+        for (int g = 0; g < grid_x; ++g)
+            for (int t = 0; t < block; ++t) {
+                blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
+                beamflow_step_systems(pd, pd_stride, dobj, flat, oj, sp, sp_stride, chi,
+                                      out, b, K, M, W, upd_obj, upd_probe);
+            }
 }
 """
 EXIT_WAVE_DRIVER = r"""
@@ -311,6 +312,7 @@ def test_intensity_sum_kernel_adds_the_array_codes_illumination(cpu_kernels, b):
     np.testing.assert_allclose(out, want, rtol=1e-5)
 
 
+@pytest.mark.parametrize("rows", GRID_ROWS.values(), ids=GRID_ROWS.keys())
 @pytest.mark.parametrize("upd_obj, upd_probe, modes, shifted, m", [
     (True, True, 1, True, 16),     # both directions, sub-pixel shifts: each position its probe
     (True, True, 2, False, 72),    # probe modes, no shifts: one probe and ΔP for all; 2 blocks
@@ -318,7 +320,7 @@ def test_intensity_sum_kernel_adds_the_array_codes_illumination(cpu_kernels, b):
     (False, True, 1, True, 24),    # probe only
 ], ids=["both", "modes-unshifted", "object-only", "probe-only"])
 def test_step_systems_kernel_sums_what_the_array_code_sums(cpu_kernels, upd_obj, upd_probe,
-                                                          modes, shifted, m):
+                                                          modes, shifted, m, rows):
     """LSQ-ML's step-length systems: the kernel's rows against the engine's array code (the
     directions side by side, then lsqml._systems) on the same inputs; frames of 24² and 72²
     make a thread sum several pixels, and 72² two blocks a position."""
@@ -333,13 +335,13 @@ def test_step_systems_kernel_sums_what_the_array_code_sums(cpu_kernels, upd_obj,
     flat = (iy * w + ix).astype(np.int64)
     out = np.zeros((b, 5), np.float64)
     stride = modes * m * m if shifted else 0
-    per = system_blocks(m)
-    assert per == (2 if m == 72 else 1)
+    grid = system_grid(m, b)
+    assert grid == ((2 if m == 72 else 1), b)
     cpu_kernels.run_step_systems(
-        b * per, THREADS, _ptr(pd),
+        grid[0], rows or grid[1], THREADS, _ptr(pd),
         ctypes.c_longlong(stride), _ptr(d_obj), _ptr(flat), _ptr(oj), _ptr(sp),
         ctypes.c_longlong(stride), _ptr(chi), _ptr(out), b, modes, m, ctypes.c_longlong(w),
-        int(upd_obj), int(upd_probe), per)
+        int(upd_obj), int(upd_probe))
     # The array code (LSQML.update without kernels).
     dirs = []
     if upd_obj:

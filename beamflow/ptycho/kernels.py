@@ -58,7 +58,7 @@ import numpy as np
 
 __all__ = ["EXIT_WAVE_SOURCE", "INTENSITY_SUM_SOURCE", "MAX_GRID_Y", "OBJECT_TERMS_SOURCE",
            "RAMP_PRODUCT_SOURCE", "STEP_LENGTHS_SOURCE", "STEP_SYSTEMS_SOURCE", "SUM_POSITIONS",
-           "SYSTEM_PIXELS", "GpuKernels", "THREADS", "position_grid", "system_blocks"]
+           "SYSTEM_PIXELS", "GpuKernels", "THREADS", "position_grid", "system_grid"]
 
 THREADS = 256
 
@@ -206,9 +206,9 @@ extern "C" __global__ void beamflow_intensity_sum(
 """
 
 # Pixels of each mode that one thread of the step systems sums: a position gets
-# ceil(M² / (SYSTEM_PIXELS · THREADS)) blocks, so a batch of b positions fills the card (a
-# fixed 64 threads a position left a batch of 128 on 32 blocks: a quarter of an H100's SMs,
-# 0.27 TB/s measured).
+# ceil(M² / SYSTEM_PIXELS) threads (``position_grid``), so a batch of b positions fills the
+# card (a fixed 64 threads a position left a batch of 128 on 32 blocks: a quarter of an
+# H100's SMs, 0.27 TB/s measured).
 SYSTEM_PIXELS = 16
 
 # One position's 2×2 least-squares system for LSQ-ML's step lengths (β_O, β_P):
@@ -216,9 +216,9 @@ SYSTEM_PIXELS = 16
 # ΔP, (b, K, M, M), or (1, K, M, M) without sub-pixel shifts: ``sp_stride`` 0), and the row
 # [Re Σ|d0|², Re Σ conj(d0)·d1, Re Σ|d1|², Re Σ conj(d0)·χ, Re Σ conj(d1)·χ] added to
 # ``out`` (b, 5) float64, zeroed by the caller. A missing direction is zero, so are its sums.
-# ``per``: blocks per position; the position's T = per·blockDim threads each sum every T-th
-# pixel of each mode (consecutive threads on consecutive pixels), then add their five partial
-# sums into the position's row in float64.
+# On the per-position grid of the kernels above: the T = gridDim.x·blockDim.x threads of a
+# row each sum every T-th pixel of each mode (consecutive threads on consecutive pixels),
+# then add their five partial sums into the position's row in float64.
 STEP_SYSTEMS_SOURCE = r"""
 extern "C" __global__ void beamflow_step_systems(
     const float2* __restrict__ pd, const long long pd_stride,
@@ -226,52 +226,54 @@ extern "C" __global__ void beamflow_step_systems(
     const float2* __restrict__ oj, const float2* __restrict__ sp, const long long sp_stride,
     const float2* __restrict__ chi, double* __restrict__ out,
     const int b, const int K, const int M, const long long W,
-    const int upd_obj, const int upd_probe, const int per)
+    const int upd_obj, const int upd_probe)
 {
-    const long long j = blockIdx.x / per;
-    if (j >= b) return;
-    const int T = per * blockDim.x;
-    const int t = (int)(blockIdx.x - j * per) * blockDim.x + threadIdx.x;
+    const int T = gridDim.x * blockDim.x;
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
     const int mm = M * M;
     if (t >= mm) return;
-    float a11 = 0.0f, a12 = 0.0f, a22 = 0.0f, b1 = 0.0f, b2 = 0.0f;
-    for (int k = 0; k < K; ++k) {
-        const long long q0 = (long long)k * mm;
-        for (int p = t; p < mm; p += T) {
-            const long long q = q0 + p;
-            const float2 X = chi[j * K * mm + q];
-            float2 d0 = make_float2(0.0f, 0.0f), d1 = make_float2(0.0f, 0.0f);
-            if (upd_obj) {
-                const int r = p / M;
-                const float2 P = pd[j * pd_stride + q];
-                const float2 D = dobj[flat[j] + r * W + (p - r * M)];
-                d0 = make_float2(P.x * D.x - P.y * D.y, P.x * D.y + P.y * D.x);
+    for (int j = blockIdx.y; j < b; j += gridDim.y) {
+        const long long jl = j;
+        float a11 = 0.0f, a12 = 0.0f, a22 = 0.0f, b1 = 0.0f, b2 = 0.0f;
+        for (int k = 0; k < K; ++k) {
+            const long long q0 = (long long)k * mm;
+            for (int p = t; p < mm; p += T) {
+                const long long q = q0 + p;
+                const float2 X = chi[jl * K * mm + q];
+                float2 d0 = make_float2(0.0f, 0.0f), d1 = make_float2(0.0f, 0.0f);
+                if (upd_obj) {
+                    const int r = p / M;
+                    const float2 P = pd[jl * pd_stride + q];
+                    const float2 D = dobj[flat[j] + r * W + (p - r * M)];
+                    d0 = make_float2(P.x * D.x - P.y * D.y, P.x * D.y + P.y * D.x);
+                }
+                if (upd_probe) {
+                    const float2 O = oj[jl * mm + p];
+                    const float2 S = sp[jl * sp_stride + q];
+                    d1 = make_float2(O.x * S.x - O.y * S.y, O.x * S.y + O.y * S.x);
+                }
+                a11 += d0.x * d0.x + d0.y * d0.y;
+                a12 += d0.x * d1.x + d0.y * d1.y;
+                a22 += d1.x * d1.x + d1.y * d1.y;
+                b1 += d0.x * X.x + d0.y * X.y;
+                b2 += d1.x * X.x + d1.y * X.y;
             }
-            if (upd_probe) {
-                const float2 O = oj[j * mm + p];
-                const float2 S = sp[j * sp_stride + q];
-                d1 = make_float2(O.x * S.x - O.y * S.y, O.x * S.y + O.y * S.x);
-            }
-            a11 += d0.x * d0.x + d0.y * d0.y;
-            a12 += d0.x * d1.x + d0.y * d1.y;
-            a22 += d1.x * d1.x + d1.y * d1.y;
-            b1 += d0.x * X.x + d0.y * X.y;
-            b2 += d1.x * X.x + d1.y * X.y;
         }
+        double* row = out + jl * 5;
+        atomicAdd(row, (double)a11);
+        atomicAdd(row + 1, (double)a12);
+        atomicAdd(row + 2, (double)a22);
+        atomicAdd(row + 3, (double)b1);
+        atomicAdd(row + 4, (double)b2);
     }
-    double* row = out + j * 5;
-    atomicAdd(row, (double)a11);
-    atomicAdd(row + 1, (double)a12);
-    atomicAdd(row + 2, (double)a22);
-    atomicAdd(row + 3, (double)b1);
-    atomicAdd(row + 4, (double)b2);
 }
 """
 
 
-def system_blocks(m: int) -> int:
-    """Blocks of THREADS per position of the step systems for M×M frames."""
-    return max(1, -(-m * m // (SYSTEM_PIXELS * THREADS)))
+def system_grid(m: int, b: int) -> tuple[int, int]:
+    """The step systems' grid for ``b`` positions of M×M frames: SYSTEM_PIXELS pixels of
+    each mode a thread."""
+    return position_grid(-(-m * m // SYSTEM_PIXELS), b)
 
 
 # LSQ-ML's step pair from the batch's summed system ``t`` = [a11, a12, a22, b1, b2]
@@ -420,14 +422,12 @@ class GpuKernels:
         upd_obj, upd_probe = d_obj is not None, sp is not None
         d_obj = cp.ascontiguousarray(d_obj) if upd_obj else chi  # unread when absent
         sp = cp.ascontiguousarray(sp) if upd_probe else chi
-        per = system_blocks(m)
         self._step_systems(
-            (b * per,), (THREADS,),
+            system_grid(m, b), (THREADS,),
             (pd, np.int64(0 if pd.shape[0] == 1 else k * m * m), d_obj,
              cp.ascontiguousarray(flat, dtype=np.int64), oj, sp,
              np.int64(0 if sp.shape[0] == 1 else k * m * m), chi, out, np.int32(b),
-             np.int32(k), np.int32(m), np.int64(w), np.int32(upd_obj), np.int32(upd_probe),
-             np.int32(per)))
+             np.int32(k), np.int32(m), np.int64(w), np.int32(upd_obj), np.int32(upd_probe)))
         return out
 
     def step_lengths(self, tot: Any, both: bool, damping: float) -> Any:
