@@ -342,10 +342,12 @@ def run_beamflow(case: dict[str, Any], algorithm: str, backend: ArrayBackend,
     with Reconstructor(data, state, backend) as rec:
         final = rec.run(callback=lambda _view, info: seconds.append(info["seconds"]))
         frame_bytes = rec.core.frames.data.dtype.itemsize
+        graphs = rec.algorithm.graphs
+        replays = 0 if graphs is None else graphs.replays
     timed = seconds[args.warmup:] or seconds
     return {"seconds_per_iteration": float(np.median(timed)),
             "first_iteration_seconds": seconds[0], "frame_bytes": frame_bytes,
-            "final_loss": final.loss_history[-1],
+            "final_loss": final.loss_history[-1], "graph_replays": replays,
             "iterations": len(timed), "batch_size": params.batch_size_for(len(case["frames"])),
             "probe": state.probe, "object": final.object}
 
@@ -434,6 +436,8 @@ def main() -> None:
                          "(default: one after another, in this process)")
     ap.add_argument("--no-score", action="store_true",
                     help="time only: no NRMSE (scoring 10000 x 256² costs a core ~70 s)")
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="GPU: every launch from Python (no CUDA graphs of the batches)")
     args = ap.parse_args()
     names = args.cases or (list(QUICK) if args.quick else list(CASES))
     if args.simulate_only:
@@ -444,7 +448,7 @@ def main() -> None:
                 cached_scan(args.scan_cache, field, *CASES[name], args.seed)
         return
 
-    backend = array_backend(args.device)
+    backend = array_backend(args.device, graphs=not args.no_graphs)
     bandwidth = copy_bandwidth(backend)
     device = _describe(backend)
     log(f"{device}: copy bandwidth {bandwidth / 1e9:.1f} GB/s")
@@ -494,7 +498,8 @@ def main() -> None:
                 obj = r.pop("object")
                 # In the log at once: the timing survives a step killed while scoring.
                 log(f"beamflow {algorithm} {field} {n} x {m}²: "
-                    f"{r['seconds_per_iteration']:.4g} s/iteration, batch {r['batch_size']}")
+                    f"{r['seconds_per_iteration']:.4g} s/iteration, batch {r['batch_size']}, "
+                    f"{r['graph_replays']} graph replays")
                 done.append(({"engine": "beamflow", "algorithm": algorithm, **common, **r,
                               "bytes_per_iteration": nbytes, "floor_seconds": floor,
                               "floor_ratio": r["seconds_per_iteration"] / floor}, obj))

@@ -392,3 +392,42 @@ def test_a_gpu_batch_folds_the_inverse_ffts_scale_into_its_kernels(device, algor
 def test_a_gpu_backend_without_its_kernels_is_refused():
     with pytest.raises(ValueError, match="fused kernels"):
         ArrayBackend(name="cuda:0", xp=np, _cupy=object())
+
+
+class _Graphs:
+    """Stands in for :class:`~beamflow.ptycho.graphs.BatchGraphs` on the counting stand-in:
+    runs each batch's body as a capture would record it, and counts what the body does."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self.keys: list[Any] = []
+        self.bodies: list[Counter[str]] = []
+
+    def run(self, key: Any, body: Any) -> list[Any]:
+        self.keys.append(key)
+        before = COUNTS.copy()
+        out = body()
+        self.bodies.append(COUNTS - before)
+        return out
+
+
+@pytest.mark.parametrize("algorithm", ["rpie", "lsqml", "epie"])
+def test_a_batch_bound_for_a_cuda_graph_reconstructs_as_an_unbound_one(device, algorithm):
+    """What a CUDA graph replays (graphs.py): a batch bound to its device index buffer, swept
+    over the whole object's box, gives the same numbers as the ordinary batch, and its body
+    uploads and reads nothing (a graph would replay a stale upload); the keys of one
+    iteration's batches are at most two (batches of ⌊N/b⌋ and ⌈N/b⌉ positions)."""
+    kw = {"algorithm": algorithm, "batch_size": 12, "batch_selection": "random"}
+    plain, bound = _reconstructor(device, n=62, **kw), _reconstructor(device, n=62, **kw)
+    graphs = _Graphs()
+    bound.algorithm.graphs = graphs  # type: ignore[assignment]
+    bound.core.graphable = lambda b: True  # type: ignore[method-assign]
+    for it in range(3):
+        graphs.keys.clear()
+        assert bound.iterate() == plain.iterate()
+        assert len(graphs.keys) == 6 and len(set(graphs.keys)) == 2, it
+    for a, b in ((bound.core.obj, plain.core.obj), (bound.core.probe, plain.core.probe)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    assert all(c["upload"] == 0 and c["read"] == 0 for c in graphs.bodies)
+    assert all(c["launch"] > 0 for c in graphs.bodies)

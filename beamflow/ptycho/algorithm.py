@@ -28,6 +28,7 @@ import numpy as np
 
 from .batches import compact_batches, overlap_neighbours, random_batches, sparse_batches
 from .forward import Chunk, Core, ObjectAccumulator
+from .graphs import BatchGraphs
 from .opr import VariableProbe
 from .positions import clip_steps, object_gradient, position_steps
 
@@ -74,6 +75,10 @@ class Algorithm:
     name = "base"
     # Whether the sweep accumulates the probe terms (DM sums them in a second pass).
     probe_terms_in_sweep = True
+    # Whether a batch's work is a fixed sequence of launches on the device, with no state
+    # kept on the host between batches, so that a CUDA graph can replay it (:mod:`.graphs`;
+    # position steps and the variable probe are checked per batch in run_batch).
+    batch_graphs = False
 
     def __init__(self, core: Core, params: Any):
         self.core = core
@@ -81,6 +86,10 @@ class Algorithm:
         self._neighbours: list[np.ndarray] | None = None
         self._neighbours_key: bytes | None = None
         self._pending: list[tuple[np.ndarray, list[Any]]] = []
+        self._selection = params.selection  # the batch selection used by the last batches()
+        be = core.backend
+        self.graphs = (BatchGraphs(be.xp, core.probe_changed)
+                       if self.batch_graphs and be.fused and be.graphs else None)
         # The variable probe (orthogonal probe relaxation), when params.opr_modes > 0.
         self.opr: VariableProbe | None = None
         if params.opr_modes:
@@ -136,6 +145,7 @@ class Algorithm:
         object_px = core.H * core.W
         if sel == "random" and p.batch_selection == "auto" and object_px > windows_px:
             sel = "compact"
+        self._selection = sel
         if sel == "compact":
             return compact_batches(rng, core.corner, core.M, p.batch_size_for(n))
         if sel == "all":
@@ -161,7 +171,21 @@ class Algorithm:
     # -- the sweep --------------------------------------------------------------------------
     def run_batch(self, idx: np.ndarray, it: int) -> list[Any]:
         """Sweep one batch and apply the algorithm's update; return the chunks' losses
-        (device scalars)."""
+        (device scalars). On a GPU, as a CUDA graph where the batch allows (:mod:`.graphs`):
+        random batches (whose box is the whole object anyway), one chunk, no position steps
+        or variable probe to keep on the host."""
+        graphs, core = self.graphs, self.core
+        if (graphs is None or not graphs.enabled or self._selection != "random"
+                or self.opr is not None or self.flags(it)[2] or not core.graphable(len(idx))):
+            return self._sweep_batch(idx, it)
+        core.bind_batch(idx)
+        try:
+            key = (len(idx), self.flags(it), core.state_key())
+            return graphs.run(key, lambda: self._sweep_batch(idx, it))
+        finally:
+            core.unbind()
+
+    def _sweep_batch(self, idx: np.ndarray, it: int) -> list[Any]:
         sw = self.begin_batch(idx, it)
         sums = self.core.map_parts(lambda t, part: self.sweep_part(sw, t, part), idx)
         self.update(sw, sums)

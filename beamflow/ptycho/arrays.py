@@ -203,6 +203,9 @@ class ArrayBackend:
     # sweep in one pass each); None on the CPU, where the engine runs the array code they
     # stand for.
     kernels: Any = None
+    # Replay each batch's launches as a CUDA graph where the batch allows (real CuPy only;
+    # :mod:`.graphs`). Off: every launch from Python, as on the CPU.
+    graphs: bool = True
     _cupy: Any = field(default=None, repr=False)
     _staging: list[Any] = field(default_factory=list, repr=False)
     _offsets: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
@@ -474,14 +477,15 @@ class ArrayBackend:
 
 
 def array_backend(device: str = "auto", threads: int | None = None,
-                  fft: str | None = None) -> ArrayBackend:
+                  fft: str | None = None, graphs: bool = True) -> ArrayBackend:
     """Return the backend for ``device``: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
 
     ``"auto"`` picks CUDA when cupy imports and a device is visible (``CUDA_VISIBLE_DEVICES``
     is honoured), else the CPU. ``"cuda"`` without a usable device raises
     :class:`ArrayBackendError` saying why. ``threads`` caps the CPU threads (default: all CPUs
     available to the process). ``fft`` picks the CPU FFT (``"fftw"`` or ``"pocketfft"``;
-    default: the first of :func:`cpu_ffts`, FFTW when pyFFTW is installed).
+    default: the first of :func:`cpu_ffts`, FFTW when pyFFTW is installed). ``graphs``: on a
+    GPU, replay each batch's launches as a CUDA graph where the batch allows (:mod:`.graphs`).
     """
     dev = (device or "auto").strip().lower()
     if dev == "auto":
@@ -532,6 +536,7 @@ def array_backend(device: str = "auto", threads: int | None = None,
         free = int(cp.cuda.runtime.memGetInfo()[0])
         return ArrayBackend(name=f"cuda:{index}", xp=cp, threads=1, fft="cufft",
                             memory_limit_bytes=int(GPU_MEMORY_FRACTION * free),
-                            compact_frames=True, kernels=GpuKernels(cp), _cupy=cp)
+                            compact_frames=True, kernels=GpuKernels(cp), graphs=graphs,
+                            _cupy=cp)
     raise ArrayBackendError(
         f"unknown device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")

@@ -162,6 +162,10 @@ class Core:
         self._acc: list[ObjectAccumulator] = []
         self._probe_hat = None
         self._probe_int = None
+        # A batch bound for a CUDA graph (:meth:`bind_batch`): its host indices and the
+        # device buffer of its indices, corners and flat offsets; one buffer per length.
+        self._bound: tuple[np.ndarray, Any] | None = None
+        self._index_buffers: dict[int, Any] = {}
         self.set_positions(np.array(state.positions_px, np.float64, copy=True))
 
     # -- memory -----------------------------------------------------------------------------
@@ -243,12 +247,53 @@ class Core:
                 self.frac[idx], np)
         iy, ix = self.corner[idx, 0], self.corner[idx, 1]
         didx, dy, dx, flat = idx, iy, ix, None
-        if self.backend.is_gpu:  # one upload per chunk: indices and corners together
+        if self._bound is not None:  # a graph's batch: the indices are on the device already
+            if len(idx) != len(self._bound[0]):
+                raise RuntimeError("a bound batch is swept as one chunk")
+            didx, dy, dx, flat = self._bound[1]
+        elif self.backend.is_gpu:  # one upload per chunk: indices and corners together
             didx, dy, dx, flat = self.backend.to_device(
                 np.stack([idx, iy, ix, iy * self.W + ix]))
-            if self._dfactors is not None:
-                ramp = self._dfactors[didx]  # (b, 2, M): a small gather
+        if self.backend.is_gpu and self._dfactors is not None:
+            ramp = self._dfactors[didx]  # (b, 2, M): a small gather
         return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp, flat=flat)
+
+    # -- batches for CUDA graphs (see .graphs) -----------------------------------------------
+    def graphable(self, b: int) -> bool:
+        """Whether a batch of ``b`` positions can run as a CUDA graph: real CuPy with graphs
+        on, frames on the device, and the batch one part and one chunk."""
+        be = self.backend
+        return (be.fused and be.graphs and self.frames.resident and be.threads == 1
+                and b <= self.chunk_size)
+
+    def bind_batch(self, idx: np.ndarray) -> None:
+        """Copy a batch's indices, corners and flat offsets into the device buffer kept for
+        its length: until :meth:`unbind`, :meth:`chunk` takes them from there and
+        :meth:`bbox` is the whole object, so the batch's launches are the same for every
+        batch of that length."""
+        idx = np.asarray(idx, np.int64)
+        iy, ix = self.corner[idx, 0], self.corner[idx, 1]
+        rows = self.backend.to_device(np.stack([idx, iy, ix, iy * self.W + ix]))
+        buf = self._index_buffers.get(len(idx))
+        if buf is None:
+            buf = self._index_buffers[len(idx)] = self.xp.empty_like(rows)
+        buf[...] = rows
+        self._bound = (idx, buf)
+
+    def unbind(self) -> None:
+        self._bound = None
+
+    def state_key(self) -> tuple[Any, ...]:
+        """The device memory a batch's graph reads beyond its own: where the object, the
+        probe, the ramp factors and the frames are (:mod:`.graphs` keys graphs by it)."""
+        def at(a: Any) -> int | None:  # CuPy's device pointer; numpy's (the stand-in's)
+            if a is None:
+                return None
+            return int(a.data.ptr) if hasattr(a.data, "ptr") else a.__array_interface__[
+                "data"][0]
+
+        return (at(self.obj), at(self.probe), at(self._dfactors), at(self.frames.data),
+                self.probe.shape, self.subpixel)
 
     def split(self, idx: np.ndarray) -> list[np.ndarray]:
         """Split a batch into one contiguous part per thread (deterministic).
@@ -368,7 +413,10 @@ class Core:
         self.map_list(apply, slabs)
 
     def bbox(self, idx: np.ndarray) -> tuple[slice, slice]:
-        """Object region covered by the windows of ``idx``."""
+        """Object region covered by the windows of ``idx``; the whole object for a bound
+        batch (:meth:`bind_batch`: a graph's views are the same for every batch)."""
+        if self._bound is not None:
+            return slice(0, self.H), slice(0, self.W)
         c = self.corner[idx]
         y0, x0 = c.min(axis=0)
         y1, x1 = c.max(axis=0) + self.M

@@ -67,6 +67,7 @@ def _systems(dirs: Any, chi: Any, xp: Any) -> tuple[Any, Any]:
 
 class LSQML(Algorithm):
     name = "lsqml"
+    batch_graphs = True
 
     def poisson_correction(self, big: Any, c: Chunk, scale: Any = None) -> Any:
         """Turn Ψ into the Poisson-likelihood far-field correction in place (times ``scale``

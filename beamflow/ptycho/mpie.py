@@ -32,6 +32,7 @@ __all__ = ["MPIE"]
 
 class MPIE(RPIE):
     name = "mpie"
+    batch_graphs = False  # the momentum step comes every few batches: host state
 
     def __init__(self, core: Core, params: Any):
         super().__init__(core, params)

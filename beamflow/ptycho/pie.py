@@ -31,6 +31,7 @@ class PIEFamily(Algorithm):
     # then adds it to the object (probe) in the same kernel (Core.update_object, update).
     object_preconditioner: tuple[float, float] | None = None
     probe_preconditioner: tuple[float, float] | None = None
+    batch_graphs = True  # random batches only (Algorithm.run_batch): sparse sets vary
 
     def object_step(self, num: Any, den: Any, den_max: float) -> Any:  # pragma: no cover
         """The object increment from Σconj(P)χ, Σ|P|² and its maximum (may overwrite
