@@ -150,6 +150,8 @@ for line in sys.stdin:
     keys = ("floor_ratio", "nrmse", "measured_launch_us", "measured_fft_us",
             "first_iteration_seconds")
     extra = " ".join(f"{k}={r[k]:.4g}" for k in keys if isinstance(r.get(k), float))
+    if r.get("graph_replays"):
+        extra += f" graph_replays={r['graph_replays']}"
     print(f"   {r['engine']:8} {r['algorithm']:6} {r['field']:4} {r['positions']}x{r['frame']}"
           f" batch={r.get('batch_size')} s/it={r['seconds_per_iteration']:.4g} {extra}")
 EOF
@@ -266,6 +268,9 @@ run_all() {
     scans_ready "far $small"
     step far-rpie-lsqml-$small 120 "$j" "${b[@]}" --fields far --cases "$small" \
         --algorithms rpie lsqml
+    # The same without CUDA graphs: every launch from Python (the batches' host cost).
+    step nographs-far-rpie-lsqml-$small 120 "$j" "${b[@]}" --fields far --cases "$small" \
+        --algorithms rpie lsqml --no-graphs --no-score
     # Kernel by kernel, one iteration (benchmarks/profile_gpu.py): the card's busy time beside
     # the wall time says whether the host or the card limits it. ePIE launches its sequence
     # once per set of windows: its first 400 kernels. LSQ-ML at 10000 x 256², batch 512: the
