@@ -121,6 +121,8 @@ class DeviceArray(np.ndarray):
         out = getattr(ufunc, method)(*(_host(i) for i in inputs), **kwargs)
         results = kwargs.get("out") or (out if isinstance(out, tuple) else (out,))
         _launch(_nbytes(*inputs, *results))
+        if ufunc is np.matmul:
+            COUNTS["blas"] += 1
         src = inputs[0]
         if (method == "reduce" and np.ndim(out) == 0 and isinstance(src, np.ndarray)
                 and src.ndim > 1 and not src.flags.c_contiguous):
@@ -193,6 +195,10 @@ class DeviceArray(np.ndarray):
         return self._read().tolist()
 
 
+# Array functions CuPy computes with cuBLAS (einsum: its contractions).
+BLAS = frozenset({"dot", "vdot", "inner", "matmul", "tensordot", "einsum"})
+
+
 class _XP(types.ModuleType):
     """The array module: numpy's functions, their results on the 'device'."""
 
@@ -202,6 +208,8 @@ class _XP(types.ModuleType):
             def call(*args: Any, **kwargs: Any) -> Any:
                 if name in ("asarray", "array") and not isinstance(args[0], DeviceArray):
                     COUNTS["upload"] += 1
+                if name in BLAS:  # CuPy hands these to cuBLAS: no CUDA graph holds them
+                    COUNTS["blas"] += 1
                 return _dev(obj(*args, **kwargs))
             return call
         return obj

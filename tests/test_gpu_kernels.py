@@ -43,6 +43,7 @@ from beamflow.ptycho.kernels import (
 )
 
 PRELUDE = r"""
+#define BEAMFLOW_ONE_THREAD
 #include <cstdint>
 struct float2 { float x, y; };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }

@@ -562,8 +562,10 @@ class Core:
             d *= self.mask
         # Not xp.dot: OpenBLAS threads its dot product, and its spinning workers would
         # compete with the engine's own threads; einsum is numpy's own and 2x square+sum.
+        # CuPy's einsum is a cuBLAS call, which a CUDA graph cannot hold (graphs.py): a GPU
+        # squares and sums.
         flat = d.reshape(-1)
-        loss = xp.einsum("i,i->", flat, flat)
+        loss = xp.square(flat).sum() if self.backend.is_gpu else xp.einsum("i,i->", flat, flat)
         return amp, d, loss
 
     def modulus_projection(self, big_psi: Any, c: Chunk, scale: Any = None) -> Any:
