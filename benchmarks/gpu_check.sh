@@ -281,7 +281,7 @@ run_all() {
         profile_kernels ncu-epie-$small epie "--launch-count 400" --cases "$small" \
             --algorithms epie
         scans_ready "far $big"
-        profile_kernels ncu-lsqml-$big lsqml-big "" --cases "$big" --algorithms lsqml \
+        profile_kernels ncubig-lsqml-$big lsqml-big "" --cases "$big" --algorithms lsqml \
             --batch 512
     else
         log "no ncu (or no card): the kernel profile left out"
@@ -307,6 +307,8 @@ run_all() {
     step quality-batch256-$small 90 "$j" "${q[@]}" --iterations "$quality" --batch 256
     step quality-batch512-$small 90 "$j" "${q[@]}" --iterations $((2 * quality)) --batch 512
     step far-epie-dm-$small 120 "$j" "${b[@]}" --fields far --cases "$small" --algorithms epie dm
+    step nographs-far-epie-$small 120 "$j" "${b[@]}" --fields far --cases "$small" \
+        --algorithms epie --no-graphs --no-score
     scans_ready "near $small" "near $tiny"
     step near-rpie-lsqml-dm-$small 120 "$j" "${b[@]}" --fields near --cases "$small" \
         --algorithms rpie lsqml dm

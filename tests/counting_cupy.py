@@ -305,10 +305,15 @@ class CountingKernels(ReferenceKernels):
         _launch(2 * y.nbytes + x.nbytes)
         return y
 
-    def modulus(self, psi: Any, data: Any, mask: Any, eps: Any, scale: Any = 1.0) -> Any:
-        loss = super().modulus(_host(psi), _host(data), _host(mask), eps, scale)
-        _launch(2 * psi.nbytes + _nbytes(data, mask) + 4 * psi.size)  # psi, I, mask; r2
-        _launch(4 * psi.size)  # the sum of r2
+    def modulus(self, psi: Any, frames: Any, rows: Any, mask: Any, eps: Any,
+                scale: Any = 1.0) -> Any:
+        loss = super().modulus(_host(psi), _host(frames), None if rows is None else _host(rows),
+                               _host(mask), eps, scale)
+        b = psi.shape[0]
+        _launch(8 * b)  # the zeroed sums, one a position
+        data = psi.size * frames.itemsize
+        _launch(2 * psi.nbytes + data + _nbytes(mask) + 8 * b)  # ψ, I's rows, mask; the sums
+        _launch(8 * b)  # their sum
         return _dev(loss)
 
 

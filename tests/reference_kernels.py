@@ -101,8 +101,9 @@ class ReferenceKernels:
         y += a * x
         return y
 
-    def modulus(self, psi: np.ndarray, data: np.ndarray, mask: np.ndarray,
+    def modulus(self, psi: np.ndarray, frames: np.ndarray, rows: Any, mask: np.ndarray,
                 eps: Any, scale: Any = 1.0) -> np.ndarray:
+        data = frames if rows is None else frames[rows]
         amp = np.sqrt(data.astype(np.float32)) if data.dtype == np.uint16 else data
         a = np.abs(psi)
         d = (amp - a) * mask

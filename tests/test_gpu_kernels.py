@@ -38,6 +38,7 @@ from beamflow.ptycho.kernels import (
     STEP_SYSTEMS_SOURCE,
     SUM_POSITIONS,
     THREADS,
+    modulus_source,
     position_grid,
     system_grid,
 )
@@ -45,6 +46,7 @@ from beamflow.ptycho.kernels import (
 PRELUDE = r"""
 #define BEAMFLOW_ONE_THREAD
 #include <cstdint>
+#include <cmath>
 struct float2 { float x, y; };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct uint3 { unsigned x, y, z; };
@@ -120,6 +122,25 @@ extern "C" void run_ramp_product(
             }
 }
 """
+MODULUS_DRIVER = r"""
+extern "C" void run_modulus(int counts, int grid_x, int grid_y, int block, float2* psi,
+                            const void* frames, const long long* rows, const float* mask,
+                            float eps, float scale, double* loss, int b, int M)
+{
+    blockDim.x = block; gridDim.x = grid_x; gridDim.y = grid_y;
+    for (int gy = 0; gy < grid_y; ++gy)
+        for (int g = 0; g < grid_x; ++g)
+            for (int t = 0; t < block; ++t) {
+                blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
+                if (counts)
+                    beamflow_modulus_counts(psi, (const unsigned short*)frames, rows, mask,
+                                            eps, scale, loss, b, M);
+                else
+                    beamflow_modulus_amplitudes(psi, (const float*)frames, rows, mask, eps,
+                                                scale, loss, b, M);
+            }
+}
+"""
 STEP_LENGTHS_DRIVER = r"""
 extern "C" void run_step_lengths(const double* t, float* out, int both, float damping)
 {
@@ -141,6 +162,7 @@ extern "C" void run_intensity_sum(int grid_x, int grid_y, int block, const float
 }
 """
 SOURCES = {"exit_wave": EXIT_WAVE_SOURCE, "intensity_sum": INTENSITY_SUM_SOURCE,
+           "modulus_amplitudes": modulus_source(False), "modulus_counts": modulus_source(True),
            "object_terms": OBJECT_TERMS_SOURCE,
            "ramp_product": RAMP_PRODUCT_SOURCE, "step_lengths": STEP_LENGTHS_SOURCE,
            "step_systems": STEP_SYSTEMS_SOURCE}
@@ -156,7 +178,8 @@ def cpu_kernels(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     src.write_text(PRELUDE + OBJECT_TERMS_SOURCE + OBJECT_TERMS_DRIVER + STEP_SYSTEMS_SOURCE
                    + STEP_SYSTEMS_DRIVER + EXIT_WAVE_SOURCE + EXIT_WAVE_DRIVER
                    + RAMP_PRODUCT_SOURCE + RAMP_PRODUCT_DRIVER + STEP_LENGTHS_SOURCE
-                   + STEP_LENGTHS_DRIVER + INTENSITY_SUM_SOURCE + INTENSITY_SUM_DRIVER)
+                   + STEP_LENGTHS_DRIVER + INTENSITY_SUM_SOURCE + INTENSITY_SUM_DRIVER
+                   + modulus_source(False) + modulus_source(True) + MODULUS_DRIVER)
     lib = d / "kernels.so"
     done = subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)],
                           capture_output=True, text=True)
@@ -361,6 +384,37 @@ def test_step_systems_kernel_sums_what_the_array_code_sums(cpu_kernels, upd_obj,
     want = np.stack(want, axis=1).astype(np.float64)
     assert np.abs(want).min(where=want != 0, initial=np.inf) > 0
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("rows", list(GRID_ROWS.values()), ids=list(GRID_ROWS))
+@pytest.mark.parametrize("resident", [True, False], ids=["resident", "streamed"])
+@pytest.mark.parametrize("counts", [True, False], ids=["counts", "amplitudes"])
+@pytest.mark.parametrize("m", [16, 24], ids=["16", "24"])
+def test_modulus_kernel_projects_as_the_array_code(cpu_kernels, counts, resident, m, rows):
+    """The modulus projection reads each position's frame where it lies (a row of the
+    resident stack, or row j of a streamed chunk) and sums d² per position: against the
+    engine's array code (Core.amplitude_residual and modulus_projection) on the same
+    inputs; 24² frames leave part of a block past the frame."""
+    rng = np.random.default_rng(5)
+    b, n = 7, 19
+    psi = _waves(rng, b, m, m)
+    stack = rng.poisson(9.0, (n, m, m)).astype(np.uint16)
+    if not counts:
+        stack = np.sqrt(stack.astype(np.float32))
+    mask = (rng.random((m, m)) > 0.2).astype(np.float32)
+    take = rng.choice(n, b, replace=False).astype(np.int64)
+    frames = stack if resident else np.ascontiguousarray(stack[take])
+    eps, scale = np.float32(1e-6), np.float32(1 / m**2)
+    got, loss = psi.copy(), np.zeros(b, np.float64)
+    grid_x, grid_y = _grid(m * m, b, rows)
+    cpu_kernels.run_modulus(int(counts), grid_x, grid_y, THREADS, _ptr(got), _ptr(frames),
+                            _ptr(take) if resident else None, _ptr(mask), ctypes.c_float(eps),
+                            ctypes.c_float(scale), _ptr(loss), b, m)
+    amp = np.sqrt(stack[take].astype(np.float32))if counts else stack[take]
+    a = np.abs(psi)
+    d = (amp - a) * mask
+    np.testing.assert_allclose(got, psi * (d / (a + eps) * scale), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(loss, (d.astype(np.float64) ** 2).sum(axis=(1, 2)), rtol=1e-5)
 
 
 @pytest.mark.parametrize("both", [True, False], ids=["both", "one"])

@@ -61,11 +61,18 @@ def test_fused_modulus_kernel_matches_the_plain_expression():
     amp = np.sqrt(counts.astype(np.float32))
     d = (amp - np.abs(psi)) * mask
     expected = psi * (d / (np.abs(psi) + eps))
-    # float32 amplitudes, or uint16 counts; the inverse FFT's 1/M² folded in, or not
-    for data, scale in ((amp, 1.0), (counts, 1.0), (counts, 1 / 32**2)):
+    # float32 amplitudes, or uint16 counts; the inverse FFT's 1/M² folded in, or not; the
+    # frames as rows of a larger stack, or in order
+    rows = np.array([5, 0, 3, 1, 4, 2], np.int64)
+    for data, scale, order in ((amp, 1.0, None), (counts, 1.0, rows), (counts, 1 / 32**2, rows)):
         got = backend.to_device(psi)
-        loss = backend.kernels.modulus(got, backend.to_device(data), backend.to_device(mask),
-                                       eps, scale)
+        stack = data
+        if order is not None:  # the stack holds data[j] at row order[j], among others
+            stack = np.zeros((8,) + shape[1:], data.dtype)
+            stack[order] = data
+        loss = backend.kernels.modulus(got, backend.to_device(stack),
+                                       None if order is None else backend.to_device(order),
+                                       backend.to_device(mask), eps, scale)
         np.testing.assert_allclose(backend.to_host(got), expected * np.float32(scale),
                                    rtol=1e-5, atol=1e-6 * scale)
         assert float(loss) == pytest.approx(float((d.astype(np.float64) ** 2).sum()), rel=1e-5)

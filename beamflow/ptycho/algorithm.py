@@ -34,6 +34,11 @@ from .positions import clip_steps, object_gradient, position_steps
 
 __all__ = ["Algorithm", "PartSums", "Sweep"]
 
+# Batch selections whose batches a CUDA graph may replay: random batches span the object
+# (the whole object as their box costs nothing more); sparse sets update their windows in
+# place and have no box. Compact batches each touch a small box of their own.
+GRAPH_SELECTIONS = frozenset({"random", "sparse"})
+
 
 @dataclass
 class Sweep:
@@ -172,10 +177,10 @@ class Algorithm:
     def run_batch(self, idx: np.ndarray, it: int) -> list[Any]:
         """Sweep one batch and apply the algorithm's update; return the chunks' losses
         (device scalars). On a GPU, as a CUDA graph where the batch allows (:mod:`.graphs`):
-        random batches (whose box is the whole object anyway), one chunk, no position steps
-        or variable probe to keep on the host."""
+        random batches (whose box is the whole object anyway) or sparse sets (no object
+        box), one chunk, no position steps or variable probe to keep on the host."""
         graphs, core = self.graphs, self.core
-        if (graphs is None or not graphs.enabled or self._selection != "random"
+        if (graphs is None or not graphs.enabled or self._selection not in GRAPH_SELECTIONS
                 or self.opr is not None or self.flags(it)[2] or not core.graphable(len(idx))):
             return self._sweep_batch(idx, it)
         core.bind_batch(idx)

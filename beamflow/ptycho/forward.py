@@ -576,7 +576,7 @@ class Core:
         """
         be = self.backend
         if be.kernels is not None and big_psi.shape[1] == 1:
-            return be.kernels.modulus(big_psi[:, 0], self.frames.raw(c.idx, c.didx),
+            return be.kernels.modulus(big_psi[:, 0], *self.frames.rows(c.idx, c.didx),
                                       self.mask, self.eps, 1.0 if scale is None else scale)
         amp, d, loss = self.amplitude_residual(big_psi, c)
         amp += self.eps

@@ -56,6 +56,14 @@ class Frames:
             return self.data[didx]
         return self.backend.rows_to_device(self.data, idx)
 
+    def rows(self, idx: np.ndarray, didx: Any) -> tuple[Any, Any]:
+        """(stack, rows): the frames of ``idx`` as a fused kernel reads them where they lie —
+        the resident stack and the device indices of its rows, or the rows streamed to the
+        device and None (row j is position j's)."""
+        if self.resident:
+            return self.data, didx
+        return self.backend.rows_to_device(self.data, idx), None
+
     def amplitudes(self, idx: np.ndarray, didx: Any) -> Any:
         """√I of the rows, float32 on the device, a new array."""
         rows = self.raw(idx, didx)

@@ -56,9 +56,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EXIT_WAVE_SOURCE", "INTENSITY_SUM_SOURCE", "MAX_GRID_Y", "OBJECT_TERMS_SOURCE",
-           "RAMP_PRODUCT_SOURCE", "STEP_LENGTHS_SOURCE", "STEP_SYSTEMS_SOURCE", "SUM_POSITIONS",
-           "SYSTEM_PIXELS", "GpuKernels", "THREADS", "position_grid", "system_grid"]
+__all__ = ["EXIT_WAVE_SOURCE", "INTENSITY_SUM_SOURCE", "MAX_GRID_Y", "MODULUS_SOURCE",
+           "OBJECT_TERMS_SOURCE", "RAMP_PRODUCT_SOURCE", "STEP_LENGTHS_SOURCE",
+           "STEP_SYSTEMS_SOURCE", "SUM_POSITIONS", "SYSTEM_PIXELS", "GpuKernels", "THREADS",
+           "modulus_source", "position_grid", "system_grid"]
 
 THREADS = 256
 
@@ -205,6 +206,27 @@ extern "C" __global__ void beamflow_intensity_sum(
 }
 """
 
+# A warp's 32 values summed (shuffles, float64) for one atomic add by its first lane, where
+# thousands of threads would otherwise add into the same few addresses one at a time. The
+# CPU's thread-by-thread run of the sources (tests/test_gpu_kernels.py) defines
+# BEAMFLOW_ONE_THREAD: there each thread adds its own value (the same total).
+WARP_SUM_SOURCE = r"""
+#ifndef BEAMFLOW_WARP_SUM
+#define BEAMFLOW_WARP_SUM
+#ifndef BEAMFLOW_ONE_THREAD
+__device__ __forceinline__ double beamflow_warp_sum(double v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+#define BEAMFLOW_WARP_LEADER ((threadIdx.x & 31) == 0)
+#else
+static inline double beamflow_warp_sum(double v) { return v; }
+#define BEAMFLOW_WARP_LEADER 1
+#endif
+#endif
+"""
+
 # Pixels of each mode that one thread of the step systems sums: a position gets
 # ceil(M² / SYSTEM_PIXELS) threads (``position_grid``), so a batch of b positions fills the
 # card (a fixed 64 threads a position left a batch of 128 on 32 blocks: a quarter of an
@@ -219,23 +241,11 @@ SYSTEM_PIXELS = 16
 # On the per-position grid of the kernels above: the T = gridDim.x·blockDim.x threads of a
 # row each sum every T-th pixel of each mode (consecutive threads on consecutive pixels),
 # then each warp sums its 32 threads' five partial sums (shuffles, float64) and adds them
-# into the position's row: one atomic add per warp, not per thread. Thread by thread, the
-# adds serialised on each row's five addresses — 4096 threads a position at 256²: 39.5 ms
-# of a 132 ms LSQ-ML iteration at 10000 × 256², batch 512, on the H100 (31 %, 0.65 TB/s).
-# tests/test_gpu_kernels.py runs the source one thread at a time on the CPU and defines
-# BEAMFLOW_ONE_THREAD there: each thread adds its own sums (the same total).
-STEP_SYSTEMS_SOURCE = r"""
-#ifndef BEAMFLOW_ONE_THREAD
-__device__ __forceinline__ double beamflow_warp_sum(double v)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    return v;
-}
-#define BEAMFLOW_WARP_LEADER ((threadIdx.x & 31) == 0)
-#else
-static inline double beamflow_warp_sum(double v) { return v; }
-#define BEAMFLOW_WARP_LEADER 1
-#endif
+# into the position's row: one atomic add per warp, not per thread (WARP_SUM_SOURCE). Thread
+# by thread, the adds serialised on each row's five addresses — 4096 threads a position at
+# 256²: 39.5 ms of a 132 ms LSQ-ML iteration at 10000 × 256², batch 512, on the H100 (31 %,
+# 0.65 TB/s).
+STEP_SYSTEMS_SOURCE = WARP_SUM_SOURCE + r"""
 extern "C" __global__ void beamflow_step_systems(
     const float2* __restrict__ pd, const long long pd_stride,
     const float2* __restrict__ dobj, const long long* __restrict__ flat,
@@ -290,6 +300,51 @@ extern "C" __global__ void beamflow_step_systems(
     }
 }
 """
+
+
+# The one-mode modulus projection of a chunk, in place, on the per-position grid: ψ_j(p) ←
+# ψ_j(p)·d/(|ψ_j(p)| + eps)·scale with d = (√I − |ψ_j(p)|)·mask(p), the frames read where
+# they lie: row r_j = rows[j] of ``frames`` (the resident stack; ``rows`` null: row j, a
+# chunk streamed to the device), DATA float32 amplitudes √I or uint16 counts I (AMPLITUDE
+# takes the root). Σ_p d² of each warp is added into ``loss[j]`` (float64, zeroed by the
+# caller). Before, CuPy took the frame rows into a new array, an element-wise kernel wrote
+# d² beside ψ and CUB summed it: 30 bytes a pixel moved for 18 (one rPIE iteration at 4000 ×
+# 128², batch 128, on the H100: 1.5 of 10.7 ms in the gather and the sum).
+MODULUS_SOURCE = WARP_SUM_SOURCE + r"""
+extern "C" __global__ void beamflow_modulus_NAME(
+    float2* psi, const DATA* __restrict__ frames, const long long* __restrict__ rows,
+    const float* __restrict__ mask, const float eps, const float scale,
+    double* __restrict__ loss, const int b, const int M)
+{
+    const int mm = M * M;
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    const float w = p < mm ? mask[p] : 0.0f;
+    // No early return past the frame: every lane of a warp takes part in its shuffles.
+    for (int j = blockIdx.y; j < b; j += gridDim.y) {
+        float s = 0.0f;
+        if (p < mm) {
+            const long long q = (long long)j * mm + p;
+            const long long r = rows ? rows[j] : (long long)j;
+            const float2 v = psi[q];
+            const float a = sqrtf(v.x * v.x + v.y * v.y);
+            const float d = (AMPLITUDE(frames[r * mm + p]) - a) * w;
+            const float f = d / (a + eps) * scale;
+            psi[q] = make_float2(v.x * f, v.y * f);
+            s = d * d;
+        }
+        const double t = beamflow_warp_sum(s);
+        if (BEAMFLOW_WARP_LEADER) atomicAdd(loss + j, t);
+    }
+}
+"""
+
+
+def modulus_source(counts: bool) -> str:
+    """:data:`MODULUS_SOURCE` for uint16 counts I or float32 amplitudes √I."""
+    name, data, amp = (("counts", "unsigned short", "sqrtf((float)(X))") if counts
+                       else ("amplitudes", "float", "(X)"))
+    head = f"#undef DATA\n#undef AMPLITUDE\n#define DATA {data}\n#define AMPLITUDE(X) {amp}\n"
+    return head + MODULUS_SOURCE.replace("_NAME", "_" + name)
 
 
 def system_grid(m: int, b: int) -> tuple[int, int]:
@@ -350,20 +405,9 @@ class GpuKernels:
             "beamflow_conj_product")
         self._conj_product_in_place = cp.ElementwiseKernel(
             "complex64 o", "complex64 g", "g = conj(g) * o", "beamflow_conj_product_in_place")
-        # The modulus projection for float32 amplitudes √I and for uint16 counts I (√ taken
-        # here): CuPy compiles each on its first call.
-        self._modulus = {counts: cp.ElementwiseKernel(
-            f"{'uint16' if counts else 'float32'} data, float32 mask, float32 eps, "
-            "float32 scale",
-            "complex64 psi, float32 r2",
-            f"""
-            float a = abs(psi);
-            float d = ({'sqrtf((float)data)' if counts else 'data'} - a) * mask;
-            r2 = d * d;
-            psi = psi * (d / (a + eps) * scale);
-            """,
-            f"beamflow_modulus{'_counts' if counts else ''}",
-        ) for counts in (False, True)}
+        self._modulus = {counts: cp.RawKernel(modulus_source(counts),
+                                              f"beamflow_modulus_{name}")
+                         for counts, name in ((False, "amplitudes"), (True, "counts"))}
         self._preconditioned_step = cp.ElementwiseKernel(
             "float32 den, float32 dmax, float32 c_den, float32 c_max", "complex64 num",
             "num = num * (1.0f / (den * c_den + c_max * dmax))",
@@ -494,13 +538,22 @@ class GpuKernels:
         """``y += a·x`` in place (``a``: a 0-d float32 device array or a float)."""
         return self._axpy(x, a, y)
 
-    def modulus(self, psi: Any, data: Any, mask: Any, eps: Any, scale: Any = 1.0) -> Any:
+    def modulus(self, psi: Any, frames: Any, rows: Any, mask: Any, eps: Any,
+                scale: Any = 1.0) -> Any:
         """The modulus projection of one-mode waves ``psi`` (b, M, M) in place: ``psi *=
         d / (|psi| + eps) · scale`` with ``d = (√I − |psi|)·mask``; returns Σd² (a 0-d
-        device array). ``data``: float32 amplitudes √I or uint16 counts I; ``scale``: the
-        inverse FFT's 1/M² when it is folded here (1: none)."""
+        float64 device array). ``frames``: float32 amplitudes √I or uint16 counts I, (n, M,
+        M), of which position j's is row ``rows[j]`` (``rows`` None: row j); ``scale``: the
+        inverse FFT's 1/M² when it is folded here (1: none). See :data:`MODULUS_SOURCE`."""
         cp = self._cp
-        kernel = self._modulus[data.dtype == np.uint16]
-        r2 = cp.empty(psi.shape, np.float32)
-        kernel(data, mask, np.float32(eps), np.float32(scale), psi, r2)
-        return r2.sum()
+        b, m = psi.shape[0], psi.shape[-1]
+        counts = frames.dtype == np.uint16
+        loss = cp.zeros(b, np.float64)
+        self._modulus[counts](
+            position_grid(m * m, b), (THREADS,),
+            (_written(psi, np.complex64),
+             cp.ascontiguousarray(frames, dtype=np.uint16 if counts else np.float32),
+             None if rows is None else cp.ascontiguousarray(rows, dtype=np.int64),
+             cp.ascontiguousarray(mask, dtype=np.float32), np.float32(eps), np.float32(scale),
+             loss, np.int32(b), np.int32(m)))
+        return loss.sum()
