@@ -389,12 +389,12 @@ def test_step_systems_kernel_sums_what_the_array_code_sums(cpu_kernels, upd_obj,
 @pytest.mark.parametrize("rows", list(GRID_ROWS.values()), ids=list(GRID_ROWS))
 @pytest.mark.parametrize("resident", [True, False], ids=["resident", "streamed"])
 @pytest.mark.parametrize("counts", [True, False], ids=["counts", "amplitudes"])
-@pytest.mark.parametrize("m", [16, 24], ids=["16", "24"])
+@pytest.mark.parametrize("m", [16, 24, 72], ids=["16", "24", "72"])
 def test_modulus_kernel_projects_as_the_array_code(cpu_kernels, counts, resident, m, rows):
     """The modulus projection reads each position's frame where it lies (a row of the
     resident stack, or row j of a streamed chunk) and sums d² per position: against the
     engine's array code (Core.amplitude_residual and modulus_projection) on the same
-    inputs; 24² frames leave part of a block past the frame."""
+    inputs; 24² frames make a thread take several pixels, 72² two blocks a position."""
     rng = np.random.default_rng(5)
     b, n = 7, 19
     psi = _waves(rng, b, m, m)
@@ -406,7 +406,8 @@ def test_modulus_kernel_projects_as_the_array_code(cpu_kernels, counts, resident
     frames = stack if resident else np.ascontiguousarray(stack[take])
     eps, scale = np.float32(1e-6), np.float32(1 / m**2)
     got, loss = psi.copy(), np.zeros(b, np.float64)
-    grid_x, grid_y = _grid(m * m, b, rows)
+    grid_x, grid_y = system_grid(m, b)
+    grid_y = rows or grid_y
     cpu_kernels.run_modulus(int(counts), grid_x, grid_y, THREADS, _ptr(got), _ptr(frames),
                             _ptr(take) if resident else None, _ptr(mask), ctypes.c_float(eps),
                             ctypes.c_float(scale), _ptr(loss), b, m)

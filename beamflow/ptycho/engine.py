@@ -282,7 +282,9 @@ class Reconstructor:
             self.algorithm.opr.end_iteration()
         loss = core.total(losses) / core.norm
         if core.K > 1 and (it + 1) % p.orthogonalize_every == 0:
-            core.probe, transform = orthogonalize_modes(core.probe, core.xp, True)
+            # Into the probe's own memory: the batches' CUDA graphs read it there (graphs.py).
+            probe, transform = orthogonalize_modes(core.probe, core.xp, True)
+            core.probe[...] = probe
             core.probe_changed()
             self.algorithm.modes_mixed(transform)
         if self.algorithm.flags(it)[2]:

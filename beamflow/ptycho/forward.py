@@ -734,8 +734,9 @@ class Core:
         s = (cy - (m - 1) / 2, cx - (m - 1) / 2)
         if max(abs(s[0]), abs(s[1])) < threshold_px:
             return None
-        self.probe = self._fourier_shift(self.probe, s)
-        self.obj = self._fourier_shift(self.obj[None], s)[0]
+        # Into their own memory: the batches' CUDA graphs read them there (graphs.py).
+        self.probe[...] = self._fourier_shift(self.probe, s)
+        self.obj[...] = self._fourier_shift(self.obj[None], s)[0]
         self.probe_changed()
         return s
 
