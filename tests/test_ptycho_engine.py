@@ -445,6 +445,26 @@ def test_sparse_batches_do_not_overlap(scan):
         assert overlap.sum() == len(b)  # only each window with itself
 
 
+@pytest.mark.parametrize("columns", [256, 3], ids=["table", "table-full"])
+def test_sparse_batches_colour_greedily_in_a_random_order(scan, monkeypatch, columns):
+    """The sets are the greedy colouring of the windows in the iteration's random order
+    (each window takes the smallest colour none of its coloured neighbours has), however
+    many colours the table holds: with 3 columns most windows find theirs the slow way."""
+    from beamflow.ptycho import batches as batches_mod
+
+    monkeypatch.setattr(batches_mod, "COLOUR_COLUMNS", columns)
+    corner = np.rint(scan["positions"]).astype(np.int64)
+    nb = overlap_neighbours(corner, M)
+    colour = np.full(len(nb), -1)
+    for j in counter_rng(0, 0).permutation(len(nb)):  # sparse_batches' first draw
+        used = set(colour[nb[j]].tolist())
+        colour[j] = next(c for c in range(len(nb)) if c not in used)
+    assert colour.max() + 1 > 3  # more colours than the narrow table holds
+    batches = sparse_batches(counter_rng(0, 0), nb, max_size=None)
+    assert sorted(sorted(b.tolist()) for b in batches) == sorted(
+        np.flatnonzero(colour == c).tolist() for c in range(colour.max() + 1))
+
+
 def test_orthogonalize_modes_keeps_coherence_function():
     rng = np.random.default_rng(1)
     p = (rng.standard_normal((3, 8, 8)) + 1j * rng.standard_normal((3, 8, 8))).astype(

