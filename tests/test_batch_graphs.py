@@ -46,9 +46,19 @@ class _Stream:
         return _Graph(self)
 
 
+class _Pool:
+    def __init__(self) -> None:
+        self.freed: list[Any] = []
+
+    def free_all_blocks(self, stream: Any = None) -> None:
+        self.freed.append(stream)
+
+
 def _cupy() -> Any:
-    cuda = types.SimpleNamespace(Stream=_Stream, get_current_stream=lambda: None)
-    return types.SimpleNamespace(cuda=cuda)
+    current = types.SimpleNamespace(synchronize=lambda: None)
+    cuda = types.SimpleNamespace(Stream=_Stream, get_current_stream=lambda: current)
+    pool = _Pool()
+    return types.SimpleNamespace(cuda=cuda, get_default_memory_pool=lambda: pool)
 
 
 class _Batch:
@@ -118,3 +128,15 @@ def test_a_batch_that_raises_raises_without_graphs_too(graphs):
         g.run("k", broken)
     with pytest.raises(ValueError, match="bad shape"):
         g.run("k", broken)  # the capture fails, the rerun raises the batch's own error
+
+
+def test_closing_drops_the_graphs_and_frees_the_capture_streams_memory(graphs):
+    g, _ = graphs
+    body = _Batch(g)
+    g.run("k", body)
+    g.run("k", body)
+    g.close()
+    assert g._graphs == {} and not g.enabled
+    assert g._cp.get_default_memory_pool().freed == [g._stream]  # that stream's only
+    g.run("k", body)
+    assert body.runs[-1] is False  # after closing: run as launched from Python

@@ -256,6 +256,8 @@ class Reconstructor:
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
         self.core.close()
+        if self.algorithm.graphs is not None:
+            self.algorithm.graphs.close()
 
     def __enter__(self) -> Reconstructor:
         return self

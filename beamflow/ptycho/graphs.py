@@ -109,6 +109,12 @@ class BatchGraphs:
             self._graphs.popitem(last=False)
         return graph, outputs
 
-    def clear(self) -> None:
+    def close(self) -> None:
+        """Drop the graphs and give the capture stream's pooled memory back to the device: a
+        worker that runs one reconstruction after another would otherwise keep each one's
+        temporaries in a free list of its own (CuPy's pool keeps one per stream)."""
+        self.enabled = False
         self._graphs.clear()
         self._seen.clear()
+        self._cp.cuda.get_current_stream().synchronize()  # the last replays are done
+        self._cp.get_default_memory_pool().free_all_blocks(stream=self._stream)
