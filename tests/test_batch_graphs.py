@@ -47,18 +47,45 @@ class _Stream:
 
 
 class _Pool:
-    def __init__(self) -> None:
-        self.freed: list[Any] = []
+    """CuPy's MemoryPool as the graphs use it: blocks from its allocator, cached when freed,
+    and the cache dropped when memory runs short (``short``) before it allocates."""
 
-    def free_all_blocks(self, stream: Any = None) -> None:
-        self.freed.append(stream)
+    def __init__(self, allocator: Any) -> None:
+        self.allocator = allocator
+        self.short = False
+        self.freed = 0
+
+    def malloc(self, size: int) -> Any:
+        if self.short:
+            self.free_all_blocks()
+        return self.allocator(size)
+
+    def free_all_blocks(self) -> None:
+        self.freed += 1
+
+
+class _Allocator:
+    """cupy.cuda.using_allocator: the allocator the body's arrays come from."""
+
+    current: Any = None
+
+    def __init__(self, malloc: Any) -> None:
+        self.malloc = malloc
+
+    def __enter__(self) -> None:
+        _Allocator.current = self.malloc
+
+    def __exit__(self, *exc: Any) -> None:
+        _Allocator.current = None
 
 
 def _cupy() -> Any:
     current = types.SimpleNamespace(synchronize=lambda: None)
-    cuda = types.SimpleNamespace(Stream=_Stream, get_current_stream=lambda: current)
-    pool = _Pool()
-    return types.SimpleNamespace(cuda=cuda, get_default_memory_pool=lambda: pool)
+    cuda = types.SimpleNamespace(Stream=_Stream, get_current_stream=lambda: current,
+                                 MemoryPool=_Pool, using_allocator=_Allocator,
+                                 Memory=lambda size: ["device memory", size],
+                                 MemoryPointer=lambda memory, offset: memory)
+    return types.SimpleNamespace(cuda=cuda)
 
 
 class _Batch:
@@ -70,6 +97,8 @@ class _Batch:
 
     def __call__(self) -> list[Any]:
         self.runs.append(self.graphs._stream.capturing)
+        if _Allocator.current is not None:  # a temporary of the batch, during a capture
+            _Allocator.current(1024)
         return [np.float32(len(self.runs))]
 
 
@@ -111,7 +140,7 @@ def test_a_failed_capture_turns_graphs_off_and_the_batch_runs_without(graphs, ca
     g.run("k", body)
     g._stream.fail = True
     out = g.run("k", body)
-    assert not g.enabled and g._graphs == {} and len(forgotten) == 2
+    assert not g.enabled and g._graphs == {} and len(forgotten) >= 2
     assert body.runs == [False, True, False] and out == [np.float32(3)]
     assert "running without graphs" in caplog.text
     g.run("k", body)
@@ -130,13 +159,29 @@ def test_a_batch_that_raises_raises_without_graphs_too(graphs):
         g.run("k", broken)  # the capture fails, the rerun raises the batch's own error
 
 
-def test_closing_drops_the_graphs_and_frees_the_capture_streams_memory(graphs):
+def test_closing_drops_the_graphs_and_frees_their_memory(graphs):
     g, _ = graphs
     body = _Batch(g)
     g.run("k", body)
     g.run("k", body)
+    assert g._blocks == [["device memory", 1024]]  # the capture's, from the graphs' pool
     g.close()
-    assert g._graphs == {} and not g.enabled
-    assert g._cp.get_default_memory_pool().freed == [g._stream]  # that stream's only
+    assert g._graphs == {} and not g.enabled and g._pool.freed == 1 and g._blocks == []
     g.run("k", body)
     assert body.runs[-1] is False  # after closing: run as launched from Python
+
+
+def test_memory_short_during_a_capture_frees_no_block_a_graph_writes(graphs):
+    """A pool short of memory drops its cached blocks before it allocates; the blocks of
+    the graphs' pool stay allocated all the same, so the earlier graph keeps its memory."""
+    g, _ = graphs
+    first, second = _Batch(g), _Batch(g)
+    for _ in range(2):
+        g.run("a", first)
+    g._pool.short = True
+    for _ in range(2):
+        g.run("b", second)
+    assert g.enabled and set(g._graphs) == {"a", "b"} and g._pool.freed == 1
+    assert len(g._blocks) == 2  # the first capture's block is still held
+    g.run("a", first)
+    assert first.runs == [False, True] and g.replays == 1

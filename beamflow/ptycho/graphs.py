@@ -19,9 +19,12 @@ work the same every time (:meth:`.forward.Core.bind_batch`, :meth:`.algorithm.Al
   (the probe caches are dropped before the capture, so the graph computes them);
 * its outputs (the chunks' losses) are copied out after each replay: the next replay writes
   the same memory;
-* it is captured on a stream of its own: CuPy's pool keeps a free list per stream, so the
-  graph's temporaries are never handed to an array outside the graphs, and graphs replay in
-  the order of the engine's stream, one at a time.
+* its temporaries come from a memory pool of the graphs' own, on a stream of their own
+  (a capture needs one; graphs replay on the engine's stream, one at a time, so they may
+  share temporaries): no array outside the graphs is handed that memory. A CuPy pool gives
+  its cached blocks back to the device when memory runs short — blocks a graph writes at
+  its next replay — so the graphs' pool takes its blocks from :meth:`BatchGraphs._device`,
+  which keeps every one allocated until graphs turn off.
 
 The first batch of a key runs as it would without graphs (it makes the FFT plans, compiles
 the kernels and grows the pools: none of that may happen during a capture); the second is
@@ -56,6 +59,8 @@ class BatchGraphs:
         # Called before a capture: drop the caches the graph must make itself.
         self._forget = forget
         self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._blocks: list[Any] = []  # every block of device memory the graphs' pool got
+        self._pool = cupy.cuda.MemoryPool(self._device)
         self._graphs: OrderedDict[Hashable, tuple[Any, list[Any]]] = OrderedDict()
         self._seen: set[Hashable] = set()
         self.enabled = True
@@ -84,22 +89,27 @@ class BatchGraphs:
         graph.launch(stream=self._cp.cuda.get_current_stream())
         return [v.copy() for v in outputs]
 
+    def _device(self, size: int) -> Any:
+        """A new block of device memory for the graphs' pool, kept until graphs turn off:
+        the pool may drop it from its cache, but never frees it."""
+        block = self._cp.cuda.MemoryPointer(self._cp.cuda.Memory(size), 0)
+        self._blocks.append(block)
+        return block
+
     def _capture(self, key: Hashable,
                  body: Callable[[], list[Any]]) -> tuple[Any, list[Any]] | None:
         self._forget()
         stream = self._stream
         graph = None
         try:
-            with stream:
+            with self._cp.cuda.using_allocator(self._pool.malloc), stream:
                 stream.begin_capture()
                 try:
                     outputs = body()
                 finally:
                     graph = stream.end_capture()
         except Exception as exc:  # noqa: BLE001 - any failure: run without graphs
-            self.enabled = False
-            self._graphs.clear()
-            self._forget()  # what the failed capture cached was never computed
+            self._turn_off()
             log.warning("CUDA graph capture failed (%s: %s); running without graphs",
                         type(exc).__name__, exc)
             return None
@@ -110,11 +120,15 @@ class BatchGraphs:
         return graph, outputs
 
     def close(self) -> None:
-        """Drop the graphs and give the capture stream's pooled memory back to the device: a
-        worker that runs one reconstruction after another would otherwise keep each one's
-        temporaries in a free list of its own (CuPy's pool keeps one per stream)."""
+        """Drop the graphs and give their memory back to the device (a worker runs one
+        reconstruction after another)."""
+        self._turn_off()
+
+    def _turn_off(self) -> None:
         self.enabled = False
         self._graphs.clear()
         self._seen.clear()
+        self._forget()  # caches a graph made (or a failed capture never computed)
         self._cp.cuda.get_current_stream().synchronize()  # the last replays are done
-        self._cp.get_default_memory_pool().free_all_blocks(stream=self._stream)
+        self._pool.free_all_blocks()
+        self._blocks.clear()
