@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 # Graphs kept at once. Random batches use two keys an iteration (batches of ⌊N/b⌋ and
 # ⌈N/b⌉ positions); ePIE's sparse sets one per set size (tens); a schedule's flags change a
 # few times a run, a new probe or object array once in a while. A graph holds only its
-# launches and outputs: the temporaries are shared (the capture stream's pool).
+# launches and outputs: the temporaries are shared (the graphs' pool).
 MAX_GRAPHS = 64
 
 
@@ -100,7 +100,6 @@ class BatchGraphs:
                  body: Callable[[], list[Any]]) -> tuple[Any, list[Any]] | None:
         self._forget()
         stream = self._stream
-        graph = None
         try:
             with self._cp.cuda.using_allocator(self._pool.malloc), stream:
                 stream.begin_capture()
