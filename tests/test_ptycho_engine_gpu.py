@@ -252,15 +252,18 @@ def test_cuda_graphs_replay_the_batches_as_python_launches_them(extra):
     data = data_of(sim)
     # 4 random batches an iteration: 16, 16, 15 and 15 positions (two graphs)
     params = ReconParams(iterations=6, batch_size=16, batch_selection="random", **extra)
-    out, graphs = {}, None
+    out, graphs, held = {}, None, 0
     for on in (False, True):
         with Reconstructor(data, initial_state(data, params),
                            array_backend("cuda", graphs=on)) as rec:
             out[on] = rec.run()
             if on:
                 graphs = rec.algorithm.graphs
-    assert graphs is not None and graphs.enabled
+                assert graphs is not None and graphs.enabled  # no capture failed
+                held = len(graphs._blocks)
     assert graphs.captures >= 2 and graphs.replays >= 12
+    # the graphs' temporaries came from their own pool, given back when the run closed
+    assert held > 0 and graphs._blocks == [] and not graphs.enabled
     np.testing.assert_allclose(out[True].loss_history, out[False].loss_history, rtol=1e-4)
     scale = np.abs(out[False].object).max()
     assert np.abs(out[True].object - out[False].object).max() < 1e-4 * scale
