@@ -91,7 +91,7 @@ class Algorithm:
         self._neighbours: list[np.ndarray] | None = None
         self._neighbours_key: bytes | None = None
         self._pending: list[tuple[np.ndarray, list[Any]]] = []
-        self._selection = params.selection  # the batch selection used by the last batches()
+        self.selection = self._resolve_selection()
         be = core.backend
         self.graphs = (BatchGraphs(be.xp, core.probe_changed)
                        if self.batch_graphs and be.fused and be.graphs else None)
@@ -140,17 +140,21 @@ class Algorithm:
             self.opr.load_extras(extras)
 
     # -- batches ----------------------------------------------------------------------------
+    def _resolve_selection(self) -> str:
+        """The batch selection of this run: the parameters', with "auto" resolved. Random
+        batches each span the whole object, so every batch pays an update over all of it;
+        when that outweighs the batch's own windows, "auto" goes compact."""
+        p, core = self.params, self.core
+        object_px = core.H * core.W
+        windows_px = 2 * p.batch_size_for(core.N) * core.M**2
+        if p.selection == "random" and p.batch_selection == "auto" and object_px > windows_px:
+            return "compact"
+        return p.selection
+
     def batches(self, rng: np.random.Generator) -> list[np.ndarray]:
         p, core = self.params, self.core
         n = core.N
-        sel = p.selection
-        # Random batches each span the whole object, so every batch pays an update over all
-        # of it; when that outweighs the batch's own windows, "auto" goes compact.
-        windows_px = 2 * p.batch_size_for(n) * core.M**2
-        object_px = core.H * core.W
-        if sel == "random" and p.batch_selection == "auto" and object_px > windows_px:
-            sel = "compact"
-        self._selection = sel
+        sel = self.selection
         if sel == "compact":
             return compact_batches(rng, core.corner, core.M, p.batch_size_for(n))
         if sel == "all":
@@ -180,7 +184,7 @@ class Algorithm:
         random batches (whose box is the whole object anyway) or sparse sets (no object
         box), one chunk, no position steps or variable probe to keep on the host."""
         graphs, core = self.graphs, self.core
-        if (graphs is None or not graphs.enabled or self._selection not in GRAPH_SELECTIONS
+        if (graphs is None or not graphs.enabled or self.selection not in GRAPH_SELECTIONS
                 or self.opr is not None or self.flags(it)[2] or not core.graphable(len(idx))):
             return self._sweep_batch(idx, it)
         core.bind_batch(idx)

@@ -252,8 +252,7 @@ class Core:
                 raise RuntimeError("a bound batch is swept as one chunk")
             didx, dy, dx, flat = self._bound[1]
         elif self.backend.is_gpu:  # one upload per chunk: indices and corners together
-            didx, dy, dx, flat = self.backend.to_device(
-                np.stack([idx, iy, ix, iy * self.W + ix]))
+            didx, dy, dx, flat = self._index_rows(idx)
         if self.backend.is_gpu and self._dfactors is not None:
             ramp = self._dfactors[didx]  # (b, 2, M): a small gather
         return Chunk(idx=idx, didx=didx, iy=iy, ix=ix, dy=dy, dx=dx, ramp=ramp, flat=flat)
@@ -272,13 +271,18 @@ class Core:
         :meth:`bbox` is the whole object, so the batch's launches are the same for every
         batch of that length."""
         idx = np.asarray(idx, np.int64)
-        iy, ix = self.corner[idx, 0], self.corner[idx, 1]
-        rows = self.backend.to_device(np.stack([idx, iy, ix, iy * self.W + ix]))
+        rows = self._index_rows(idx)
         buf = self._index_buffers.get(len(idx))
         if buf is None:
             buf = self._index_buffers[len(idx)] = self.xp.empty_like(rows)
         buf[...] = rows
         self._bound = (idx, buf)
+
+    def _index_rows(self, idx: np.ndarray) -> Any:
+        """(4, b) on the device, one upload: the indices, the corners' rows and columns, and
+        their flat offsets iy·W + ix."""
+        iy, ix = self.corner[idx, 0], self.corner[idx, 1]
+        return self.backend.to_device(np.stack([idx, iy, ix, iy * self.W + ix]))
 
     def unbind(self) -> None:
         self._bound = None

@@ -108,7 +108,7 @@ class BatchGraphs:
                 finally:
                     graph = stream.end_capture()
         except Exception as exc:  # noqa: BLE001 - any failure: run without graphs
-            self._turn_off()
+            self.close()
             log.warning("CUDA graph capture failed (%s: %s); running without graphs",
                         type(exc).__name__, exc)
             return None
@@ -119,11 +119,8 @@ class BatchGraphs:
         return graph, outputs
 
     def close(self) -> None:
-        """Drop the graphs and give their memory back to the device (a worker runs one
-        reconstruction after another)."""
-        self._turn_off()
-
-    def _turn_off(self) -> None:
+        """Turn graphs off: drop them and give their memory back to the device (at the end
+        of a run — a worker runs one reconstruction after another — or a failed capture)."""
         self.enabled = False
         self._graphs.clear()
         self._seen.clear()
