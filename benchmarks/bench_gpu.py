@@ -299,23 +299,27 @@ def start(case: dict[str, Any], data: PtychoData, params: ReconParams) -> Any:
 
 
 def _setup(case: dict[str, Any], algorithm: str, iterations: int,
-           args: argparse.Namespace) -> tuple[PtychoData, ReconParams]:
+           args: argparse.Namespace, batch: int | None = None) -> tuple[PtychoData, ReconParams]:
+    """The engine's inputs for the case; ``batch`` (rPIE/LSQ-ML; default: the engine's by
+    scan size) overrides ``args.batch`` where that is one number (profile_gpu.py's)."""
     gt = case["gt"]
+    if batch is None and isinstance(args.batch, int):
+        batch = args.batch
     data = PtychoData(intensities=case["frames"], positions_px=gt.positions_px,
                       object_shape=gt.object.shape, mask=gt.mask)
     params = ReconParams(algorithm=algorithm, iterations=iterations,
                          propagation=gt.propagation, seed=args.seed,
-                         batch_size=args.batch if algorithm in ("rpie", "lsqml") else None)
+                         batch_size=batch if algorithm in ("rpie", "lsqml") else None)
     return data, params
 
 
-def count_launches(case: dict[str, Any], algorithm: str, args: argparse.Namespace
-                   ) -> tuple[int, int, int]:
+def count_launches(case: dict[str, Any], algorithm: str, args: argparse.Namespace,
+                   batch: int | None = None) -> tuple[int, int, int]:
     """Kernel launches, the bytes they move and the FFTs among them in the case's second
     iteration on the counting stand-in for CuPy."""
     from counting_cupy import COUNTS, by_site, installed  # noqa: PLC0415 - tests/, on the path
 
-    data, params = _setup(case, algorithm, 2, args)
+    data, params = _setup(case, algorithm, 2, args, batch)
     with installed() as backend, Reconstructor(data, start(case, data, params),
                                                backend) as rec:
         rec.iterate()  # caches and index offsets made once
@@ -335,8 +339,8 @@ def model_seconds(launches: int, nbytes: int, bandwidth: float, launch_s: float)
 
 
 def run_beamflow(case: dict[str, Any], algorithm: str, backend: ArrayBackend,
-                 args: argparse.Namespace) -> dict[str, Any]:
-    data, params = _setup(case, algorithm, args.warmup + args.iterations, args)
+                 args: argparse.Namespace, batch: int | None = None) -> dict[str, Any]:
+    data, params = _setup(case, algorithm, args.warmup + args.iterations, args, batch)
     state = start(case, data, params)
     seconds: list[float] = []
     with Reconstructor(data, state, backend) as rec:
@@ -412,8 +416,9 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--batch", type=int, default=None,
-                    help="rPIE/LSQ-ML batch size (default: the engine's, by scan size)")
+    ap.add_argument("--batch", type=int, nargs="+", default=None,
+                    help="rPIE/LSQ-ML batch sizes, each run in turn (default: the engine's, "
+                         "by scan size); a case's objects are scored side by side")
     ap.add_argument("--ptychi-python", type=Path, default=PEER_PYTHON)
     ap.add_argument("--json", action="store_true", help="one JSON line per case on stdout")
     ap.add_argument("--launch-us", type=float, default=LAUNCH_SECONDS * 1e6,
@@ -466,43 +471,25 @@ def main() -> None:
                 common["measured_launch_us"] = per_launch * 1e6
             if per_fft is not None:
                 common["measured_fft_us"] = per_fft * 1e6
-            probe, batch = None, args.batch or 32
+            probe, batch = None, (args.batch or [32])[0]
             done: list[tuple[dict[str, Any], np.ndarray]] = []  # records to score, objects
             for algorithm in args.algorithms:
                 if args.skip_beamflow:  # Pty-Chi alone: its probe guess and batch size
-                    data, params = _setup(case, algorithm, 1, args)
+                    data, params = _setup(case, algorithm, 1, args,
+                                          (args.batch or [None])[0])
                     probe = start(case, data, params).probe
                     if algorithm in ("rpie", "lsqml"):
                         batch = params.batch_size_for(n)
                     continue
-                log(f"beamflow {algorithm} {field} {n} x {m}²")
-                r = run_beamflow(case, algorithm, backend, args)
-                probe = r.pop("probe")
-                if algorithm in ("rpie", "lsqml"):
-                    batch = r["batch_size"]
-                nbytes = bytes_per_iteration(algorithm, field == "near", n, m, 1,
-                                             r.pop("frame_bytes"))
-                floor = nbytes / bandwidth
-                if not args.no_launches:
-                    launches, counted, ffts = count_launches(case, algorithm, args)
-                    launch_s = launches * args.launch_us * 1e-6
-                    model_bw = bandwidth if backend.is_gpu else args.model_gbs * 1e9
-                    r.update(launches_per_iteration=launches, ffts_per_iteration=ffts,
-                             launch_us=args.launch_us,
-                             launch_seconds=launch_s, launch_ratio=launch_s / floor,
-                             counted_bytes_per_iteration=counted,
-                             counted_passes=counted / (8 * n * m * m),
-                             model_gbs=model_bw / 1e9,
-                             model_seconds=model_seconds(launches, counted, model_bw,
-                                                         args.launch_us * 1e-6))
-                obj = r.pop("object")
-                # In the log at once: the timing survives a step killed while scoring.
-                log(f"beamflow {algorithm} {field} {n} x {m}²: "
-                    f"{r['seconds_per_iteration']:.4g} s/iteration, batch {r['batch_size']}, "
-                    f"{r['graph_replays']} graph replays")
-                done.append(({"engine": "beamflow", "algorithm": algorithm, **common, **r,
-                              "bytes_per_iteration": nbytes, "floor_seconds": floor,
-                              "floor_ratio": r["seconds_per_iteration"] / floor}, obj))
+                sizes = args.batch if algorithm in ("rpie", "lsqml") and args.batch else [None]
+                for size in sizes:
+                    log(f"beamflow {algorithm} {field} {n} x {m}²")
+                    r = run_beamflow(case, algorithm, backend, args, size)
+                    probe = r.pop("probe")
+                    if algorithm in ("rpie", "lsqml"):
+                        batch = r["batch_size"]
+                    done.append(_beamflow_record(case, algorithm, field, r, common,
+                                                 bandwidth, backend, args, size))
             peers = [a for a in args.algorithms if a in PTYCHI_ALGORITHMS]
             if with_ptychi and field == "far" and peers and probe is not None:
                 for rec in run_ptychi(case, probe, peers, batch, args, f"{name}_{field}"):
@@ -518,6 +505,36 @@ def main() -> None:
                       if not args.no_score else [None] * len(done))
             for (record, _), value in zip(done, scores, strict=True):
                 _emit(args, {**record, "nrmse": value})
+
+
+def _beamflow_record(case: dict[str, Any], algorithm: str, field: str, r: dict[str, Any],
+                     common: dict[str, Any], bandwidth: float, backend: ArrayBackend,
+                     args: argparse.Namespace, batch: int | None
+                     ) -> tuple[dict[str, Any], np.ndarray]:
+    """A timed run's JSON record (the floor, the stand-in's launch model) and its object."""
+    n, m = common["positions"], common["frame"]
+    nbytes = bytes_per_iteration(algorithm, field == "near", n, m, 1, r.pop("frame_bytes"))
+    floor = nbytes / bandwidth
+    if not args.no_launches:
+        launches, counted, ffts = count_launches(case, algorithm, args, batch)
+        launch_s = launches * args.launch_us * 1e-6
+        model_bw = bandwidth if backend.is_gpu else args.model_gbs * 1e9
+        r.update(launches_per_iteration=launches, ffts_per_iteration=ffts,
+                 launch_us=args.launch_us,
+                 launch_seconds=launch_s, launch_ratio=launch_s / floor,
+                 counted_bytes_per_iteration=counted,
+                 counted_passes=counted / (8 * n * m * m),
+                 model_gbs=model_bw / 1e9,
+                 model_seconds=model_seconds(launches, counted, model_bw,
+                                             args.launch_us * 1e-6))
+    obj = r.pop("object")
+    # In the log at once: the timing survives a step killed while scoring.
+    log(f"beamflow {algorithm} {field} {n} x {m}²: "
+        f"{r['seconds_per_iteration']:.4g} s/iteration, batch {r['batch_size']}, "
+        f"{r['graph_replays']} graph replays")
+    return ({"engine": "beamflow", "algorithm": algorithm, **common, **r,
+             "bytes_per_iteration": nbytes, "floor_seconds": floor,
+             "floor_ratio": r["seconds_per_iteration"] / floor}, obj)
 
 
 def _describe(backend: ArrayBackend) -> str:
