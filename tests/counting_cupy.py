@@ -260,18 +260,33 @@ class CountingKernels(ReferenceKernels):
         return _dev(oj), _dev(psi)
 
     def object_terms(self, acc: Any, pd: Any, chi: Any, inten: Any, flat: Any, h: int,
-                     w: int) -> None:
+                     w: int, top: Any = None) -> None:
         super().object_terms(_host(acc), _host(pd), _host(chi), _host(inten), _host(flat), h,
-                             w)
+                             w, _host(top))
         # P_j (its own size when broadcast) and χ_j read once; 12 bytes a pixel added to.
         b, m = chi.shape[0], chi.shape[-1]
         _launch(_nbytes(pd, chi, flat) + 2 * 12 * b * m * m)
 
-    def step_systems(self, pd: Any, d_obj: Any, flat: Any, oj: Any, sp: Any, chi: Any,
-                     w: int) -> Any:
-        out = super().step_systems(_host(pd), _host(d_obj), _host(flat), _host(oj),
-                                   _host(sp), _host(chi), w)
-        window = 8 * chi.shape[0] * chi.shape[-1] ** 2 if d_obj is not None else 0
+    def apply_step(self, obj: Any, acc: Any, top: Any, box: tuple[slice, slice],
+                   c_den: float, c_max: float, step: Any = None) -> None:
+        super().apply_step(_host(obj), _host(acc), _host(top), box, c_den, c_max,
+                           _host(step))
+        # the pair read over the box; the object read and written, the pair cleared, where
+        # the batch reached (counted as everywhere: an upper bound)
+        px = obj[box].size
+        _launch(12 * px + 28 * px)
+
+    def position_sum(self, e: Any, a: Any, out: Any) -> Any:
+        super().position_sum(_host(e), _host(a), _host(out))
+        _launch(_nbytes(e, a) + 2 * out.nbytes)
+        return out
+
+    def step_systems(self, pd: Any, acc: Any, top: Any, alpha: float, flat: Any, oj: Any,
+                     sp: Any, chi: Any, h: int, w: int) -> Any:
+        out = super().step_systems(_host(pd), _host(acc), _host(top), alpha, _host(flat),
+                                   _host(oj), _host(sp), _host(chi), h, w)
+        # the accumulator pair read at the windows: 12 bytes a pixel of each
+        window = 12 * chi.shape[0] * chi.shape[-1] ** 2 if acc is not None else 0
         _launch(_nbytes(pd, flat, oj, sp, chi, out) + window)
         return _dev(out)
 

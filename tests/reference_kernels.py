@@ -21,12 +21,17 @@ def _windows(flat: np.ndarray, m: int, w: int) -> np.ndarray:
     return flat[:, None, None] + np.arange(m)[:, None] * w + np.arange(m)
 
 
+def _ramps(e: np.ndarray) -> np.ndarray:
+    """Core's outer ramps (b, M, M) from the same factors ``e`` (b, 2, M)."""
+    return e[:, 0, :, None] * e[:, 1, None, :]
+
+
 class ReferenceKernels:
     """:class:`beamflow.ptycho.kernels.GpuKernels`' methods on numpy arrays."""
 
     def ramp_product(self, e: np.ndarray, a: np.ndarray, out: np.ndarray | None = None,
                      conj: bool = False) -> np.ndarray:
-        r = e[:, 0, :, None] * e[:, 1, None, :]  # Core's outer ramps, from the same factors
+        r = _ramps(e)
         if conj:
             r = np.conj(r)
         res = r[:, None] * a
@@ -41,7 +46,8 @@ class ReferenceKernels:
         return oj, pd * oj[:, None]
 
     def object_terms(self, acc: np.ndarray, pd: np.ndarray, chi: np.ndarray,
-                     inten: np.ndarray | None, flat: np.ndarray, h: int, w: int) -> None:
+                     inten: np.ndarray | None, flat: np.ndarray, h: int, w: int,
+                     top: np.ndarray | None = None) -> None:
         b, m = chi.shape[0], chi.shape[-1]
         num = ((np.conj(pd) * chi).sum(axis=1) if chi.shape[1] > 1
                else np.conj(pd[:, 0]) * chi[:, 0])
@@ -51,16 +57,56 @@ class ReferenceKernels:
         np.add.at(acc[: 2 * h * w].view(np.complex64), where,
                   np.broadcast_to(num, (b, m, m)).ravel())
         np.add.at(acc[2 * h * w :], where, np.broadcast_to(den, (b, m, m)).ravel())
+        if top is not None:  # the largest denominator the adds left
+            t = top.view(np.float32)
+            t[0] = max(t[0], acc[2 * h * w :][where].max())
+
+    @staticmethod
+    def top_value(top: np.ndarray) -> np.ndarray:
+        return top.view(np.float32).reshape(())
+
+    def apply_step(self, obj: np.ndarray, acc: np.ndarray, top: np.ndarray,
+                   box: tuple[slice, slice], c_den: float, c_max: float,
+                   step: Any = None) -> None:
+        h, w = obj.shape
+        num = acc[: 2 * h * w].view(np.complex64).reshape(h, w)[box]
+        den = acc[2 * h * w :].reshape(h, w)[box]
+        reached = (num != 0) | (den != 0)
+        # the array code's steps, in their order: rPIE's (den·c_den, + c_max·max, 1/x, ×)
+        # and LSQ-ML's direction then β_O times it
+        t = den * np.float32(c_den) if c_den != 1.0 else den.copy()
+        t += c_max * self.top_value(top)
+        np.reciprocal(t, out=t, where=reached)
+        g = num * t
+        if step is not None:
+            g = step * g
+        region = obj[box]
+        region[reached] += g[reached]
+        num[reached] = 0
+        den[reached] = 0
+
+    def position_sum(self, e: np.ndarray | None, a: np.ndarray, out: np.ndarray
+                     ) -> np.ndarray:
+        b, k, m = a.shape[0], a.shape[1], a.shape[-1]
+        g = _ramps(e)[:, None] * a if e is not None else a
+        # the array code's sum over the positions (Core.probe_terms), in float32 pairs
+        out += g.view(np.float32).reshape(b, k, m, 2 * m).sum(axis=0).view(np.complex64)
+        return out
 
     def intensity_sum(self, a: np.ndarray, out: np.ndarray) -> np.ndarray:
         out += (np.square(a.real) + np.square(a.imag)).sum(axis=0)
         return out
 
-    def step_systems(self, pd: np.ndarray, d_obj: np.ndarray | None, flat: np.ndarray,
-                     oj: np.ndarray, sp: np.ndarray | None, chi: np.ndarray,
-                     w: int) -> np.ndarray:
+    def step_systems(self, pd: np.ndarray, acc: np.ndarray | None, top: np.ndarray | None,
+                     alpha: float, flat: np.ndarray, oj: np.ndarray, sp: np.ndarray | None,
+                     chi: np.ndarray, h: int, w: int) -> np.ndarray:
         b, m = chi.shape[0], chi.shape[-1]
         zero = np.zeros(chi.shape, np.complex64)
+        d_obj = None
+        if acc is not None:  # LSQ-ML's direction, as its array code makes it
+            den = acc[2 * h * w :] + alpha * self.top_value(top)
+            np.reciprocal(den, out=den)
+            d_obj = (acc[: 2 * h * w].view(np.complex64) * den).reshape(h, w)
         d0 = pd * d_obj.ravel()[_windows(flat, m, w)][:, None] if d_obj is not None else zero
         d1 = oj[:, None] * sp if sp is not None else zero
 

@@ -30,9 +30,12 @@ import numpy as np
 import pytest
 
 from beamflow.ptycho.kernels import (
+    APPLY_STEP_SOURCE,
     EXIT_WAVE_SOURCE,
     INTENSITY_SUM_SOURCE,
+    MAX_GRID_Y,
     OBJECT_TERMS_SOURCE,
+    POSITION_SUM_SOURCE,
     RAMP_PRODUCT_SOURCE,
     STEP_LENGTHS_SOURCE,
     STEP_SYSTEMS_SOURCE,
@@ -46,6 +49,7 @@ from beamflow.ptycho.kernels import (
 PRELUDE = r"""
 #define BEAMFLOW_ONE_THREAD
 #include <cstdint>
+#include <cstring>
 #include <cmath>
 struct float2 { float x, y; };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
@@ -54,6 +58,10 @@ static uint3 blockIdx, threadIdx, blockDim, gridDim;
 #define __global__
 static inline float atomicAdd(float* a, float v) { float o = *a; *a += v; return o; }
 static inline double atomicAdd(double* a, double v) { double o = *a; *a += v; return o; }
+static inline unsigned atomicMax(unsigned* a, unsigned v)
+{ unsigned o = *a; if (v > o) *a = v; return o; }
+static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 """
 
 # Run every thread of a 1-D grid (or of a 2-D grid_x × grid_y one) in turn: threads of the
@@ -61,16 +69,45 @@ static inline double atomicAdd(double* a, double v) { double o = *a; *a += v; re
 OBJECT_TERMS_DRIVER = r"""
 extern "C" void run_object_terms(
     int grid_x, int grid_y, int block, const float2* pd, long long pd_stride,
-    const float2* chi, const float* inten, const long long* flat, float* acc, int b, int K,
-    int M, long long W, long long HW, int exact)
+    const float2* chi, const float* inten, const long long* flat, float* acc, unsigned* top,
+    int b, int K, int M, long long W, long long HW, int exact)
 {
     blockDim.x = block; gridDim.x = grid_x; gridDim.y = grid_y;
     for (int gy = 0; gy < grid_y; ++gy)
         for (int g = 0; g < grid_x; ++g)
             for (int t = 0; t < block; ++t) {
                 blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
-                beamflow_object_terms(pd, pd_stride, chi, inten, flat, acc, b, K, M, W, HW,
-                                      exact);
+                beamflow_object_terms(pd, pd_stride, chi, inten, flat, acc, top, b, K, M, W,
+                                      HW, exact);
+            }
+}
+"""
+APPLY_STEP_DRIVER = r"""
+extern "C" void run_apply_step(
+    int grid_x, int grid_y, int block, float2* obj, float* acc, const unsigned* top,
+    const float* step, float c_den, float c_max, long long W, long long HW, int y0, int rows,
+    int x0, int cols)
+{
+    blockDim.x = block; gridDim.x = grid_x; gridDim.y = grid_y;
+    for (int gy = 0; gy < grid_y; ++gy)
+        for (int g = 0; g < grid_x; ++g)
+            for (int t = 0; t < block; ++t) {
+                blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
+                beamflow_apply_step(obj, acc, top, step, c_den, c_max, W, HW, y0, rows, x0,
+                                    cols);
+            }
+}
+"""
+POSITION_SUM_DRIVER = r"""
+extern "C" void run_position_sum(int grid_x, int grid_y, int block, const float2* e,
+                                 const float2* a, float* out, int b, int K, int M, int per)
+{
+    blockDim.x = block; gridDim.x = grid_x; gridDim.y = grid_y;
+    for (int gy = 0; gy < grid_y; ++gy)
+        for (int g = 0; g < grid_x; ++g)
+            for (int t = 0; t < block; ++t) {
+                blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
+                beamflow_position_sum(e, a, out, b, K, M, per);
             }
 }
 """
@@ -79,17 +116,18 @@ extern "C" void run_object_terms(
 STEP_SYSTEMS_DRIVER = r"""
 extern "C" void run_step_systems(
     int grid_x, int grid_y, int block, const float2* pd, long long pd_stride,
-    const float2* dobj, const long long* flat, const float2* oj, const float2* sp,
-    long long sp_stride, const float2* chi, double* out, int b, int K, int M, long long W,
-    int upd_obj, int upd_probe)
+    const float* acc, const unsigned* top, float alpha, const long long* flat,
+    const float2* oj, const float2* sp, long long sp_stride, const float2* chi, double* out,
+    int b, int K, int M, long long W, long long HW, int upd_obj, int upd_probe)
 {
     blockDim.x = block; gridDim.x = grid_x; gridDim.y = grid_y;
     for (int gy = 0; gy < grid_y; ++gy)
         for (int g = 0; g < grid_x; ++g)
             for (int t = 0; t < block; ++t) {
                 blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
-                beamflow_step_systems(pd, pd_stride, dobj, flat, oj, sp, sp_stride, chi,
-                                      out, b, K, M, W, upd_obj, upd_probe);
+                beamflow_step_systems(pd, pd_stride, acc, top, alpha, flat, oj, sp,
+                                      sp_stride, chi, out, b, K, M, W, HW, upd_obj,
+                                      upd_probe);
             }
 }
 """
@@ -161,9 +199,10 @@ extern "C" void run_intensity_sum(int grid_x, int grid_y, int block, const float
             }
 }
 """
-SOURCES = {"exit_wave": EXIT_WAVE_SOURCE, "intensity_sum": INTENSITY_SUM_SOURCE,
+SOURCES = {"apply_step": APPLY_STEP_SOURCE, "exit_wave": EXIT_WAVE_SOURCE,
+           "intensity_sum": INTENSITY_SUM_SOURCE,
            "modulus_amplitudes": modulus_source(False), "modulus_counts": modulus_source(True),
-           "object_terms": OBJECT_TERMS_SOURCE,
+           "object_terms": OBJECT_TERMS_SOURCE, "position_sum": POSITION_SUM_SOURCE,
            "ramp_product": RAMP_PRODUCT_SOURCE, "step_lengths": STEP_LENGTHS_SOURCE,
            "step_systems": STEP_SYSTEMS_SOURCE}
 
@@ -179,7 +218,9 @@ def cpu_kernels(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
                    + STEP_SYSTEMS_DRIVER + EXIT_WAVE_SOURCE + EXIT_WAVE_DRIVER
                    + RAMP_PRODUCT_SOURCE + RAMP_PRODUCT_DRIVER + STEP_LENGTHS_SOURCE
                    + STEP_LENGTHS_DRIVER + INTENSITY_SUM_SOURCE + INTENSITY_SUM_DRIVER
-                   + modulus_source(False) + modulus_source(True) + MODULUS_DRIVER)
+                   + modulus_source(False) + modulus_source(True) + MODULUS_DRIVER
+                   + APPLY_STEP_SOURCE + APPLY_STEP_DRIVER + POSITION_SUM_SOURCE
+                   + POSITION_SUM_DRIVER)
     lib = d / "kernels.so"
     done = subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)],
                           capture_output=True, text=True)
@@ -298,11 +339,12 @@ def test_object_terms_kernel_adds_what_the_array_code_adds(cpu_kernels, modes, s
     inten = rng.random((m, m)).astype(np.float32)
     flat = (iy * w + ix).astype(np.int64)
     acc = np.zeros(3 * h * w, np.float32)
+    top = np.zeros(1, np.uint32)
     cpu_kernels.run_object_terms(
         *_grid(m * m, b, rows), THREADS, _ptr(pd),
         ctypes.c_longlong(0 if shared_probe else modes * m * m), _ptr(chi), _ptr(inten),
-        _ptr(flat), _ptr(acc), b, modes, m, ctypes.c_longlong(w), ctypes.c_longlong(h * w),
-        int(exact))
+        _ptr(flat), _ptr(acc), _ptr(top), b, modes, m, ctypes.c_longlong(w),
+        ctypes.c_longlong(h * w), int(exact))
     # The engine's array code on the CPU (Core.accumulate_object without a GPU).
     terms = (np.conj(pd) * chi).sum(axis=1)
     illum = (np.square(pd.real) + np.square(pd.imag)).sum(axis=1) if exact else inten
@@ -316,6 +358,92 @@ def test_object_terms_kernel_adds_what_the_array_code_adds(cpu_kernels, modes, s
     assert np.abs(want_num).max() > 0 and (want_den == 0).any()  # windows leave gaps
     np.testing.assert_allclose(got_num, want_num, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got_den, want_den, rtol=1e-5, atol=1e-6)
+    # The largest denominator, taken on the way: the accumulator's own maximum, to the bit.
+    assert top.view(np.float32)[0] == got_den.max()
+
+
+def test_object_terms_kernel_without_a_maximum_adds_the_same(cpu_kernels):
+    """``top`` null (no maximum asked for): the same sums."""
+    rng = np.random.default_rng(3)
+    b, m, h, w = 5, 20, 40, 47
+    iy, ix = rng.integers(0, h - m + 1, b), rng.integers(0, w - m + 1, b)
+    pd, chi = _waves(rng, b, 1, m, m), _waves(rng, b, 1, m, m)
+    inten = rng.random((m, m)).astype(np.float32)
+    flat = (iy * w + ix).astype(np.int64)
+    accs = {}
+    for with_top in (True, False):
+        accs[with_top] = acc = np.zeros(3 * h * w, np.float32)
+        top = np.zeros(1, np.uint32)
+        cpu_kernels.run_object_terms(
+            *position_grid(m * m, b), THREADS, _ptr(pd), ctypes.c_longlong(m * m), _ptr(chi),
+            _ptr(inten), _ptr(flat), _ptr(acc), _ptr(top) if with_top else None, b, 1, m,
+            ctypes.c_longlong(w), ctypes.c_longlong(h * w), 0)
+    np.testing.assert_array_equal(accs[True], accs[False])
+
+
+def _pair(rng: np.random.Generator, h: int, w: int, reached: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """An accumulator pair with a batch's sums where ``reached`` (zeros elsewhere) as one
+    float32 buffer, and its largest denominator's bits, as object_terms leaves them."""
+    num = np.where(reached, _waves(rng, h, w), 0).astype(np.complex64)
+    den = np.where(reached, rng.random((h, w)) + 0.1, 0).astype(np.float32)
+    acc = np.concatenate([num.view(np.float32).ravel(), den.ravel()])
+    return num, den, acc, np.array([den.max()], np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("rows", [None, 7], ids=["a row a row", "strided"])
+@pytest.mark.parametrize("lsqml", [False, True], ids=["rpie", "lsqml"])
+def test_apply_step_kernel_adds_the_array_codes_step_and_clears_the_pair(cpu_kernels, lsqml,
+                                                                         rows):
+    """rPIE's step, and LSQ-ML's direction times its step length, over a box of the object
+    from the accumulator pair (the array code: Core.update_object's steps): the pair holds
+    zeros after, and the object outside the box or where no window reached is untouched."""
+    rng = np.random.default_rng(9)
+    h, w = 41, 300  # a box row of two blocks and a part
+    reached = np.zeros((h, w), bool)
+    reached[5:20, 10:200] = True
+    reached[15:35, 150:290] = True
+    num, den, acc, top = _pair(rng, h, w, reached)
+    obj = _waves(rng, h, w)
+    a = np.float32(0.1)
+    c_den, c_max = (1.0, a) if lsqml else (1 - a, a)
+    step = np.array([0.7], np.float32)
+    y0, y1, x0, x1 = 3, 38, 4, 295
+    # the array code's steps, in their order (RPIE.object_step; LSQML.update's direction)
+    t = den * np.float32(c_den) if not lsqml else den.copy()
+    t += c_max * den.max()
+    want = obj.copy()
+    want[y0:y1, x0:x1] += ((step[0] if lsqml else 1) * (num * np.reciprocal(t)))[y0:y1, x0:x1]
+    got = obj.copy()
+    grid_y = min(y1 - y0, MAX_GRID_Y) if rows is None else rows
+    cpu_kernels.run_apply_step(
+        -(-(x1 - x0) // THREADS), grid_y, THREADS, _ptr(got), _ptr(acc), _ptr(top),
+        _ptr(step) if lsqml else None, ctypes.c_float(c_den), ctypes.c_float(c_max),
+        ctypes.c_longlong(w), ctypes.c_longlong(h * w), y0, y1 - y0, x0, x1 - x0)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(got[~reached], obj[~reached])
+    assert not acc.any()
+
+
+@pytest.mark.parametrize("b", [1, SUM_POSITIONS + 3])
+@pytest.mark.parametrize("ramps, modes", [(True, 1), (True, 2), (False, 1)],
+                         ids=["ramps", "ramps-modes", "plain"])
+def test_position_sum_kernel_sums_the_array_codes_terms(cpu_kernels, ramps, modes, b):
+    """The probe terms' sum over positions (Core.probe_terms: the ramps' product, then the
+    sum), added to the sums so far; a batch of more than one group of positions."""
+    rng = np.random.default_rng(4)
+    m = 12  # K·M² not a multiple of the block
+    e = np.exp(-2j * np.pi * rng.uniform(-0.5, 0.5, (b, 2, 1)) * np.fft.fftfreq(m)).astype(
+        np.complex64)
+    a = _waves(rng, b, modes, m, m)
+    before = _waves(rng, modes, m, m)
+    r = e[:, 0, :, None] * e[:, 1, None, :]
+    want = before + ((r[:, None] * a) if ramps else a).sum(axis=0)
+    out = before.copy()
+    cpu_kernels.run_position_sum(-(-modes * m * m // THREADS), -(-b // SUM_POSITIONS),
+                                 THREADS, _ptr(e) if ramps else None, _ptr(a), _ptr(out), b,
+                                 modes, m, SUM_POSITIONS)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("b", [1, SUM_POSITIONS, 2 * SUM_POSITIONS + 5])
@@ -351,22 +479,25 @@ def test_step_systems_kernel_sums_what_the_array_code_sums(cpu_kernels, upd_obj,
     from beamflow.ptycho.lsqml import _systems
 
     rng = np.random.default_rng(11)
-    b, h, w = 7, m + 21, m + 29
+    b, h, w, alpha = 7, m + 21, m + 29, np.float32(0.1)
     iy, ix = rng.integers(0, h - m + 1, b), rng.integers(0, w - m + 1, b)
     nb = b if shifted else 1
     pd, sp = _waves(rng, nb, modes, m, m), _waves(rng, nb, modes, m, m)
-    oj, chi, d_obj = _waves(rng, b, m, m), _waves(rng, b, modes, m, m), _waves(rng, h, w)
+    oj, chi = _waves(rng, b, m, m), _waves(rng, b, modes, m, m)
+    num, den, acc, top = _pair(rng, h, w, np.ones((h, w), bool))
     flat = (iy * w + ix).astype(np.int64)
     out = np.zeros((b, 5), np.float64)
     stride = modes * m * m if shifted else 0
     grid = system_grid(m, b)
     assert grid == ((2 if m == 72 else 1), b)
     cpu_kernels.run_step_systems(
-        grid[0], rows or grid[1], THREADS, _ptr(pd),
-        ctypes.c_longlong(stride), _ptr(d_obj), _ptr(flat), _ptr(oj), _ptr(sp),
+        grid[0], rows or grid[1], THREADS, _ptr(pd), ctypes.c_longlong(stride), _ptr(acc),
+        _ptr(top), ctypes.c_float(alpha), _ptr(flat), _ptr(oj), _ptr(sp),
         ctypes.c_longlong(stride), _ptr(chi), _ptr(out), b, modes, m, ctypes.c_longlong(w),
-        int(upd_obj), int(upd_probe))
-    # The array code (LSQML.update without kernels).
+        ctypes.c_longlong(h * w), int(upd_obj), int(upd_probe))
+    # The array code (LSQML.update without kernels): the direction, then the systems.
+    t = den + alpha * den.max()
+    d_obj = num * np.reciprocal(t)
     dirs = []
     if upd_obj:
         patches = np.stack([d_obj[y : y + m, x : x + m] for y, x in zip(iy, ix, strict=True)])

@@ -90,9 +90,10 @@ def test_object_terms_kernel_adds_what_the_array_code_adds(modes, shared_probe, 
     pd, chi = _waves(rng, 1 if shared_probe else b, modes, m, m), _waves(rng, b, modes, m, m)
     inten = rng.random((m, m)).astype(np.float32)
     buf, num, den = backend.stacked_pair((h, w), zeroed=True)
+    top = backend.xp.zeros(1, np.uint32)
     backend.kernels.object_terms(buf, backend.to_device(pd), backend.to_device(chi),
                                  None if exact else backend.to_device(inten),
-                                 backend.to_device((iy * w + ix).astype(np.int64)), h, w)
+                                 backend.to_device((iy * w + ix).astype(np.int64)), h, w, top)
     terms = np.broadcast_to((np.conj(pd) * chi).sum(axis=1), (b, m, m))
     illum = np.broadcast_to((np.square(pd.real) + np.square(pd.imag)).sum(axis=1) if exact
                             else inten, (b, m, m))
@@ -103,6 +104,65 @@ def test_object_terms_kernel_adds_what_the_array_code_adds(modes, shared_probe, 
         want_den[iy[j] : iy[j] + m, ix[j] : ix[j] + m] += illum[j]
     np.testing.assert_allclose(backend.to_host(num), want_num, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(backend.to_host(den), want_den, rtol=1e-5, atol=1e-5)
+    # the maximum the adds took on the way is the accumulator's own, to the bit
+    assert float(backend.kernels.top_value(top)) == float(den.max())
+
+
+def _accumulator(backend, rng, h, w, reached):
+    """An accumulator pair holding a batch's sums where ``reached`` (zeros elsewhere), and
+    the float bits of its largest denominator, as object_terms leaves them."""
+    num = np.where(reached, _waves(rng, h, w), 0).astype(np.complex64)
+    den = np.where(reached, rng.random((h, w)) + 0.1, 0).astype(np.float32)
+    buf, dnum, dden = backend.stacked_pair((h, w))
+    dnum[...] = backend.to_device(num)
+    dden[...] = backend.to_device(den)
+    top = backend.to_device(np.array([den.max()], np.float32).view(np.uint32))
+    return num, den, buf, top
+
+
+@pytest.mark.parametrize("lsqml", [False, True], ids=["rpie", "lsqml"])
+def test_apply_step_kernel_adds_the_array_codes_step_and_clears_the_pair(lsqml):
+    """rPIE's step (and LSQ-ML's, times its step length on the device) over a box of the
+    object from the accumulator pair; the pair is all zeros after, the object outside the
+    box and where no window reached is untouched."""
+    backend = array_backend("cuda")
+    rng = np.random.default_rng(8)
+    h, w = 150, 161
+    reached = np.zeros((h, w), bool)
+    reached[20:90, 30:120] = True
+    reached[60:140, 100:150] = True
+    num, den, buf, top = _accumulator(backend, rng, h, w, reached)
+    obj = _waves(rng, h, w)
+    a = 0.1
+    c_den, c_max = (1.0, a) if lsqml else (1 - a, a)
+    step = np.float32(0.7)
+    box = (slice(10, 145), slice(25, 155))
+    want = obj.copy()
+    want[box] += ((step if lsqml else 1) * num / (c_den * den + c_max * den.max()))[box]
+    do = backend.to_device(obj)
+    backend.kernels.apply_step(do, buf, top, box, c_den, c_max,
+                               backend.to_device(step) if lsqml else None)
+    np.testing.assert_allclose(backend.to_host(do), want, rtol=1e-5, atol=1e-6)
+    assert not backend.to_host(buf).any()
+    got = backend.to_host(do)
+    np.testing.assert_array_equal(got[~reached], obj[~reached])
+
+
+@pytest.mark.parametrize("ramps", [True, False], ids=["ramps", "plain"])
+def test_position_sum_kernel_sums_the_array_codes_terms(ramps):
+    backend = array_backend("cuda")
+    rng = np.random.default_rng(12)
+    b, m, modes = 37, 64, 2
+    e = np.exp(-2j * np.pi * rng.uniform(-0.5, 0.5, (b, 2, 1)) * np.fft.fftfreq(m)).astype(
+        np.complex64)
+    a = _waves(rng, b, modes, m, m)
+    before = _waves(rng, modes, m, m)
+    r = e[:, 0, :, None] * e[:, 1, None, :]
+    want = before + ((r[:, None] * a) if ramps else a).sum(axis=0)
+    out = backend.to_device(before)
+    backend.kernels.position_sum(backend.to_device(e) if ramps else None,
+                                 backend.to_device(a), out)
+    np.testing.assert_allclose(backend.to_host(out), want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("upd_obj, upd_probe", [(True, True), (True, False), (False, True)])
@@ -112,14 +172,17 @@ def test_step_systems_kernel_sums_what_the_array_code_sums(upd_obj, upd_probe):
 
     backend = array_backend("cuda")
     rng = np.random.default_rng(11)
-    b, m, h, w, modes = 30, 32, 120, 131, 2
+    b, m, h, w, modes, alpha = 30, 32, 120, 131, 2, 0.1
     iy, ix = rng.integers(0, h - m + 1, b), rng.integers(0, w - m + 1, b)
     pd, sp = _waves(rng, b, modes, m, m), _waves(rng, b, modes, m, m)
-    oj, chi, d_obj = _waves(rng, b, m, m), _waves(rng, b, modes, m, m), _waves(rng, h, w)
+    oj, chi = _waves(rng, b, m, m), _waves(rng, b, modes, m, m)
+    num, den, buf, top = _accumulator(backend, rng, h, w, np.ones((h, w), bool))
+    d_obj = num / (den + alpha * den.max())  # LSQ-ML's object direction
     dev = backend.to_device
     got = backend.to_host(backend.kernels.step_systems(
-        dev(pd), dev(d_obj) if upd_obj else None, dev((iy * w + ix).astype(np.int64)),
-        dev(oj), dev(sp) if upd_probe else None, dev(chi), w))
+        dev(pd), buf if upd_obj else None, top if upd_obj else None, alpha,
+        dev((iy * w + ix).astype(np.int64)), dev(oj), dev(sp) if upd_probe else None,
+        dev(chi), h, w))
     patches = np.stack([d_obj[y : y + m, x : x + m] for y, x in zip(iy, ix, strict=True)])
     d0 = pd * patches[:, None] if upd_obj else np.zeros_like(chi)
     d1 = oj[:, None] * sp if upd_probe else np.zeros_like(chi)

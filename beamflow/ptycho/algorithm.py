@@ -59,7 +59,7 @@ class Sweep:
 class PartSums:
     """What one part of a batch (one host thread's positions) sums up during the sweep."""
 
-    acc: ObjectAccumulator | None  # the part's object accumulator (zeroed over the box)
+    acc: ObjectAccumulator | None  # the part's object accumulator (zero over the box)
     probe: bool = False  # whether the part sums the probe terms (into the two below)
     probe_num: Any = None  # Σ_j S_j^H[conj(O_j)χ_j] (see Core.probe_terms); None until
     probe_den: Any = None  # Σ_j |O_j|²                  the first chunk's terms
@@ -230,8 +230,7 @@ class Algorithm:
         acc = None
         if sw.accs is not None:
             acc = sw.accs[t]
-            acc.num[sw.bbox] = 0
-            acc.den[sw.bbox] = 0
+            core.start_accumulator(acc, sw.bbox)
         sums = PartSums(acc)
         if sw.update_probe and self.probe_terms_in_sweep:
             sums.probe = True

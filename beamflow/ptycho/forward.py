@@ -36,7 +36,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -64,13 +64,20 @@ PARALLEL_UPDATE_PX = 2**16
 RAMP_CACHE_BYTES = 64 * 2**20
 
 
-class ObjectAccumulator(NamedTuple):
+@dataclass
+class ObjectAccumulator:
     """An object accumulator pair (see :meth:`Core.accumulators`)."""
 
     num: Any  # (H, W) complex64: Σ_j conj(P_j)·χ_j
     den: Any  # (H, W) float32: Σ_j |P_j|²
     # GPU: the one float32 buffer of 3·H·W values that num and den are views of; else None.
     buffer: Any = None
+    # GPU: (1,) uint32, the float bits of the batch's largest denominator, which the fused
+    # scatter takes on the way (GpuKernels.object_terms); else None.
+    top: Any = None
+    # Zero everywhere: the last batch's step cleared what the batch had added
+    # (Core.apply_object_step), so the next needs no zeroing pass.
+    clean: bool = True
 
 
 @dataclass
@@ -355,21 +362,54 @@ class Core:
         while len(self._acc) < n:
             if self.backend.is_gpu:
                 buf, num, den = self.backend.stacked_pair((h, w), zeroed=True)
-                self._acc.append(ObjectAccumulator(num, den, buf))
+                self._acc.append(ObjectAccumulator(num, den, buf, xp.zeros(1, np.uint32)))
             else:
                 self._acc.append(ObjectAccumulator(xp.zeros((h, w), np.complex64),
                                                    xp.zeros((h, w), np.float32)))
         return self._acc[:n]
 
+    def start_accumulator(self, acc: ObjectAccumulator, bb: tuple[slice, slice]) -> None:
+        """Ready ``acc`` for a batch whose windows lie in the box ``bb``: zeroed there, unless
+        the last batch's step left it clean; its maximum (GPU) zeroed.
+
+        A GPU's accumulator that is not clean is zeroed whole: a step that clears only its
+        own box must find zeros everywhere else."""
+        if not acc.clean:
+            if acc.top is not None:
+                acc.buffer.fill(0)
+            else:
+                acc.num[bb] = 0
+                acc.den[bb] = 0
+        if acc.top is not None:
+            acc.top.fill(0)
+
     def combine(self, accs: Sequence[ObjectAccumulator],
                 bb: tuple[slice, slice]) -> tuple[Any, Any]:
         """Sum the parts' accumulators over the box ``bb`` into the first (in part order) and
         return its views: no object-sized temporaries at the memory peak."""
-        num, den = accs[0][0][bb], accs[0][1][bb]
+        num, den = accs[0].num[bb], accs[0].den[bb]
         for a in accs[1:]:
-            num += a[0][bb]
-            den += a[1][bb]
+            num += a.num[bb]
+            den += a.den[bb]
         return num, den
+
+    def fused_step(self, accs: Sequence[ObjectAccumulator]) -> bool:
+        """Whether the object step from ``accs`` is one kernel over the box that also clears
+        the accumulator (:meth:`apply_object_step`): a GPU's, one part."""
+        return len(accs) == 1 and accs[0].top is not None
+
+    def apply_object_step(self, acc: ObjectAccumulator, bb: tuple[slice, slice],
+                          c_den: float, c_max: float, step: Any = None) -> None:
+        """GPU: ``obj[bb] += step · num / (c_den·den + c_max·max)`` from ``acc`` and the
+        maximum its scatter took, which then holds zeros again (clean)
+        (:meth:`.kernels.GpuKernels.apply_step`; ``step`` a 0-d device array or None)."""
+        self.backend.kernels.apply_step(self.obj, acc.buffer, acc.top, bb, c_den, c_max, step)
+        acc.clean = True
+
+    def accumulated_max(self, acc: ObjectAccumulator) -> Any:
+        """GPU: the largest denominator of ``acc`` this batch, as the scatter took it (a 0-d
+        float32 view of ``acc.top``: no pass over the box)."""
+        return self.backend.kernels.top_value(acc.top)
 
     def update_object(self, accs: Sequence[ObjectAccumulator], bb: tuple[slice, slice],
                       step: Callable[[Any, Any, float, tuple[slice, slice]], Any],
@@ -383,9 +423,13 @@ class Core:
         the object). ``write=False``: nothing is written; a step that works in place leaves
         its results in the first accumulator's numerator over ``bb`` (where the parts'
         sums are combined) — no copy of the box. ``preconditioner`` (c_den, c_max): the
-        step is num / (c_den·den + c_max·den_max), which a GPU then adds to the target in
-        one kernel (:meth:`.kernels.GpuKernels.preconditioned_step` with ``into``).
+        step is num / (c_den·den + c_max·den_max), which a GPU adds to the object in one
+        kernel that also clears the accumulator (:meth:`apply_object_step`).
         """
+        if (preconditioner is not None and target is None and write and not replace
+                and self.fused_step(accs)):
+            self.apply_object_step(accs[0], bb, *preconditioner)
+            return
         tgt = self.obj if target is None else target
         area = (bb[0].stop - bb[0].start) * (bb[1].stop - bb[1].start)
         n = self.backend.threads if area >= PARALLEL_UPDATE_PX else 1
@@ -393,18 +437,15 @@ class Core:
         slabs = [(slice(int(r[0]), int(r[-1]) + 1), bb[1]) for r in rows if len(r)]
         combined = self.map_list(lambda _t, sl: self.combine(accs, sl), slabs)
         xp = self.xp
-        top = (_box_max(combined[0][1]) if len(combined) == 1
-               else xp.stack([_box_max(d) for _, d in combined]).max())
-        dmax = self.backend.scalar(top)
-
-        kernels = self.backend.kernels
-        fused = kernels is not None and preconditioner is not None and write and not replace
+        if self.fused_step(accs):  # a GPU: the scatter took the maximum
+            dmax = self.accumulated_max(accs[0])
+        else:
+            top = (_box_max(combined[0][1]) if len(combined) == 1
+                   else xp.stack([_box_max(d) for _, d in combined]).max())
+            dmax = self.backend.scalar(top)
 
         def apply(t: int, sl: tuple[slice, slice]) -> None:
             num, den = combined[t]
-            if fused:
-                kernels.preconditioned_step(num, den, dmax, *preconditioner, into=tgt[sl])
-                return
             upd = step(num, den, dmax, sl)
             if not write:
                 return
@@ -639,10 +680,11 @@ class Core:
         """
         be, xp = self.backend, self.xp
         exact = shifted and c.ramp is not None
+        acc.clean = False
         if acc.buffer is not None:
             be.kernels.object_terms(acc.buffer, pd, chi,
                                     None if exact else self.probe_intensity(), c.flat,
-                                    self.H, self.W)
+                                    self.H, self.W, acc.top)
             return
         if exact:  # before object_num, which may conjugate pd (the same squares)
             inten = (xp.square(pd.real) + xp.square(pd.imag)).sum(axis=1)
@@ -694,14 +736,18 @@ class Core:
         if c.ramp is not None:
             # Σ_j conj(r_j)·F[conj(O_j)χ_j] = conj(Σ_j r_j·F⁻¹[O_j·conj(χ_j)]·M²).
             g = be.ifft2(g, workers=self.fft_workers, scale=False)
-            if be.kernels is not None:
-                g = be.kernels.ramp_product(c.ramp, g, out=g)
-            elif g.shape[1] == 1:
+        k = g.shape[1]
+        if be.kernels is not None:  # the ramps (if any) and the sum over positions in one pass
+            if out_num is None:
+                out_num = xp.zeros((k, m, m), np.complex64)
+            be.kernels.position_sum(c.ramp, g, out_num)
+            return out_num, out_den
+        if c.ramp is not None:
+            if g.shape[1] == 1:
                 g0 = g[:, 0]
                 xp.multiply(g0, c.ramp, out=g0)
             else:
                 g *= c.ramp[:, None]
-        k = g.shape[1]
         terms = g.view(np.float32).reshape(b, k, m, 2 * m).sum(axis=0)
         if out_num is None:
             return terms.view(np.complex64), out_den

@@ -56,10 +56,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EXIT_WAVE_SOURCE", "INTENSITY_SUM_SOURCE", "MAX_GRID_Y", "MODULUS_SOURCE",
-           "OBJECT_TERMS_SOURCE", "RAMP_PRODUCT_SOURCE", "STEP_LENGTHS_SOURCE",
-           "STEP_SYSTEMS_SOURCE", "SUM_POSITIONS", "SYSTEM_PIXELS", "GpuKernels", "THREADS",
-           "modulus_source", "position_grid", "system_grid"]
+__all__ = ["APPLY_STEP_SOURCE", "EXIT_WAVE_SOURCE", "INTENSITY_SUM_SOURCE", "MAX_GRID_Y",
+           "MODULUS_SOURCE", "OBJECT_TERMS_SOURCE", "POSITION_SUM_SOURCE",
+           "RAMP_PRODUCT_SOURCE", "STEP_LENGTHS_SOURCE", "STEP_SYSTEMS_SOURCE",
+           "SUM_POSITIONS", "SYSTEM_PIXELS", "GpuKernels", "THREADS", "modulus_source",
+           "position_grid", "system_grid"]
 
 THREADS = 256
 
@@ -142,41 +143,161 @@ extern "C" __global__ void beamflow_exit_wave(
 }
 """
 
+# A warp's 32 values summed (shuffles, float64) for one atomic add by its first lane, where
+# thousands of threads would otherwise add into the same few addresses one at a time (and
+# their maximum, for one atomic maximum). The
+# CPU's thread-by-thread run of the sources (tests/test_gpu_kernels.py) defines
+# BEAMFLOW_ONE_THREAD: there each thread adds its own value (the same total).
+WARP_SUM_SOURCE = r"""
+#ifndef BEAMFLOW_WARP_SUM
+#define BEAMFLOW_WARP_SUM
+#ifndef BEAMFLOW_ONE_THREAD
+__device__ __forceinline__ double beamflow_warp_sum(double v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float beamflow_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+    return v;
+}
+#define BEAMFLOW_WARP_LEADER ((threadIdx.x & 31) == 0)
+#else
+static inline double beamflow_warp_sum(double v) { return v; }
+static inline float beamflow_warp_max(float v) { return v; }
+#define BEAMFLOW_WARP_LEADER 1
+#endif
+#endif
+"""
+
 # One thread per pixel p of a position's window, for positions j = blockIdx.y, blockIdx.y +
 # gridDim.y, …: the K modes' conj(P)·χ summed, and the illumination (Σ_k |P_k,j|² when
 # ``exact``, else the shared intensity patch), added atomically at the window's place in
 # the accumulator pair — [(H, W) complex64 as float pairs | (H, W) float32], the layout of
 # ArrayBackend.stacked_pair. ``pd_stride``: elements between positions of ``pd`` (0 for the
-# unshifted (1, K, M, M) probe).
-OBJECT_TERMS_SOURCE = r"""
+# unshifted (1, K, M, M) probe). With ``top`` (the float bits of a float32, zeroed by the
+# caller) the denominator's maximum comes on the way: an atomic add returns the value it
+# added to, so old + den is a value the pixel holds at some point, and the last add at a
+# pixel leaves its final value. The denominators only grow (den ≥ 0), so the largest of
+# these over the batch is the largest denominator — the same float as a maximum taken over
+# the accumulator after (old + den rounds as the atomic add does), with no pass over the
+# object box for it (43 µs a batch at 10000 × 256² on the H100). Non-negative floats order
+# as their bits do: one atomicMax on the bits per warp.
+OBJECT_TERMS_SOURCE = WARP_SUM_SOURCE + r"""
 extern "C" __global__ void beamflow_object_terms(
     const float2* __restrict__ pd, const long long pd_stride,
     const float2* __restrict__ chi, const float* __restrict__ inten,
     const long long* __restrict__ flat, float* __restrict__ acc,
+    unsigned int* __restrict__ top,
     const int b, const int K, const int M, const long long W, const long long HW,
     const int exact)
 {
     const int mm = M * M;
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= mm) return;
+    // No early return past the window when the maximum is taken: every lane of a warp takes
+    // part in its shuffles (one past the window adds nothing).
+    if (p >= mm && !top) return;
     const int r = p / M;
     const long long off = r * W + (p - r * M);
     for (int j = blockIdx.y; j < b; j += gridDim.y) {
-        const long long jl = j;
-        float re = 0.0f, im = 0.0f, den = 0.0f;
-        for (int k = 0; k < K; ++k) {
-            const float2 P = pd[jl * pd_stride + k * mm + p];
-            const float2 X = chi[(jl * K + k) * mm + p];
-            re += P.x * X.x + P.y * X.y;   /* conj(P)·X */
-            im += P.x * X.y - P.y * X.x;
-            if (exact) den += P.x * P.x + P.y * P.y;
+        float now = 0.0f;
+        if (p < mm) {
+            const long long jl = j;
+            float re = 0.0f, im = 0.0f, den = 0.0f;
+            for (int k = 0; k < K; ++k) {
+                const float2 P = pd[jl * pd_stride + k * mm + p];
+                const float2 X = chi[(jl * K + k) * mm + p];
+                re += P.x * X.x + P.y * X.y;   /* conj(P)·X */
+                im += P.x * X.y - P.y * X.x;
+                if (exact) den += P.x * P.x + P.y * P.y;
+            }
+            if (!exact) den = inten[p];
+            const long long o = flat[j] + off;
+            atomicAdd(acc + 2 * o, re);
+            atomicAdd(acc + 2 * o + 1, im);
+            now = atomicAdd(acc + 2 * HW + o, den) + den;
         }
-        if (!exact) den = inten[p];
-        const long long o = flat[j] + off;
-        atomicAdd(acc + 2 * o, re);
-        atomicAdd(acc + 2 * o + 1, im);
-        atomicAdd(acc + 2 * HW + o, den);
+        if (top) {
+            const float most = beamflow_warp_max(now);
+            if (BEAMFLOW_WARP_LEADER) atomicMax(top, __float_as_uint(most));
+        }
     }
+}
+"""
+
+# One thread per pixel of a box of the object (rows y0 … y0 + rows − 1, columns x0 … x0 +
+# cols − 1 of the (H, W) object): the step num / (c_den·den + c_max·max) from the
+# accumulator pair ``acc`` (as in beamflow_object_terms; ``top``: its denominator's maximum
+# as float bits), times ``step`` (a float32 on the device; null: 1), added to the object,
+# and the pair cleared at the pixel for the next batch. A pixel no window of the batch
+# reached holds zeros: it is left alone, object and pair (the step there is zero). rPIE's
+# step, LSQ-ML's direction and step; it replaces a zeroing of the pair over the box before
+# the batch, a maximum over the box, and one or two passes over it (rPIE 40 bytes a pixel of
+# the box, LSQ-ML 68), with 12 bytes a pixel read and 28 more where the windows reached.
+APPLY_STEP_SOURCE = r"""
+extern "C" __global__ void beamflow_apply_step(
+    float2* __restrict__ obj, float* __restrict__ acc, const unsigned int* __restrict__ top,
+    const float* __restrict__ step, const float c_den, const float c_max,
+    const long long W, const long long HW, const int y0, const int rows, const int x0,
+    const int cols)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const long long o = (long long)(y0 + r) * W + x0 + c;
+        float2* num = (float2*)acc + o;
+        float* den = acc + 2 * HW + o;
+        const float2 n = *num;
+        const float d = *den;
+        if (n.x == 0.0f && n.y == 0.0f && d == 0.0f) continue;
+        const float f = 1.0f / (d * c_den + c_max * __uint_as_float(*top));
+        float2 g = make_float2(n.x * f, n.y * f);
+        if (step) g = make_float2(*step * g.x, *step * g.y);
+        const float2 v = obj[o];
+        obj[o] = make_float2(v.x + g.x, v.y + g.y);
+        *num = make_float2(0.0f, 0.0f);
+        *den = 0.0f;
+    }
+}
+"""
+
+# Σ_j r_j(q)·a_j(q) over a batch's (b, K, M, M) stack, with r_j the ramp of factors ``e``
+# (b, 2, M) (as beamflow_ramp_product makes it; ``e`` null: no ramp), added into ``out``
+# (K, M, M) complex64: the probe terms' sum over the positions. One thread per (element q,
+# group of SUM_POSITIONS positions), one atomic add per thread and component. It replaces a
+# ramp product that wrote the stack and a sum that read it again (an LSQ-ML batch at
+# 10000 × 256²: 49 + 40 µs on the H100).
+POSITION_SUM_SOURCE = r"""
+extern "C" __global__ void beamflow_position_sum(
+    const float2* __restrict__ e, const float2* __restrict__ a, float* __restrict__ out,
+    const int b, const int K, const int M, const int per)
+{
+    const int mm = M * M;
+    const int q = blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= K * mm) return;
+    const int p = q % mm;
+    const int y = p / M;
+    const int x = p - y * M;
+    const int j0 = blockIdx.y * per;
+    const int j1 = j0 + per < b ? j0 + per : b;
+    float re = 0.0f, im = 0.0f;
+    for (int j = j0; j < j1; ++j) {
+        const long long jl = j;
+        const float2 v = a[jl * K * mm + q];
+        if (e) {
+            const float2 ey = e[jl * 2 * M + y];
+            const float2 ex = e[jl * 2 * M + M + x];
+            const float2 r = make_float2(ey.x * ex.x - ey.y * ex.y, ey.x * ex.y + ey.y * ex.x);
+            re += r.x * v.x - r.y * v.y;
+            im += r.x * v.y + r.y * v.x;
+        } else {
+            re += v.x;
+            im += v.y;
+        }
+    }
+    atomicAdd(out + 2 * q, re);
+    atomicAdd(out + 2 * q + 1, im);
 }
 """
 
@@ -206,26 +327,6 @@ extern "C" __global__ void beamflow_intensity_sum(
 }
 """
 
-# A warp's 32 values summed (shuffles, float64) for one atomic add by its first lane, where
-# thousands of threads would otherwise add into the same few addresses one at a time. The
-# CPU's thread-by-thread run of the sources (tests/test_gpu_kernels.py) defines
-# BEAMFLOW_ONE_THREAD: there each thread adds its own value (the same total).
-WARP_SUM_SOURCE = r"""
-#ifndef BEAMFLOW_WARP_SUM
-#define BEAMFLOW_WARP_SUM
-#ifndef BEAMFLOW_ONE_THREAD
-__device__ __forceinline__ double beamflow_warp_sum(double v)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    return v;
-}
-#define BEAMFLOW_WARP_LEADER ((threadIdx.x & 31) == 0)
-#else
-static inline double beamflow_warp_sum(double v) { return v; }
-#define BEAMFLOW_WARP_LEADER 1
-#endif
-#endif
-"""
 
 # Pixels of each mode that one thread of the step systems sums: a position gets
 # ceil(M² / SYSTEM_PIXELS) threads (``position_grid``), so a batch of b positions fills the
@@ -234,7 +335,9 @@ static inline double beamflow_warp_sum(double v) { return v; }
 SYSTEM_PIXELS = 16
 
 # One position's 2×2 least-squares system for LSQ-ML's step lengths (β_O, β_P):
-# d0 = P_j·ΔO[window j] (``upd_obj``), d1 = O_j·S_j[ΔP] (``upd_probe``; ``sp``: the shifted
+# d0 = P_j·ΔO[window j] (``upd_obj``; ΔO = num / (den + alpha·max) made here from the
+# accumulator pair ``acc`` and its maximum ``top`` as in beamflow_apply_step, so the
+# direction is never written over the object), d1 = O_j·S_j[ΔP] (``upd_probe``; ``sp``: the shifted
 # ΔP, (b, K, M, M), or (1, K, M, M) without sub-pixel shifts: ``sp_stride`` 0), and the row
 # [Re Σ|d0|², Re Σ conj(d0)·d1, Re Σ|d1|², Re Σ conj(d0)·χ, Re Σ conj(d1)·χ] added to
 # ``out`` (b, 5) float64, zeroed by the caller. A missing direction is zero, so are its sums.
@@ -248,12 +351,14 @@ SYSTEM_PIXELS = 16
 STEP_SYSTEMS_SOURCE = WARP_SUM_SOURCE + r"""
 extern "C" __global__ void beamflow_step_systems(
     const float2* __restrict__ pd, const long long pd_stride,
-    const float2* __restrict__ dobj, const long long* __restrict__ flat,
+    const float* __restrict__ acc, const unsigned int* __restrict__ top, const float alpha,
+    const long long* __restrict__ flat,
     const float2* __restrict__ oj, const float2* __restrict__ sp, const long long sp_stride,
     const float2* __restrict__ chi, double* __restrict__ out,
-    const int b, const int K, const int M, const long long W,
+    const int b, const int K, const int M, const long long W, const long long HW,
     const int upd_obj, const int upd_probe)
 {
+    const float lift = upd_obj ? alpha * __uint_as_float(*top) : 0.0f;
     const int T = gridDim.x * blockDim.x;
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     const int mm = M * M;
@@ -271,7 +376,10 @@ extern "C" __global__ void beamflow_step_systems(
                 if (upd_obj) {
                     const int r = p / M;
                     const float2 P = pd[jl * pd_stride + q];
-                    const float2 D = dobj[flat[j] + r * W + (p - r * M)];
+                    const long long o = flat[j] + r * W + (p - r * M);
+                    const float2 n = ((const float2*)acc)[o];
+                    const float f = 1.0f / (acc[2 * HW + o] + lift);
+                    const float2 D = make_float2(n.x * f, n.y * f);
                     d0 = make_float2(P.x * D.x - P.y * D.y, P.x * D.y + P.y * D.x);
                 }
                 if (upd_probe) {
@@ -312,10 +420,17 @@ extern "C" __global__ void beamflow_step_systems(
 # d² beside ψ and CUB summed it: 30 bytes a pixel moved for 18 (one rPIE iteration at 4000 ×
 # 128², batch 128, on the H100: 1.5 of 10.7 ms in the gather and the sum). A thread a pixel
 # made 2048 warps a position at 256², whose adds into one address serialised: 23.8 ms of a
-# 113 ms LSQ-ML iteration at 10000 × 256², batch 512, at 0.48 TB/s (H100).
+# 113 ms LSQ-ML iteration at 10000 × 256², batch 512, at 0.48 TB/s (H100). At 16 pixels a
+# thread, one after another, it ran at 1.4 TB/s there: a thread reads and writes ψ at pixels
+# T apart, which the compiler cannot tell apart (T is known at run time only), so each load
+# waited for the store before it. A thread now loads LOADS pixels before it stores any.
 MODULUS_SOURCE = WARP_SUM_SOURCE + r"""
+#ifndef LOADS
+#define LOADS 4
+#endif
 extern "C" __global__ void beamflow_modulus_NAME(
-    float2* psi, const DATA* __restrict__ frames, const long long* __restrict__ rows,
+    float2* __restrict__ psi, const DATA* __restrict__ frames,
+    const long long* __restrict__ rows,
     const float* __restrict__ mask, const float eps, const float scale,
     double* __restrict__ loss, const int b, const int M)
 {
@@ -325,15 +440,32 @@ extern "C" __global__ void beamflow_modulus_NAME(
     // No early return past the frame: every lane of a warp takes part in its shuffles.
     for (int j = blockIdx.y; j < b; j += gridDim.y) {
         const long long r = rows ? rows[j] : (long long)j;
+        const long long base = (long long)j * mm;
         float s = 0.0f;
-        for (int p = t; p < mm; p += T) {
-            const long long q = (long long)j * mm + p;
-            const float2 v = psi[q];
-            const float a = sqrtf(v.x * v.x + v.y * v.y);
-            const float d = (AMPLITUDE(frames[r * mm + p]) - a) * mask[p];
-            const float f = d / (a + eps) * scale;
-            psi[q] = make_float2(v.x * f, v.y * f);
-            s += d * d;
+        // LOADS pixels at a time, t, t + T, …: all their loads, then all their stores.
+        for (int p0 = t; p0 < mm; p0 += LOADS * T) {
+            float2 v[LOADS];
+            float amp[LOADS], w[LOADS];
+#pragma unroll
+            for (int u = 0; u < LOADS; ++u) {
+                const int p = p0 + u * T;
+                if (p < mm) {
+                    v[u] = psi[base + p];
+                    amp[u] = AMPLITUDE(frames[r * mm + p]);
+                    w[u] = mask[p];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < LOADS; ++u) {
+                const int p = p0 + u * T;
+                if (p < mm) {
+                    const float a = sqrtf(v[u].x * v[u].x + v[u].y * v[u].y);
+                    const float d = (amp[u] - a) * w[u];
+                    const float f = d / (a + eps) * scale;
+                    psi[base + p] = make_float2(v[u].x * f, v[u].y * f);
+                    s += d * d;
+                }
+            }
         }
         const double sum = beamflow_warp_sum(s);
         if (BEAMFLOW_WARP_LEADER) atomicAdd(loss + j, sum);
@@ -398,6 +530,8 @@ class GpuKernels:
         self._ramp_product = cp.RawKernel(RAMP_PRODUCT_SOURCE, "beamflow_ramp_product")
         self._exit_wave = cp.RawKernel(EXIT_WAVE_SOURCE, "beamflow_exit_wave")
         self._object_terms = cp.RawKernel(OBJECT_TERMS_SOURCE, "beamflow_object_terms")
+        self._apply_step = cp.RawKernel(APPLY_STEP_SOURCE, "beamflow_apply_step")
+        self._position_sum = cp.RawKernel(POSITION_SUM_SOURCE, "beamflow_position_sum")
         self._step_systems = cp.RawKernel(STEP_SYSTEMS_SOURCE, "beamflow_step_systems")
         self._step_lengths = cp.RawKernel(STEP_LENGTHS_SOURCE, "beamflow_step_lengths")
         self._intensity_sum = cp.RawKernel(INTENSITY_SUM_SOURCE, "beamflow_intensity_sum")
@@ -454,12 +588,13 @@ class GpuKernels:
         return oj, psi
 
     def object_terms(self, acc: Any, pd: Any, chi: Any, inten: Any, flat: Any, h: int,
-                     w: int) -> None:
+                     w: int, top: Any = None) -> None:
         """Add Σ_k conj(pd_jk)·chi_jk and the illumination of every position j of a chunk
         into the accumulator pair ``acc`` (3·h·w float32) at the windows whose flat corners
         (iy·w + ix) are ``flat`` (b,). ``pd``: (b, K, M, M), or (1, K, M, M) for all;
         ``chi``: (b, K, M, M); ``inten``: the (M, M) illumination of every window, or None
-        for each position's own Σ_k |pd_jk|²."""
+        for each position's own Σ_k |pd_jk|². ``top``: a (1,) uint32 that takes the largest
+        denominator the adds leave (as float bits; :meth:`top_value`), or None."""
         cp = self._cp
         b, k, m = chi.shape[0], chi.shape[1], chi.shape[-1]
         pd = cp.ascontiguousarray(pd)
@@ -471,32 +606,73 @@ class GpuKernels:
             position_grid(m * m, b), (THREADS,),
             (pd, np.int64(0 if pd.shape[0] == 1 else k * m * m), chi, inten,
              cp.ascontiguousarray(flat, dtype=np.int64), acc,
+             None if top is None else _written(top, np.uint32),
              np.int32(b), np.int32(k), np.int32(m), np.int64(w), np.int64(h * w),
              np.int32(exact)))
 
-    def step_systems(self, pd: Any, d_obj: Any, flat: Any, oj: Any, sp: Any, chi: Any,
-                     w: int) -> Any:
+    @staticmethod
+    def top_value(top: Any) -> Any:
+        """The float32 whose bits :meth:`object_terms` keeps in ``top``, as a 0-d array
+        (a view: no kernel)."""
+        return top.view(np.float32).reshape(())
+
+    def apply_step(self, obj: Any, acc: Any, top: Any, box: tuple[slice, slice],
+                   c_den: float, c_max: float, step: Any = None) -> None:
+        """``obj[box] += step · num / (c_den·den + c_max·max)`` from the accumulator pair
+        ``acc`` (3·H·W float32, as :meth:`object_terms` fills it) and its maximum ``top``,
+        then the pair cleared where the batch reached (see :data:`APPLY_STEP_SOURCE`).
+        ``step``: a 0-d float32 device array, or None for 1."""
+        cp = self._cp
+        h, w = obj.shape
+        (y0, y1, _), (x0, x1, _) = box[0].indices(h), box[1].indices(w)
+        rows, cols = y1 - y0, x1 - x0
+        if rows <= 0 or cols <= 0:
+            return
+        self._apply_step(
+            (-(-cols // THREADS), min(rows, MAX_GRID_Y)), (THREADS,),
+            (_written(obj, np.complex64), _written(acc, np.float32), top,
+             None if step is None else cp.ascontiguousarray(step, dtype=np.float32),
+             np.float32(c_den), np.float32(c_max), np.int64(w), np.int64(h * w),
+             np.int32(y0), np.int32(rows), np.int32(x0), np.int32(cols)))
+
+    def position_sum(self, e: Any, a: Any, out: Any) -> Any:
+        """``out += Σ_j r_j·a_j`` over the positions of ``a`` (b, K, M, M), r_j the ramps of
+        the factors ``e`` (b, 2, M) (None: no ramp); ``out`` (K, M, M) complex64. Returns
+        ``out``."""
+        cp = self._cp
+        b, k, m = a.shape[0], a.shape[1], a.shape[-1]
+        _written(out, np.complex64)
+        self._position_sum(
+            (-(-k * m * m // THREADS), -(-b // SUM_POSITIONS)), (THREADS,),
+            (None if e is None else cp.ascontiguousarray(e), cp.ascontiguousarray(a), out,
+             np.int32(b), np.int32(k), np.int32(m), np.int32(SUM_POSITIONS)))
+        return out
+
+    def step_systems(self, pd: Any, acc: Any, top: Any, alpha: float, flat: Any, oj: Any,
+                     sp: Any, chi: Any, h: int, w: int) -> Any:
         """LSQ-ML's step-length systems of a chunk, (b, 5) float64 rows [a11, a12, a22, b1,
-        b2] (see :data:`STEP_SYSTEMS_SOURCE`). ``pd``: (b or 1, K, M, M) probes; ``d_obj``:
-        the object direction (H, ``w``), or None when the object is not updated; ``flat``:
-        the windows' corners iy·w + ix; ``oj``: (b, M, M) object patches; ``sp``: the shifted
-        probe direction (b or 1, K, M, M), or None when the probe is not updated; ``chi``:
-        (b, K, M, M)."""
+        b2] (see :data:`STEP_SYSTEMS_SOURCE`). ``pd``: (b or 1, K, M, M) probes; ``acc``,
+        ``top``: the object accumulator pair (3·``h``·``w`` float32) and its maximum, whose
+        preconditioned direction num / (den + ``alpha``·max) is the object's, or None when
+        the object is not updated; ``flat``: the windows' corners iy·w + ix; ``oj``: (b, M,
+        M) object patches; ``sp``: the shifted probe direction (b or 1, K, M, M), or None
+        when the probe is not updated; ``chi``: (b, K, M, M)."""
         cp = self._cp
         b, k, m = chi.shape[0], chi.shape[1], chi.shape[-1]
         out = cp.zeros((b, 5), np.float64)
         chi = cp.ascontiguousarray(chi)
         pd = cp.ascontiguousarray(pd)
         oj = cp.ascontiguousarray(oj)
-        upd_obj, upd_probe = d_obj is not None, sp is not None
-        d_obj = cp.ascontiguousarray(d_obj) if upd_obj else chi  # unread when absent
-        sp = cp.ascontiguousarray(sp) if upd_probe else chi
+        upd_obj, upd_probe = acc is not None, sp is not None
+        sp = cp.ascontiguousarray(sp) if upd_probe else chi  # unread when absent
         self._step_systems(
             system_grid(m, b), (THREADS,),
-            (pd, np.int64(0 if pd.shape[0] == 1 else k * m * m), d_obj,
-             cp.ascontiguousarray(flat, dtype=np.int64), oj, sp,
+            (pd, np.int64(0 if pd.shape[0] == 1 else k * m * m),
+             _written(acc, np.float32) if upd_obj else None, top if upd_obj else None,
+             np.float32(alpha), cp.ascontiguousarray(flat, dtype=np.int64), oj, sp,
              np.int64(0 if sp.shape[0] == 1 else k * m * m), chi, out, np.int32(b),
-             np.int32(k), np.int32(m), np.int64(w), np.int32(upd_obj), np.int32(upd_probe)))
+             np.int32(k), np.int32(m), np.int64(w), np.int64(h * w), np.int32(upd_obj),
+             np.int32(upd_probe)))
         return out
 
     def step_lengths(self, tot: Any, both: bool, damping: float) -> Any:

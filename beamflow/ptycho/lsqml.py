@@ -116,15 +116,19 @@ class LSQML(Algorithm):
         core, xp, be = self.core, self.core.xp, self.core.backend
         upd_obj, upd_probe, bb = sw.update_object, sw.update_probe, sw.bbox
         alpha = self.params.alpha_value
-        d_obj = None
-        if upd_obj:
+        d_obj = acc = None
+        # A GPU never writes ΔO = num / (den + α·max) over the object: the step systems make
+        # it at the windows from the accumulator and the maximum its scatter took, and the
+        # step adds β_O·ΔO to the object and clears the accumulator in one pass.
+        fused = upd_obj and core.fused_step(sw.accs)
+        if fused:
+            acc = sw.accs[0]
+        elif upd_obj:
             # ΔO is made in place in the first part's numerator, where the parts' sums are
             # combined (only its box is read): no copy into another array.
             d_obj = sw.accs[0].num
 
             def direction(num: Any, den: Any, dmax: float, _sl: Any) -> Any:
-                if be.kernels is not None:  # a GPU: the same step in one kernel
-                    return be.kernels.preconditioned_step(num, den, dmax, 1.0, alpha)
                 den += alpha * dmax
                 xp.reciprocal(den, out=den)
                 num *= den
@@ -154,9 +158,11 @@ class LSQML(Algorithm):
                         hat = (be.kernels.ramp_product(c.ramp, d_probe_hat[None])
                                if be.kernels is not None else d_probe_hat[None] * c.ramp[:, None])
                         sp = be.ifft2(hat, workers=core.fft_workers, scale=False)
-                if be.kernels is not None:  # the directions and their sums in one pass
-                    rows.append(be.kernels.step_systems(pd, d_obj, c.flat, oj, sp, chi,
-                                                        core.W))
+                if be.kernels is not None and d_obj is None:  # directions and sums, one pass
+                    rows.append(be.kernels.step_systems(
+                        pd, None if acc is None else acc.buffer,
+                        None if acc is None else acc.top, alpha, c.flat, oj, sp, chi,
+                        core.H, core.W))
                     continue
                 # The directions at the positions, side by side (b, n, K, M, M): P_j ΔO_j
                 # and O_j S_j[ΔP], each written by its product into its slot.
@@ -205,12 +211,11 @@ class LSQML(Algorithm):
             # a tiny a11 and a huge ratio do not dominate either.
             tot = sys.sum(axis=0)
             step_o, step_p = self._step_lengths(tot, upd_obj and upd_probe)
-            if upd_obj:
+            if fused:
+                core.apply_object_step(acc, bb, 1.0, alpha, step=step_o)
+            elif upd_obj:
                 region = core.obj[bb]
-                if be.kernels is not None:  # one pass over the box instead of two
-                    be.kernels.axpy(region, step_o, d_obj[bb])
-                else:
-                    xp.add(region, step_o * d_obj[bb], out=region)
+                xp.add(region, step_o * d_obj[bb], out=region)
             if upd_probe:
                 if be.kernels is not None:
                     be.kernels.axpy(core.probe, step_p, d_probe)
