@@ -35,9 +35,9 @@
 # GPU_CHECK_SITE (default /tmp/site), GPU_CHECK_SCANS (the scan cache, default
 # /tmp/gpu-check-scans), and, only to test the script without a card, GPU_CHECK_DEVICE=cpu
 # (bench_gpu.py --device cpu; the GPU tests skip) and GPU_CHECK_QUICK=1 (every case 400 x 64²,
-# 2 iterations). GPU_CHECK_ONLY="pytest far ncu quality qbatch qbig near ptychi" (any of these
-# words, a step's name's first word; also "nographs", "ncubig", "ncub128", "host") runs those
-# steps alone: a second, shorter call after a fix.
+# 2 iterations). GPU_CHECK_ONLY="pytest far ncu quality qbatch qbig qnear near ptychi" (any
+# of these words, a step's name's first word; also "nographs", "ncubig", "ncub128", "host")
+# runs those steps alone: a second, shorter call after a fix.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -269,6 +269,12 @@ run_all() {
     scans_ready "far $small"
     step far-rpie-lsqml-$small 120 "$j" "${b[@]}" --fields far --cases "$small" \
         --algorithms rpie lsqml
+    # The NRMSE by batch size, side by side: 100 iterations at 4000 x 128² and 20 at
+    # 10000 x 256² (the issue's figures), each size's objects scored in parallel processes.
+    local sweep=("$PY" "${bench[@]}" --device "$device" --json --no-launches --warmup 0
+        --algorithms rpie lsqml)
+    step qbatch-rpie-lsqml-$small 120 "$j" "${sweep[@]}" --fields far --cases "$small" \
+        --score-workers 8 --iterations "$quality" --batch 128 256 512 1024
     # The same without CUDA graphs: every launch from Python (the batches' host cost).
     step nographs-far-rpie-lsqml-$small 120 "$j" "${b[@]}" --fields far --cases "$small" \
         --algorithms rpie lsqml --no-graphs --no-score
@@ -311,15 +317,13 @@ run_all() {
     step quality-default-$small 90 "$j" "${q[@]}" --iterations "$quality"
     step quality-batch256-$small 90 "$j" "${q[@]}" --iterations "$quality" --batch 256
     step quality-batch512-$small 90 "$j" "${q[@]}" --iterations $((2 * quality)) --batch 512
-    # The NRMSE by batch size, side by side: 100 iterations at 4000 x 128² and 20 at
-    # 10000 x 256² (the issue's figures), each size's objects scored in parallel processes.
-    local sweep=("$PY" "${bench[@]}" --device "$device" --json --no-launches --warmup 0
-        --fields far --algorithms rpie lsqml)
-    step qbatch-rpie-lsqml-$small 120 "$j" "${sweep[@]}" --cases "$small" --score-workers 8 \
-        --iterations "$quality" --batch 128 256 512 1024
     scans_ready "far $big"
-    step qbig-rpie-lsqml-$big 200 "$j" "${sweep[@]}" --cases "$big" --score-workers 6 \
-        --iterations $((quality >= 5 ? quality / 5 : 1)) --batch 128 256 512
+    step qbig-rpie-lsqml-$big 200 "$j" "${sweep[@]}" --fields far --cases "$big" \
+        --score-workers 6 --iterations $((quality >= 5 ? quality / 5 : 1)) --batch 128 256 512
+    scans_ready "near $small"
+    # Near field by batch size: LSQ-ML takes 256 on large scans by default (far-field NRMSE).
+    step qnear-rpie-lsqml-$small 120 "$j" "${sweep[@]}" --fields near --cases "$small" \
+        --score-workers 4 --iterations "$quality" --batch 128 256
     step far-epie-dm-$small 120 "$j" "${b[@]}" --fields far --cases "$small" --algorithms epie dm
     step nographs-far-epie-$small 120 "$j" "${b[@]}" --fields far --cases "$small" \
         --algorithms epie --no-graphs --no-score

@@ -433,6 +433,19 @@ def test_shifted_probe_and_probe_adjoint_match_naive(scan, fft, modes):
         np.testing.assert_allclose(pden, (np.abs(oj) ** 2).sum(axis=0), rtol=1e-5)
 
 
+@pytest.mark.parametrize("algorithm, sizes", [
+    ("rpie", {100: 16, 200: 32, 400: 128, 4000: 128, 10000: 128}),
+    ("mpie", {400: 128, 10000: 128}),
+    # LSQ-ML: 256 from twelve batches of them on (measured better than 128 per iteration)
+    ("lsqml", {100: 16, 400: 128, 3071: 128, 3072: 256, 4000: 256, 10000: 256}),
+])
+def test_default_batch_size_by_scan_size(algorithm, sizes):
+    for n, want in sizes.items():
+        assert ReconParams(algorithm=algorithm).batch_size_for(n) == want, n
+    # a batch size asked for is kept, whatever the scan
+    assert ReconParams(algorithm=algorithm, batch_size=64).batch_size_for(10000) == 64
+
+
 def test_sparse_batches_do_not_overlap(scan):
     corner = np.rint(scan["positions"]).astype(np.int64)
     nb = overlap_neighbours(corner, M)
