@@ -260,12 +260,13 @@ class CountingKernels(ReferenceKernels):
         return _dev(oj), _dev(psi)
 
     def object_terms(self, acc: Any, pd: Any, chi: Any, inten: Any, flat: Any, h: int,
-                     w: int, top: Any = None) -> None:
-        super().object_terms(_host(acc), _host(pd), _host(chi), _host(inten), _host(flat), h,
-                             w, _host(top))
+                     w: int, maxima: bool = False) -> Any:
+        most = super().object_terms(_host(acc), _host(pd), _host(chi), _host(inten),
+                                    _host(flat), h, w, maxima)
         # P_j (its own size when broadcast) and χ_j read once; 12 bytes a pixel added to.
         b, m = chi.shape[0], chi.shape[-1]
         _launch(_nbytes(pd, chi, flat) + 2 * 12 * b * m * m)
+        return None if most is None else _dev(most)
 
     def apply_step(self, obj: Any, acc: Any, top: Any, box: tuple[slice, slice],
                    c_den: float, c_max: float, step: Any = None) -> None:

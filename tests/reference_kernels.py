@@ -47,7 +47,7 @@ class ReferenceKernels:
 
     def object_terms(self, acc: np.ndarray, pd: np.ndarray, chi: np.ndarray,
                      inten: np.ndarray | None, flat: np.ndarray, h: int, w: int,
-                     top: np.ndarray | None = None) -> None:
+                     maxima: bool = False) -> np.ndarray | None:
         b, m = chi.shape[0], chi.shape[-1]
         num = ((np.conj(pd) * chi).sum(axis=1) if chi.shape[1] > 1
                else np.conj(pd[:, 0]) * chi[:, 0])
@@ -57,13 +57,11 @@ class ReferenceKernels:
         np.add.at(acc[: 2 * h * w].view(np.complex64), where,
                   np.broadcast_to(num, (b, m, m)).ravel())
         np.add.at(acc[2 * h * w :], where, np.broadcast_to(den, (b, m, m)).ravel())
-        if top is not None:  # the largest denominator the adds left
-            t = top.view(np.float32)
-            t[0] = max(t[0], acc[2 * h * w :][where].max())
-
-    @staticmethod
-    def top_value(top: np.ndarray) -> np.ndarray:
-        return top.view(np.float32).reshape(())
+        if not maxima:
+            return None
+        # the largest denominator the adds left (one value: the kernel's blocks' maxima
+        # have it as their maximum)
+        return acc[2 * h * w :][where].max(keepdims=True)
 
     def apply_step(self, obj: np.ndarray, acc: np.ndarray, top: np.ndarray,
                    box: tuple[slice, slice], c_den: float, c_max: float,
@@ -75,7 +73,7 @@ class ReferenceKernels:
         # the array code's steps, in their order: rPIE's (den·c_den, + c_max·max, 1/x, ×)
         # and LSQ-ML's direction then β_O times it
         t = den * np.float32(c_den) if c_den != 1.0 else den.copy()
-        t += c_max * self.top_value(top)
+        t += c_max * top
         np.reciprocal(t, out=t, where=reached)
         g = num * t
         if step is not None:
@@ -104,7 +102,7 @@ class ReferenceKernels:
         zero = np.zeros(chi.shape, np.complex64)
         d_obj = None
         if acc is not None:  # LSQ-ML's direction, as its array code makes it
-            den = acc[2 * h * w :] + alpha * self.top_value(top)
+            den = acc[2 * h * w :] + alpha * top
             np.reciprocal(den, out=den)
             d_obj = (acc[: 2 * h * w].view(np.complex64) * den).reshape(h, w)
         d0 = pd * d_obj.ravel()[_windows(flat, m, w)][:, None] if d_obj is not None else zero

@@ -49,7 +49,6 @@ from beamflow.ptycho.kernels import (
 PRELUDE = r"""
 #define BEAMFLOW_ONE_THREAD
 #include <cstdint>
-#include <cstring>
 #include <cmath>
 struct float2 { float x, y; };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
@@ -58,10 +57,6 @@ static uint3 blockIdx, threadIdx, blockDim, gridDim;
 #define __global__
 static inline float atomicAdd(float* a, float v) { float o = *a; *a += v; return o; }
 static inline double atomicAdd(double* a, double v) { double o = *a; *a += v; return o; }
-static inline unsigned atomicMax(unsigned* a, unsigned v)
-{ unsigned o = *a; if (v > o) *a = v; return o; }
-static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
-static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 """
 
 # Run every thread of a 1-D grid (or of a 2-D grid_x × grid_y one) in turn: threads of the
@@ -69,7 +64,7 @@ static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4
 OBJECT_TERMS_DRIVER = r"""
 extern "C" void run_object_terms(
     int grid_x, int grid_y, int block, const float2* pd, long long pd_stride,
-    const float2* chi, const float* inten, const long long* flat, float* acc, unsigned* top,
+    const float2* chi, const float* inten, const long long* flat, float* acc, float* most,
     int b, int K, int M, long long W, long long HW, int exact)
 {
     blockDim.x = block; gridDim.x = grid_x; gridDim.y = grid_y;
@@ -77,14 +72,14 @@ extern "C" void run_object_terms(
         for (int g = 0; g < grid_x; ++g)
             for (int t = 0; t < block; ++t) {
                 blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
-                beamflow_object_terms(pd, pd_stride, chi, inten, flat, acc, top, b, K, M, W,
+                beamflow_object_terms(pd, pd_stride, chi, inten, flat, acc, most, b, K, M, W,
                                       HW, exact);
             }
 }
 """
 APPLY_STEP_DRIVER = r"""
 extern "C" void run_apply_step(
-    int grid_x, int grid_y, int block, float2* obj, float* acc, const unsigned* top,
+    int grid_x, int grid_y, int block, float2* obj, float* acc, const float* top,
     const float* step, float c_den, float c_max, long long W, long long HW, int y0, int rows,
     int x0, int cols)
 {
@@ -116,7 +111,7 @@ extern "C" void run_position_sum(int grid_x, int grid_y, int block, const float2
 STEP_SYSTEMS_DRIVER = r"""
 extern "C" void run_step_systems(
     int grid_x, int grid_y, int block, const float2* pd, long long pd_stride,
-    const float* acc, const unsigned* top, float alpha, const long long* flat,
+    const float* acc, const float* top, float alpha, const long long* flat,
     const float2* oj, const float2* sp, long long sp_stride, const float2* chi, double* out,
     int b, int K, int M, long long W, long long HW, int upd_obj, int upd_probe)
 {
@@ -339,11 +334,12 @@ def test_object_terms_kernel_adds_what_the_array_code_adds(cpu_kernels, modes, s
     inten = rng.random((m, m)).astype(np.float32)
     flat = (iy * w + ix).astype(np.int64)
     acc = np.zeros(3 * h * w, np.float32)
-    top = np.zeros(1, np.uint32)
+    grid = _grid(m * m, b, rows)
+    most = np.full(grid[0] * grid[1], np.nan, np.float32)
     cpu_kernels.run_object_terms(
-        *_grid(m * m, b, rows), THREADS, _ptr(pd),
+        *grid, THREADS, _ptr(pd),
         ctypes.c_longlong(0 if shared_probe else modes * m * m), _ptr(chi), _ptr(inten),
-        _ptr(flat), _ptr(acc), _ptr(top), b, modes, m, ctypes.c_longlong(w),
+        _ptr(flat), _ptr(acc), _ptr(most), b, modes, m, ctypes.c_longlong(w),
         ctypes.c_longlong(h * w), int(exact))
     # The engine's array code on the CPU (Core.accumulate_object without a GPU).
     terms = (np.conj(pd) * chi).sum(axis=1)
@@ -358,12 +354,13 @@ def test_object_terms_kernel_adds_what_the_array_code_adds(cpu_kernels, modes, s
     assert np.abs(want_num).max() > 0 and (want_den == 0).any()  # windows leave gaps
     np.testing.assert_allclose(got_num, want_num, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got_den, want_den, rtol=1e-5, atol=1e-6)
-    # The largest denominator, taken on the way: the accumulator's own maximum, to the bit.
-    assert top.view(np.float32)[0] == got_den.max()
+    # The largest denominator, taken on the way (a value per block of threads, each
+    # written): the accumulator's own maximum, to the bit.
+    assert not np.isnan(most).any() and most.max() == got_den.max()
 
 
 def test_object_terms_kernel_without_a_maximum_adds_the_same(cpu_kernels):
-    """``top`` null (no maximum asked for): the same sums."""
+    """``most`` null (no maximum asked for): the same sums."""
     rng = np.random.default_rng(3)
     b, m, h, w = 5, 20, 40, 47
     iy, ix = rng.integers(0, h - m + 1, b), rng.integers(0, w - m + 1, b)
@@ -371,12 +368,13 @@ def test_object_terms_kernel_without_a_maximum_adds_the_same(cpu_kernels):
     inten = rng.random((m, m)).astype(np.float32)
     flat = (iy * w + ix).astype(np.int64)
     accs = {}
-    for with_top in (True, False):
-        accs[with_top] = acc = np.zeros(3 * h * w, np.float32)
-        top = np.zeros(1, np.uint32)
+    grid = position_grid(m * m, b)
+    for with_most in (True, False):
+        accs[with_most] = acc = np.zeros(3 * h * w, np.float32)
+        most = np.zeros(grid[0] * grid[1], np.float32)
         cpu_kernels.run_object_terms(
-            *position_grid(m * m, b), THREADS, _ptr(pd), ctypes.c_longlong(m * m), _ptr(chi),
-            _ptr(inten), _ptr(flat), _ptr(acc), _ptr(top) if with_top else None, b, 1, m,
+            *grid, THREADS, _ptr(pd), ctypes.c_longlong(m * m), _ptr(chi),
+            _ptr(inten), _ptr(flat), _ptr(acc), _ptr(most) if with_most else None, b, 1, m,
             ctypes.c_longlong(w), ctypes.c_longlong(h * w), 0)
     np.testing.assert_array_equal(accs[True], accs[False])
 
@@ -384,11 +382,11 @@ def test_object_terms_kernel_without_a_maximum_adds_the_same(cpu_kernels):
 def _pair(rng: np.random.Generator, h: int, w: int, reached: np.ndarray
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """An accumulator pair with a batch's sums where ``reached`` (zeros elsewhere) as one
-    float32 buffer, and its largest denominator's bits, as object_terms leaves them."""
+    float32 buffer, and its largest denominator (float32)."""
     num = np.where(reached, _waves(rng, h, w), 0).astype(np.complex64)
     den = np.where(reached, rng.random((h, w)) + 0.1, 0).astype(np.float32)
     acc = np.concatenate([num.view(np.float32).ravel(), den.ravel()])
-    return num, den, acc, np.array([den.max()], np.float32).view(np.uint32)
+    return num, den, acc, np.array([den.max()], np.float32)
 
 
 @pytest.mark.parametrize("rows", [None, 7], ids=["a row a row", "strided"])

@@ -90,10 +90,10 @@ def test_object_terms_kernel_adds_what_the_array_code_adds(modes, shared_probe, 
     pd, chi = _waves(rng, 1 if shared_probe else b, modes, m, m), _waves(rng, b, modes, m, m)
     inten = rng.random((m, m)).astype(np.float32)
     buf, num, den = backend.stacked_pair((h, w), zeroed=True)
-    top = backend.xp.zeros(1, np.uint32)
-    backend.kernels.object_terms(buf, backend.to_device(pd), backend.to_device(chi),
-                                 None if exact else backend.to_device(inten),
-                                 backend.to_device((iy * w + ix).astype(np.int64)), h, w, top)
+    most = backend.kernels.object_terms(buf, backend.to_device(pd), backend.to_device(chi),
+                                        None if exact else backend.to_device(inten),
+                                        backend.to_device((iy * w + ix).astype(np.int64)), h,
+                                        w, maxima=True)
     terms = np.broadcast_to((np.conj(pd) * chi).sum(axis=1), (b, m, m))
     illum = np.broadcast_to((np.square(pd.real) + np.square(pd.imag)).sum(axis=1) if exact
                             else inten, (b, m, m))
@@ -105,18 +105,18 @@ def test_object_terms_kernel_adds_what_the_array_code_adds(modes, shared_probe, 
     np.testing.assert_allclose(backend.to_host(num), want_num, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(backend.to_host(den), want_den, rtol=1e-5, atol=1e-5)
     # the maximum the adds took on the way is the accumulator's own, to the bit
-    assert float(backend.kernels.top_value(top)) == float(den.max())
+    assert float(most.max()) == float(den.max())
 
 
 def _accumulator(backend, rng, h, w, reached):
     """An accumulator pair holding a batch's sums where ``reached`` (zeros elsewhere), and
-    the float bits of its largest denominator, as object_terms leaves them."""
+    its largest denominator (a 0-d float32 on the device)."""
     num = np.where(reached, _waves(rng, h, w), 0).astype(np.complex64)
     den = np.where(reached, rng.random((h, w)) + 0.1, 0).astype(np.float32)
     buf, dnum, dden = backend.stacked_pair((h, w))
     dnum[...] = backend.to_device(num)
     dden[...] = backend.to_device(den)
-    top = backend.to_device(np.array([den.max()], np.float32).view(np.uint32))
+    top = backend.to_device(np.float32(den.max()))
     return num, den, buf, top
 
 

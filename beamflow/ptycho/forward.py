@@ -72,9 +72,9 @@ class ObjectAccumulator:
     den: Any  # (H, W) float32: Σ_j |P_j|²
     # GPU: the one float32 buffer of 3·H·W values that num and den are views of; else None.
     buffer: Any = None
-    # GPU: (1,) uint32, the float bits of the batch's largest denominator, which the fused
-    # scatter takes on the way (GpuKernels.object_terms); else None.
-    top: Any = None
+    # GPU: the batch's chunks' largest denominators per block of threads, which the fused
+    # scatter takes on the way (GpuKernels.object_terms; Core.accumulated_max); else None.
+    maxima: list[Any] | None = None
     # Zero everywhere: the last batch's step cleared what the batch had added
     # (Core.apply_object_step), so the next needs no zeroing pass.
     clean: bool = True
@@ -362,7 +362,7 @@ class Core:
         while len(self._acc) < n:
             if self.backend.is_gpu:
                 buf, num, den = self.backend.stacked_pair((h, w), zeroed=True)
-                self._acc.append(ObjectAccumulator(num, den, buf, xp.zeros(1, np.uint32)))
+                self._acc.append(ObjectAccumulator(num, den, buf, []))
             else:
                 self._acc.append(ObjectAccumulator(xp.zeros((h, w), np.complex64),
                                                    xp.zeros((h, w), np.float32)))
@@ -370,18 +370,19 @@ class Core:
 
     def start_accumulator(self, acc: ObjectAccumulator, bb: tuple[slice, slice]) -> None:
         """Ready ``acc`` for a batch whose windows lie in the box ``bb``: zeroed there, unless
-        the last batch's step left it clean; its maximum (GPU) zeroed.
+        the last batch's step left it clean.
 
         A GPU's accumulator that is not clean is zeroed whole: a step that clears only its
         own box must find zeros everywhere else."""
-        if not acc.clean:
-            if acc.top is not None:
-                acc.buffer.fill(0)
-            else:
-                acc.num[bb] = 0
-                acc.den[bb] = 0
-        if acc.top is not None:
-            acc.top.fill(0)
+        if acc.maxima is not None:
+            acc.maxima.clear()
+        if acc.clean:
+            return
+        if acc.maxima is not None:
+            acc.buffer.fill(0)
+        else:
+            acc.num[bb] = 0
+            acc.den[bb] = 0
 
     def combine(self, accs: Sequence[ObjectAccumulator],
                 bb: tuple[slice, slice]) -> tuple[Any, Any]:
@@ -396,20 +397,22 @@ class Core:
     def fused_step(self, accs: Sequence[ObjectAccumulator]) -> bool:
         """Whether the object step from ``accs`` is one kernel over the box that also clears
         the accumulator (:meth:`apply_object_step`): a GPU's, one part."""
-        return len(accs) == 1 and accs[0].top is not None
+        return len(accs) == 1 and accs[0].maxima is not None
 
-    def apply_object_step(self, acc: ObjectAccumulator, bb: tuple[slice, slice],
+    def apply_object_step(self, acc: ObjectAccumulator, bb: tuple[slice, slice], dmax: Any,
                           c_den: float, c_max: float, step: Any = None) -> None:
-        """GPU: ``obj[bb] += step · num / (c_den·den + c_max·max)`` from ``acc`` and the
-        maximum its scatter took, which then holds zeros again (clean)
-        (:meth:`.kernels.GpuKernels.apply_step`; ``step`` a 0-d device array or None)."""
-        self.backend.kernels.apply_step(self.obj, acc.buffer, acc.top, bb, c_den, c_max, step)
+        """GPU: ``obj[bb] += step · num / (c_den·den + c_max·dmax)`` from ``acc``, which then
+        holds zeros again (clean) (:meth:`.kernels.GpuKernels.apply_step`; ``dmax`` from
+        :meth:`accumulated_max`, ``step`` a 0-d device array or None)."""
+        self.backend.kernels.apply_step(self.obj, acc.buffer, dmax, bb, c_den, c_max, step)
         acc.clean = True
 
     def accumulated_max(self, acc: ObjectAccumulator) -> Any:
-        """GPU: the largest denominator of ``acc`` this batch, as the scatter took it (a 0-d
-        float32 view of ``acc.top``: no pass over the box)."""
-        return self.backend.kernels.top_value(acc.top)
+        """GPU: the largest denominator of ``acc`` this batch, from the maxima the scatter
+        took (a 0-d float32 device array; one reduction of a few thousand values instead of a
+        pass over the box)."""
+        most = acc.maxima
+        return (most[0] if len(most) == 1 else self.xp.concatenate(most)).max()
 
     def update_object(self, accs: Sequence[ObjectAccumulator], bb: tuple[slice, slice],
                       step: Callable[[Any, Any, float, tuple[slice, slice]], Any],
@@ -428,7 +431,7 @@ class Core:
         """
         if (preconditioner is not None and target is None and write and not replace
                 and self.fused_step(accs)):
-            self.apply_object_step(accs[0], bb, *preconditioner)
+            self.apply_object_step(accs[0], bb, self.accumulated_max(accs[0]), *preconditioner)
             return
         tgt = self.obj if target is None else target
         area = (bb[0].stop - bb[0].start) * (bb[1].stop - bb[1].start)
@@ -682,9 +685,9 @@ class Core:
         exact = shifted and c.ramp is not None
         acc.clean = False
         if acc.buffer is not None:
-            be.kernels.object_terms(acc.buffer, pd, chi,
-                                    None if exact else self.probe_intensity(), c.flat,
-                                    self.H, self.W, acc.top)
+            acc.maxima.append(be.kernels.object_terms(
+                acc.buffer, pd, chi, None if exact else self.probe_intensity(), c.flat,
+                self.H, self.W, maxima=True))
             return
         if exact:  # before object_num, which may conjugate pd (the same squares)
             inten = (xp.square(pd.real) + xp.square(pd.imag)).sum(axis=1)

@@ -144,8 +144,8 @@ extern "C" __global__ void beamflow_exit_wave(
 """
 
 # A warp's 32 values summed (shuffles, float64) for one atomic add by its first lane, where
-# thousands of threads would otherwise add into the same few addresses one at a time (and
-# their maximum, for one atomic maximum). The
+# thousands of threads would otherwise add into the same few addresses one at a time; and a
+# block's maximum, written by its first thread. The
 # CPU's thread-by-thread run of the sources (tests/test_gpu_kernels.py) defines
 # BEAMFLOW_ONE_THREAD: there each thread adds its own value (the same total).
 WARP_SUM_SOURCE = r"""
@@ -163,10 +163,27 @@ __device__ __forceinline__ float beamflow_warp_max(float v)
     return v;
 }
 #define BEAMFLOW_WARP_LEADER ((threadIdx.x & 31) == 0)
+// The block's largest v into *out, by its first thread (every thread of the block calls it).
+__device__ __forceinline__ void beamflow_block_max(float v, float* out)
+{
+    __shared__ float warps[32];
+    v = beamflow_warp_max(v);
+    if ((threadIdx.x & 31) == 0) warps[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x + 31) / 32; ++w) v = fmaxf(v, warps[w]);
+        *out = v;
+    }
+}
 #else
 static inline double beamflow_warp_sum(double v) { return v; }
 static inline float beamflow_warp_max(float v) { return v; }
 #define BEAMFLOW_WARP_LEADER 1
+// Threads run one after another, the block's first one first.
+static inline void beamflow_block_max(float v, float* out)
+{
+    *out = threadIdx.x == 0 ? v : fmaxf(*out, v);
+}
 #endif
 #endif
 """
@@ -176,60 +193,56 @@ static inline float beamflow_warp_max(float v) { return v; }
 # ``exact``, else the shared intensity patch), added atomically at the window's place in
 # the accumulator pair — [(H, W) complex64 as float pairs | (H, W) float32], the layout of
 # ArrayBackend.stacked_pair. ``pd_stride``: elements between positions of ``pd`` (0 for the
-# unshifted (1, K, M, M) probe). With ``top`` (the float bits of a float32, zeroed by the
-# caller) the denominator's maximum comes on the way: an atomic add returns the value it
-# added to, so old + den is a value the pixel holds at some point, and the last add at a
-# pixel leaves its final value. The denominators only grow (den ≥ 0), so the largest of
-# these over the batch is the largest denominator — the same float as a maximum taken over
-# the accumulator after (old + den rounds as the atomic add does), with no pass over the
-# object box for it (43 µs a batch at 10000 × 256² on the H100). Non-negative floats order
-# as their bits do: one atomicMax on the bits per warp.
+# unshifted (1, K, M, M) probe). With ``most`` the denominator's maximum comes on the way:
+# an atomic add returns the value it added to, so old + den is a value the pixel holds at
+# some point, and the last add at a pixel leaves its final value. The denominators only grow
+# (den ≥ 0), so the largest of these over the batch is the largest denominator — the same
+# float as a maximum over the accumulator after (both round to nearest), with no pass over
+# the object box for it (43 µs a batch at 10000 × 256² on the H100). Each block writes its
+# threads' largest to most[block] (gridDim.x·gridDim.y floats; GpuKernels.object_terms
+# reduces them). One atomic maximum a warp into one address instead serialised 260 000 of
+# them a batch: 0.85 ms, six times the kernel's own time (H100, 10000 × 256², batch 128).
 OBJECT_TERMS_SOURCE = WARP_SUM_SOURCE + r"""
 extern "C" __global__ void beamflow_object_terms(
     const float2* __restrict__ pd, const long long pd_stride,
     const float2* __restrict__ chi, const float* __restrict__ inten,
-    const long long* __restrict__ flat, float* __restrict__ acc,
-    unsigned int* __restrict__ top,
+    const long long* __restrict__ flat, float* __restrict__ acc, float* __restrict__ most,
     const int b, const int K, const int M, const long long W, const long long HW,
     const int exact)
 {
     const int mm = M * M;
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
-    // No early return past the window when the maximum is taken: every lane of a warp takes
-    // part in its shuffles (one past the window adds nothing).
-    if (p >= mm && !top) return;
+    // No early return past the window when the maximum is taken: every thread of a block
+    // takes part in its reduction (one past the window adds nothing).
+    if (p >= mm && !most) return;
     const int r = p / M;
     const long long off = r * W + (p - r * M);
+    float largest = 0.0f;
     for (int j = blockIdx.y; j < b; j += gridDim.y) {
-        float now = 0.0f;
-        if (p < mm) {
-            const long long jl = j;
-            float re = 0.0f, im = 0.0f, den = 0.0f;
-            for (int k = 0; k < K; ++k) {
-                const float2 P = pd[jl * pd_stride + k * mm + p];
-                const float2 X = chi[(jl * K + k) * mm + p];
-                re += P.x * X.x + P.y * X.y;   /* conj(P)·X */
-                im += P.x * X.y - P.y * X.x;
-                if (exact) den += P.x * P.x + P.y * P.y;
-            }
-            if (!exact) den = inten[p];
-            const long long o = flat[j] + off;
-            atomicAdd(acc + 2 * o, re);
-            atomicAdd(acc + 2 * o + 1, im);
-            now = atomicAdd(acc + 2 * HW + o, den) + den;
+        if (p >= mm) continue;
+        const long long jl = j;
+        float re = 0.0f, im = 0.0f, den = 0.0f;
+        for (int k = 0; k < K; ++k) {
+            const float2 P = pd[jl * pd_stride + k * mm + p];
+            const float2 X = chi[(jl * K + k) * mm + p];
+            re += P.x * X.x + P.y * X.y;   /* conj(P)·X */
+            im += P.x * X.y - P.y * X.x;
+            if (exact) den += P.x * P.x + P.y * P.y;
         }
-        if (top) {
-            const float most = beamflow_warp_max(now);
-            if (BEAMFLOW_WARP_LEADER) atomicMax(top, __float_as_uint(most));
-        }
+        if (!exact) den = inten[p];
+        const long long o = flat[j] + off;
+        atomicAdd(acc + 2 * o, re);
+        atomicAdd(acc + 2 * o + 1, im);
+        largest = fmaxf(largest, atomicAdd(acc + 2 * HW + o, den) + den);
     }
+    if (most) beamflow_block_max(largest, most + (long long)blockIdx.y * gridDim.x + blockIdx.x);
 }
 """
 
 # One thread per pixel of a box of the object (rows y0 … y0 + rows − 1, columns x0 … x0 +
 # cols − 1 of the (H, W) object): the step num / (c_den·den + c_max·max) from the
-# accumulator pair ``acc`` (as in beamflow_object_terms; ``top``: its denominator's maximum
-# as float bits), times ``step`` (a float32 on the device; null: 1), added to the object,
+# accumulator pair ``acc`` (as in beamflow_object_terms; ``top``: its denominator's maximum,
+# a float32 on the device), times ``step`` (a float32 on the device; null: 1), added to the object,
 # and the pair cleared at the pixel for the next batch. A pixel no window of the batch
 # reached holds zeros: it is left alone, object and pair (the step there is zero). rPIE's
 # step, LSQ-ML's direction and step; it replaces a zeroing of the pair over the box before
@@ -237,7 +250,7 @@ extern "C" __global__ void beamflow_object_terms(
 # the box, LSQ-ML 68), with 12 bytes a pixel read and 28 more where the windows reached.
 APPLY_STEP_SOURCE = r"""
 extern "C" __global__ void beamflow_apply_step(
-    float2* __restrict__ obj, float* __restrict__ acc, const unsigned int* __restrict__ top,
+    float2* __restrict__ obj, float* __restrict__ acc, const float* __restrict__ top,
     const float* __restrict__ step, const float c_den, const float c_max,
     const long long W, const long long HW, const int y0, const int rows, const int x0,
     const int cols)
@@ -251,7 +264,7 @@ extern "C" __global__ void beamflow_apply_step(
         const float2 n = *num;
         const float d = *den;
         if (n.x == 0.0f && n.y == 0.0f && d == 0.0f) continue;
-        const float f = 1.0f / (d * c_den + c_max * __uint_as_float(*top));
+        const float f = 1.0f / (d * c_den + c_max * *top);
         float2 g = make_float2(n.x * f, n.y * f);
         if (step) g = make_float2(*step * g.x, *step * g.y);
         const float2 v = obj[o];
@@ -351,14 +364,14 @@ SYSTEM_PIXELS = 16
 STEP_SYSTEMS_SOURCE = WARP_SUM_SOURCE + r"""
 extern "C" __global__ void beamflow_step_systems(
     const float2* __restrict__ pd, const long long pd_stride,
-    const float* __restrict__ acc, const unsigned int* __restrict__ top, const float alpha,
+    const float* __restrict__ acc, const float* __restrict__ top, const float alpha,
     const long long* __restrict__ flat,
     const float2* __restrict__ oj, const float2* __restrict__ sp, const long long sp_stride,
     const float2* __restrict__ chi, double* __restrict__ out,
     const int b, const int K, const int M, const long long W, const long long HW,
     const int upd_obj, const int upd_probe)
 {
-    const float lift = upd_obj ? alpha * __uint_as_float(*top) : 0.0f;
+    const float lift = upd_obj ? alpha * *top : 0.0f;
     const int T = gridDim.x * blockDim.x;
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     const int mm = M * M;
@@ -588,13 +601,14 @@ class GpuKernels:
         return oj, psi
 
     def object_terms(self, acc: Any, pd: Any, chi: Any, inten: Any, flat: Any, h: int,
-                     w: int, top: Any = None) -> None:
+                     w: int, maxima: bool = False) -> Any:
         """Add Σ_k conj(pd_jk)·chi_jk and the illumination of every position j of a chunk
         into the accumulator pair ``acc`` (3·h·w float32) at the windows whose flat corners
         (iy·w + ix) are ``flat`` (b,). ``pd``: (b, K, M, M), or (1, K, M, M) for all;
         ``chi``: (b, K, M, M); ``inten``: the (M, M) illumination of every window, or None
-        for each position's own Σ_k |pd_jk|². ``top``: a (1,) uint32 that takes the largest
-        denominator the adds leave (as float bits; :meth:`top_value`), or None."""
+        for each position's own Σ_k |pd_jk|². With ``maxima``, returns the largest
+        denominator each block of threads left (a new float32 array; its maximum is the
+        largest denominator of the chunk's windows), else None."""
         cp = self._cp
         b, k, m = chi.shape[0], chi.shape[1], chi.shape[-1]
         pd = cp.ascontiguousarray(pd)
@@ -602,26 +616,22 @@ class GpuKernels:
         exact = inten is None
         _written(acc, np.float32)
         inten = cp.ascontiguousarray(inten) if not exact else acc  # unread when exact
+        grid = position_grid(m * m, b)
+        most = cp.empty(grid[0] * grid[1], np.float32) if maxima else None
         self._object_terms(
-            position_grid(m * m, b), (THREADS,),
+            grid, (THREADS,),
             (pd, np.int64(0 if pd.shape[0] == 1 else k * m * m), chi, inten,
-             cp.ascontiguousarray(flat, dtype=np.int64), acc,
-             None if top is None else _written(top, np.uint32),
+             cp.ascontiguousarray(flat, dtype=np.int64), acc, most,
              np.int32(b), np.int32(k), np.int32(m), np.int64(w), np.int64(h * w),
              np.int32(exact)))
-
-    @staticmethod
-    def top_value(top: Any) -> Any:
-        """The float32 whose bits :meth:`object_terms` keeps in ``top``, as a 0-d array
-        (a view: no kernel)."""
-        return top.view(np.float32).reshape(())
+        return most
 
     def apply_step(self, obj: Any, acc: Any, top: Any, box: tuple[slice, slice],
                    c_den: float, c_max: float, step: Any = None) -> None:
         """``obj[box] += step · num / (c_den·den + c_max·max)`` from the accumulator pair
-        ``acc`` (3·H·W float32, as :meth:`object_terms` fills it) and its maximum ``top``,
-        then the pair cleared where the batch reached (see :data:`APPLY_STEP_SOURCE`).
-        ``step``: a 0-d float32 device array, or None for 1."""
+        ``acc`` (3·H·W float32, as :meth:`object_terms` fills it) and its maximum ``top`` (a
+        0-d float32 device array), then the pair cleared where the batch reached (see
+        :data:`APPLY_STEP_SOURCE`). ``step``: a 0-d float32 device array, or None for 1."""
         cp = self._cp
         h, w = obj.shape
         (y0, y1, _), (x0, x1, _) = box[0].indices(h), box[1].indices(w)
@@ -630,7 +640,8 @@ class GpuKernels:
             return
         self._apply_step(
             (-(-cols // THREADS), min(rows, MAX_GRID_Y)), (THREADS,),
-            (_written(obj, np.complex64), _written(acc, np.float32), top,
+            (_written(obj, np.complex64), _written(acc, np.float32),
+             cp.ascontiguousarray(top, dtype=np.float32),
              None if step is None else cp.ascontiguousarray(step, dtype=np.float32),
              np.float32(c_den), np.float32(c_max), np.int64(w), np.int64(h * w),
              np.int32(y0), np.int32(rows), np.int32(x0), np.int32(cols)))
@@ -652,7 +663,8 @@ class GpuKernels:
                      sp: Any, chi: Any, h: int, w: int) -> Any:
         """LSQ-ML's step-length systems of a chunk, (b, 5) float64 rows [a11, a12, a22, b1,
         b2] (see :data:`STEP_SYSTEMS_SOURCE`). ``pd``: (b or 1, K, M, M) probes; ``acc``,
-        ``top``: the object accumulator pair (3·``h``·``w`` float32) and its maximum, whose
+        ``top``: the object accumulator pair (3·``h``·``w`` float32) and its maximum (a 0-d
+        float32 device array), whose
         preconditioned direction num / (den + ``alpha``·max) is the object's, or None when
         the object is not updated; ``flat``: the windows' corners iy·w + ix; ``oj``: (b, M,
         M) object patches; ``sp``: the shifted probe direction (b or 1, K, M, M), or None
@@ -668,7 +680,8 @@ class GpuKernels:
         self._step_systems(
             system_grid(m, b), (THREADS,),
             (pd, np.int64(0 if pd.shape[0] == 1 else k * m * m),
-             _written(acc, np.float32) if upd_obj else None, top if upd_obj else None,
+             _written(acc, np.float32) if upd_obj else None,
+             cp.ascontiguousarray(top, dtype=np.float32) if upd_obj else None,
              np.float32(alpha), cp.ascontiguousarray(flat, dtype=np.int64), oj, sp,
              np.int64(0 if sp.shape[0] == 1 else k * m * m), chi, out, np.int32(b),
              np.int32(k), np.int32(m), np.int64(w), np.int64(h * w), np.int32(upd_obj),

@@ -116,13 +116,14 @@ class LSQML(Algorithm):
         core, xp, be = self.core, self.core.xp, self.core.backend
         upd_obj, upd_probe, bb = sw.update_object, sw.update_probe, sw.bbox
         alpha = self.params.alpha_value
-        d_obj = acc = None
+        d_obj = acc = dmax = None
         # A GPU never writes ΔO = num / (den + α·max) over the object: the step systems make
         # it at the windows from the accumulator and the maximum its scatter took, and the
         # step adds β_O·ΔO to the object and clears the accumulator in one pass.
         fused = upd_obj and core.fused_step(sw.accs)
         if fused:
             acc = sw.accs[0]
+            dmax = core.accumulated_max(acc)
         elif upd_obj:
             # ΔO is made in place in the first part's numerator, where the parts' sums are
             # combined (only its box is read): no copy into another array.
@@ -160,9 +161,8 @@ class LSQML(Algorithm):
                         sp = be.ifft2(hat, workers=core.fft_workers, scale=False)
                 if be.kernels is not None and d_obj is None:  # directions and sums, one pass
                     rows.append(be.kernels.step_systems(
-                        pd, None if acc is None else acc.buffer,
-                        None if acc is None else acc.top, alpha, c.flat, oj, sp, chi,
-                        core.H, core.W))
+                        pd, None if acc is None else acc.buffer, dmax, alpha, c.flat, oj, sp,
+                        chi, core.H, core.W))
                     continue
                 # The directions at the positions, side by side (b, n, K, M, M): P_j ΔO_j
                 # and O_j S_j[ΔP], each written by its product into its slot.
@@ -212,7 +212,7 @@ class LSQML(Algorithm):
             tot = sys.sum(axis=0)
             step_o, step_p = self._step_lengths(tot, upd_obj and upd_probe)
             if fused:
-                core.apply_object_step(acc, bb, 1.0, alpha, step=step_o)
+                core.apply_object_step(acc, bb, dmax, 1.0, alpha, step=step_o)
             elif upd_obj:
                 region = core.obj[bb]
                 xp.add(region, step_o * d_obj[bb], out=region)
