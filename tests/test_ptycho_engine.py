@@ -440,10 +440,16 @@ def test_shifted_probe_and_probe_adjoint_match_naive(scan, fft, modes):
     ("lsqml", {100: 16, 400: 128, 3071: 128, 3072: 256, 4000: 256, 10000: 256}),
 ])
 def test_default_batch_size_by_scan_size(algorithm, sizes):
+    from beamflow.ptycho.propagation import Propagation
+
     for n, want in sizes.items():
         assert ReconParams(algorithm=algorithm).batch_size_for(n) == want, n
     # a batch size asked for is kept, whatever the scan
     assert ReconParams(algorithm=algorithm, batch_size=64).batch_size_for(10000) == 64
+    # the near field keeps 128 (measured better there than 256)
+    near = Propagation(model="near-field", distance_m=1e-3, pixel_size_m=1e-7,
+                       wavelength_m=1e-10)
+    assert ReconParams(algorithm=algorithm, propagation=near).batch_size_for(10000) == 128
 
 
 def test_sparse_batches_do_not_overlap(scan):

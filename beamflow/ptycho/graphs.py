@@ -12,8 +12,8 @@ work the same every time (:meth:`.forward.Core.bind_batch`, :meth:`.algorithm.Al
 * the batch's indices are copied, before each batch, into one device buffer per batch
   length, which the chunk's kernels read (the graph's own upload would replay stale bytes);
 * the object box of a batch is the whole object (random batches span it anyway; outside a
-  batch's windows the accumulators are zero, so the update adds zero there: the same values;
-  ePIE's sparse sets update their windows in place and use no box);
+  batch's windows the accumulators are zero, so the step skips those pixels: the same
+  values; ePIE's sparse sets update their windows in place and use no box);
 * a graph is keyed by the batch's length, the schedule's flags and the addresses of the
   state it reads (object, probe, ramp factors, frames); what else it reads it makes itself
   (the probe caches are dropped before the capture, so the graph computes them);

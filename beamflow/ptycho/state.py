@@ -55,8 +55,8 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
               "alpha_range": (0.0, 1.0), "beta_range": (0.0, 1.0), "large_scan_batch": 256},
 }
 
-# A scan of at least this many batches of an algorithm's ``large_scan_batch`` takes that
-# batch by default (ReconParams.batch_size_for).
+# A far-field scan of at least this many batches of an algorithm's ``large_scan_batch``
+# takes that batch by default (ReconParams.batch_size_for).
 LARGE_SCAN_BATCHES = 12
 
 
@@ -216,13 +216,14 @@ class ReconParams(BaseModel):
         iterations (0.036 with 32 or 64) at ~10% less CPU per iteration than 64, since
         every batch pays fixed costs (object-sized and probe updates).
 
-        LSQ-ML takes batches of 256 on scans of at least 12 of them (3072 positions): its
-        step lengths are the batch's own least-squares optimum, and there 256 reconstructs
-        better than 128 per iteration — object NRMSE 0.0278 against 0.0289 after 100
-        iterations at 4000 × 128² (CPU and H100 alike), 0.0798 against 0.0832 after 20 at
-        10000 × 256² (H100), while 512 is worse than 128 on both (0.0341, 0.0852;
-        docs/performance.md, sixth session) — at half the batches' fixed cost. rPIE is best
-        at 128 there (0.0398 against 0.0482 at 256).
+        Far-field LSQ-ML takes batches of 256 on scans of at least 12 of them (3072
+        positions): its step lengths are the batch's own least-squares optimum, and there
+        256 reconstructs better than 128 per iteration — object NRMSE 0.0278 against 0.0289
+        after 100 iterations at 4000 × 128² (CPU and H100 alike), 0.0798 against 0.0832
+        after 20 at 10000 × 256² (H100), while 512 is worse than 128 on both (0.0341,
+        0.0852; docs/performance.md, sixth session) — at half the batches' fixed cost. rPIE
+        is best at 128 there (0.0398 against 0.0482 at 256), and so is the near field
+        (LSQ-ML at 4000 × 128²: 0.168 at 128, 0.197 at 256).
         """
         if self.selection == "all":
             return max(1, n_positions)
@@ -231,7 +232,8 @@ class ReconParams(BaseModel):
             defaults = ALGORITHM_DEFAULTS[self.algorithm]
             b = defaults["batch_size"]
             large = defaults.get("large_scan_batch")
-            if large is not None and n_positions >= LARGE_SCAN_BATCHES * large:
+            if (large is not None and n_positions >= LARGE_SCAN_BATCHES * large
+                    and not self.propagation.near_field):
                 b = large
             elif b is not None:
                 target = n_positions / (3 if n_positions >= 256 else 8)
