@@ -55,6 +55,8 @@ static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct uint3 { unsigned x, y, z; };
 static uint3 blockIdx, threadIdx, blockDim, gridDim;
 #define __global__
+#define __device__
+#define __forceinline__ inline
 static inline float atomicAdd(float* a, float v) { float o = *a; *a += v; return o; }
 static inline double atomicAdd(double* a, double v) { double o = *a; *a += v; return o; }
 """

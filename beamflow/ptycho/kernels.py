@@ -95,11 +95,26 @@ def position_grid(pixels: int, b: int) -> tuple[int, int]:
     return max(1, -(-pixels // THREADS)), max(1, min(b, MAX_GRID_Y))
 
 
+# The sub-pixel ramp of position j at pixel (y, x), r_j(y, x) = e_j,y(y)·e_j,x(x), from its
+# two (M,) factors in ``e`` (b, 2, M): the one way the kernels below make it.
+RAMP_SOURCE = r"""
+#ifndef BEAMFLOW_RAMP
+#define BEAMFLOW_RAMP
+__device__ __forceinline__ float2 beamflow_ramp(const float2* __restrict__ e, const long long j,
+                                                const int M, const int y, const int x)
+{
+    const float2 ey = e[j * 2 * M + y];
+    const float2 ex = e[j * 2 * M + M + x];
+    return make_float2(ey.x * ex.x - ey.y * ex.y, ey.x * ex.y + ey.y * ex.x);
+}
+#endif
+"""
+
 # One thread per element q of a position's (K, M, M) stack, for positions j = blockIdx.y,
 # blockIdx.y + gridDim.y, …: r_j(y, x) = e_j,y(y)·e_j,x(x) from the factors ``e`` (b, 2, M)
 # (conjugated when ``conj``), times a_jk(y, x) (``a_stride``: 0 for one (1, K, M, M) stack
 # shared by every position), written to ``out`` (b, K, M, M). ``out`` may be ``a``.
-RAMP_PRODUCT_SOURCE = r"""
+RAMP_PRODUCT_SOURCE = RAMP_SOURCE + r"""
 extern "C" __global__ void beamflow_ramp_product(
     const float2* __restrict__ e, const float2* a, const long long a_stride, float2* out,
     const int b, const int K, const int M, const int conj)
@@ -112,9 +127,7 @@ extern "C" __global__ void beamflow_ramp_product(
     const int x = p - y * M;
     for (int j = blockIdx.y; j < b; j += gridDim.y) {
         const long long jl = j;
-        const float2 ey = e[jl * 2 * M + y];
-        const float2 ex = e[jl * 2 * M + M + x];
-        float2 r = make_float2(ey.x * ex.x - ey.y * ex.y, ey.x * ex.y + ey.y * ex.x);
+        float2 r = beamflow_ramp(e, jl, M, y, x);
         if (conj) r.y = -r.y;
         const float2 v = a[jl * a_stride + q];
         out[jl * K * mm + q] = make_float2(r.x * v.x - r.y * v.y, r.x * v.y + r.y * v.x);
@@ -290,7 +303,7 @@ extern "C" __global__ void beamflow_apply_step(
 # group of SUM_POSITIONS positions), one atomic add per thread and component. It replaces a
 # ramp product that wrote the stack and a sum that read it again (an LSQ-ML batch at
 # 10000 × 256²: 49 + 40 µs on the H100).
-POSITION_SUM_SOURCE = r"""
+POSITION_SUM_SOURCE = RAMP_SOURCE + r"""
 extern "C" __global__ void beamflow_position_sum(
     const float2* __restrict__ e, const float2* __restrict__ a, float* __restrict__ out,
     const int b, const int K, const int M, const int per)
@@ -308,9 +321,7 @@ extern "C" __global__ void beamflow_position_sum(
         const long long jl = j;
         const float2 v = a[jl * K * mm + q];
         if (e) {
-            const float2 ey = e[jl * 2 * M + y];
-            const float2 ex = e[jl * 2 * M + M + x];
-            const float2 r = make_float2(ey.x * ex.x - ey.y * ex.y, ey.x * ex.y + ey.y * ex.x);
+            const float2 r = beamflow_ramp(e, jl, M, y, x);
             re += r.x * v.x - r.y * v.y;
             im += r.x * v.y + r.y * v.x;
         } else {
