@@ -108,6 +108,14 @@ def test_object_terms_kernel_adds_what_the_array_code_adds(modes, shared_probe, 
     assert float(most.max()) == float(den.max())
 
 
+def _ramps(rng, b, m):
+    """Random sub-pixel ramps of ``b`` positions: their (b, 2, M) factors, as a GPU keeps
+    them, and the (b, M, M) ramps they make."""
+    e = np.exp(-2j * np.pi * rng.uniform(-0.5, 0.5, (b, 2, 1)) * np.fft.fftfreq(m)).astype(
+        np.complex64)
+    return e, e[:, 0, :, None] * e[:, 1, None, :]
+
+
 def _accumulator(backend, rng, h, w, reached):
     """An accumulator pair holding a batch's sums where ``reached`` (zeros elsewhere), and
     its largest denominator (a 0-d float32 on the device)."""
@@ -153,11 +161,9 @@ def test_position_sum_kernel_sums_the_array_codes_terms(ramps):
     backend = array_backend("cuda")
     rng = np.random.default_rng(12)
     b, m, modes = 37, 64, 2
-    e = np.exp(-2j * np.pi * rng.uniform(-0.5, 0.5, (b, 2, 1)) * np.fft.fftfreq(m)).astype(
-        np.complex64)
+    e, r = _ramps(rng, b, m)
     a = _waves(rng, b, modes, m, m)
     before = _waves(rng, modes, m, m)
-    r = e[:, 0, :, None] * e[:, 1, None, :]
     want = before + ((r[:, None] * a) if ramps else a).sum(axis=0)
     out = backend.to_device(before)
     backend.kernels.position_sum(backend.to_device(e) if ramps else None,
@@ -211,9 +217,7 @@ def test_ramp_product_kernel_matches_the_array_code(conj):
     backend = array_backend("cuda")
     rng = np.random.default_rng(2)
     b, m, modes = 9, 64, 2
-    e = np.exp(-2j * np.pi * rng.uniform(-0.5, 0.5, (b, 2, 1)) * np.fft.fftfreq(m)).astype(
-        np.complex64)
-    r = e[:, 0, :, None] * e[:, 1, None, :]
+    e, r = _ramps(rng, b, m)
     a = _waves(rng, b, modes, m, m)
     want = (np.conj(r) if conj else r)[:, None] * a
     got = backend.kernels.ramp_product(backend.to_device(e), backend.to_device(a), conj=conj)

@@ -416,24 +416,22 @@ class Core:
 
     def update_object(self, accs: Sequence[ObjectAccumulator], bb: tuple[slice, slice],
                       step: Callable[[Any, Any, float, tuple[slice, slice]], Any],
-                      target: Any = None, replace: bool = False, write: bool = True,
+                      replace: bool = False, write: bool = True,
                       preconditioner: tuple[float, float] | None = None) -> None:
         """Apply an accumulated object update over the box ``bb``, in row slabs in parallel.
 
         ``step(num, den, den_max, region)`` gets the summed numerator/denominator of a slab
         (it may overwrite them) and the maximum of the whole denominator, and returns the
-        increment (or, with ``replace``, the new values) for ``target[region]`` (default:
-        the object). ``write=False``: nothing is written; a step that works in place leaves
-        its results in the first accumulator's numerator over ``bb`` (where the parts'
-        sums are combined) — no copy of the box. ``preconditioner`` (c_den, c_max): the
+        increment (or, with ``replace``, the new values) for the object's ``region``.
+        ``write=False``: nothing is written; a step that works in place leaves its results
+        in the first accumulator's numerator over ``bb`` (where the parts' sums are
+        combined) — no copy of the box. ``preconditioner`` (c_den, c_max): the
         step is num / (c_den·den + c_max·den_max), which a GPU adds to the object in one
         kernel that also clears the accumulator (:meth:`apply_object_step`).
         """
-        if (preconditioner is not None and target is None and write and not replace
-                and self.fused_step(accs)):
+        if preconditioner is not None and write and not replace and self.fused_step(accs):
             self.apply_object_step(accs[0], bb, self.accumulated_max(accs[0]), *preconditioner)
             return
-        tgt = self.obj if target is None else target
         area = (bb[0].stop - bb[0].start) * (bb[1].stop - bb[1].start)
         n = self.backend.threads if area >= PARALLEL_UPDATE_PX else 1
         rows = np.array_split(np.arange(bb[0].start, bb[0].stop), n)
@@ -453,9 +451,9 @@ class Core:
             if not write:
                 return
             if replace:
-                tgt[sl] = upd
+                self.obj[sl] = upd
             else:  # out= on the view: no copy of the view onto itself after
-                region = tgt[sl]
+                region = self.obj[sl]
                 xp.add(region, upd, out=region)
 
         self.map_list(apply, slabs)
