@@ -495,10 +495,10 @@ class Core:
             if kernels is not None:  # one kernel over the modes (the array code: 3 or 4)
                 self._probe_int = kernels.intensity_sum(p, xp.zeros(p.shape[1:], np.float32))
                 return self._probe_int
-            inten = xp.square(p.real)
-            inten += xp.square(p.imag)
-            # One mode: the sum over it is the value itself (a kernel saved per batch).
-            self._probe_int = inten[0] if p.shape[0] == 1 else inten.sum(axis=0)
+            k, m = p.shape[0], p.shape[-1]
+            pv = p.view(np.float32).reshape(k, 2 * m * m)
+            sq = xp.einsum("jp,jp->p", pv, pv)
+            self._probe_int = xp.add(sq[0::2].reshape(m, m), sq[1::2].reshape(m, m))
         return self._probe_int
 
     def set_illumination(self, intensity: Any) -> None:

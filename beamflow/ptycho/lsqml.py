@@ -144,7 +144,9 @@ class LSQML(Algorithm):
             if be.kernels is not None:
                 be.kernels.preconditioned_step(d_probe, pden, be.scalar(pden.max()), 1.0, alpha)
             else:
-                d_probe /= pden + alpha * be.scalar(pden.max())
+                pden += alpha * be.scalar(pden.max())
+                xp.reciprocal(pden, out=pden)
+                d_probe *= pden
             if core.subpixel:
                 d_probe_hat = core.spectrum(d_probe)
 

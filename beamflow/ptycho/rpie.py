@@ -29,7 +29,10 @@ class RPIE(PIEFamily):
         return 1.0 - a, a
 
     def object_step(self, num: Any, den: Any, den_max: float) -> Any:
-        c_den, c_max = self.object_preconditioner
+        return self.object_step_rule(num, den, den_max, *self.object_preconditioner)
+
+    def object_step_rule(self, num: Any, den: Any, den_max: float, c_den: float,
+                         c_max: float) -> Any:
         kernels = self.core.backend.kernels
         if kernels is not None:  # a GPU: the same step in one kernel
             return kernels.preconditioned_step(num, den, den_max, c_den, c_max)
@@ -47,5 +50,4 @@ class RPIE(PIEFamily):
         return 1.0 - b, b
 
     def probe_step(self, num: Any, den: Any, den_max: float) -> Any:
-        b = self.params.beta_value
-        return num / ((1.0 - b) * den + b * den_max)
+        return self.object_step_rule(num, den, den_max, *self.probe_preconditioner)
