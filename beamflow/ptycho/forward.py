@@ -746,9 +746,9 @@ class Core:
         if c.ramp is not None:
             if g.shape[1] == 1:
                 g0 = g[:, 0]
-                xp.multiply(g0, c.ramp, out=g0)
+                xp.multiply(c.ramp, g0, out=g0)
             else:
-                g *= c.ramp[:, None]
+                xp.multiply(c.ramp[:, None], g, out=g)
         terms = g.view(np.float32).reshape(b, k, m, 2 * m).sum(axis=0)
         if out_num is None:
             return terms.view(np.complex64), out_den

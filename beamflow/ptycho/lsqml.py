@@ -159,7 +159,7 @@ class LSQML(Algorithm):
                         sp = d_probe[None]
                     else:
                         hat = (be.kernels.ramp_product(c.ramp, d_probe_hat[None])
-                               if be.kernels is not None else d_probe_hat[None] * c.ramp[:, None])
+                               if be.kernels is not None else c.ramp[:, None] * d_probe_hat[None])
                         sp = be.ifft2(hat, workers=core.fft_workers, scale=False)
                 if be.kernels is not None and d_obj is None:  # directions and sums, one pass
                     rows.append(be.kernels.step_systems(

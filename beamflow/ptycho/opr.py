@@ -188,7 +188,7 @@ class VariableProbe:
             if be.kernels is not None:
                 be.kernels.ramp_product(c.ramp, g[:, None], out=g[:, None], conj=True)
             else:
-                g *= xp.conj(c.ramp)
+                xp.multiply(xp.conj(c.ramp), g, out=g)
             g = be.ifft2(g, workers=core.fft_workers)
         den = xp.square(oj.real) + xp.square(oj.imag)
         dmax = den.max(axis=(1, 2), keepdims=True)
