@@ -35,7 +35,7 @@ from beamflow.ptycho import (  # noqa: E402
     array_backend,
     initial_state,
 )
-from beamflow.ptycho.propagation import Propagation  # noqa: E402
+from beamflow.ptycho.forward.propagation import Propagation  # noqa: E402
 
 NEAR = {"model": "near-field", "wavelength_m": 1.0e-10, "distance_m": 0.02,
         "pixel_size_m": 5.0e-8}

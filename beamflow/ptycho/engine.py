@@ -31,9 +31,10 @@ import numpy as np
 
 from .algorithm import Algorithm
 from .arrays import ArrayBackend, HostCopy, array_backend
+from .core import Core
 from .dm import DM
 from .epie import EPIE
-from .forward import Core
+from .forward.propagation import Propagation
 from .lsqml import LSQML
 from .modes import make_modes, orthogonalize_modes
 from .mpie import MPIE
@@ -44,7 +45,6 @@ from .probe import (
     probe_from_hologram,
     scale_probe,
 )
-from .propagation import Propagation
 from .rpie import RPIE
 from .state import PtychoData, ReconParams, ReconState
 
@@ -169,8 +169,8 @@ class StateView:
         return self._rec.backend.name
 
     def object(self) -> np.ndarray:
-        """Host copy of the current object (H, W) complex64."""
-        return np.array(self._rec.backend.to_host(self._rec.core.obj), copy=True)
+        """Host copy of the current object, (H, W) complex64 or (S, H, W) for S layers."""
+        return np.array(self._rec.backend.to_host(self._rec.object_array()), copy=True)
 
     def probe(self) -> np.ndarray:
         """Host copy of the current probe modes (K, M, M) complex64."""
@@ -222,7 +222,7 @@ class Reconstructor:
                 f"data has {n} frames; after PtychoData.append(...) call "
                 "state.extend_positions(new_positions_px)"
             )
-        if tuple(state.object.shape) != tuple(data.object_shape):
+        if tuple(state.object.shape[-2:]) != tuple(data.object_shape):
             raise ValueError(
                 f"Reconstructor: state object is {state.object.shape}, data.object_shape is "
                 f"{data.object_shape}"
@@ -329,6 +329,11 @@ class Reconstructor:
                 break
         return self.snapshot()
 
+    def object_array(self) -> Any:
+        """The object on the device as a state holds it: (H, W) for one layer, else
+        (S, H, W)."""
+        return self.core.obj[0] if self.core.S == 1 else self.core.obj
+
     def snapshot(self) -> ReconState:
         """A host copy of the complete state (object, probe, positions, RNG, extras)."""
         return self.snapshot_async().result()
@@ -342,7 +347,7 @@ class Reconstructor:
         be = self.backend
         extras = {k: be.host_copy_async(a) for k, a in self.algorithm.device_memory().items()}
         return PendingSnapshot(
-            be.host_copy_async(self.core.obj), be.host_copy_async(self.core.probe),
+            be.host_copy_async(self.object_array()), be.host_copy_async(self.core.probe),
             dict(positions_px=self.core.pos.copy(), params=self.params,
                  iteration=self.iteration, loss_history=list(self.loss_history),
                  rng_seed=self.rng_seed, rng_counter=self.rng_counter), extras)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .propagation import Propagation
+from .forward.propagation import Propagation
 
 __all__ = ["ReconParams", "settings_that_apply", "PtychoData", "ReconState",
            "ALGORITHM_DEFAULTS", "OPR_ALGORITHMS", "STATE_FORMAT"]
@@ -450,7 +450,9 @@ class PtychoData:
 class ReconState:
     """The complete state of a reconstruction (host numpy arrays).
 
-    object: (H, W) complex64. probe: (K, M, M) complex64 (K incoherent modes, by power).
+    object: (H, W) complex64 for a thin sample; (S, H, W) for S > 1 layers (multislice,
+    the first layer the one the probe meets first). probe: (K, M, M) complex64 (K
+    incoherent modes, by power).
     positions_px: (N, 2) float64, the current (possibly corrected) positions.
     iteration: iterations completed. loss_history: one normalised amplitude loss per
     iteration. params: the ReconParams. rng_seed / rng_counter: the counter-based RNG
@@ -470,13 +472,16 @@ class ReconState:
 
     def __post_init__(self) -> None:
         self.object = np.ascontiguousarray(self.object, dtype=np.complex64)
+        if self.object.ndim == 3 and self.object.shape[0] == 1:
+            self.object = self.object[0]  # one layer is a thin sample: (H, W)
         probe = np.asarray(self.probe)
         if probe.ndim == 2:
             probe = probe[None]
         self.probe = np.ascontiguousarray(probe, dtype=np.complex64)
         self.positions_px = np.ascontiguousarray(self.positions_px, dtype=np.float64)
-        if self.object.ndim != 2:
-            raise ValueError(f"ReconState.object: expected (H, W), got shape {self.object.shape}")
+        if self.object.ndim not in (2, 3):
+            raise ValueError(f"ReconState.object: expected (H, W) or (layers, H, W), got shape "
+                             f"{self.object.shape}")
         if self.probe.ndim != 3 or self.probe.shape[1] != self.probe.shape[2]:
             raise ValueError(
                 f"ReconState.probe: expected (K, M, M), got shape {self.probe.shape}"
@@ -490,6 +495,16 @@ class ReconState:
     @property
     def n_modes(self) -> int:
         return int(self.probe.shape[0])
+
+    @property
+    def layers(self) -> int:
+        """Object layers S (1: a thin sample)."""
+        return 1 if self.object.ndim == 2 else int(self.object.shape[0])
+
+    @property
+    def object_layers(self) -> np.ndarray:
+        """The object as (S, H, W), a view."""
+        return self.object[None] if self.object.ndim == 2 else self.object
 
     def to_host_arrays(self) -> dict[str, np.ndarray]:
         """Named arrays for a checkpoint (object, probe, positions, loss history, extras)."""
