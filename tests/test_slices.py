@@ -1,4 +1,4 @@
-"""Multislice geometry (beamflow.ptycho.slices): spacings, the band-limited propagator between
+"""Multislice geometry (beamflow.ptycho.forward.slices): spacings, the band-limited propagator between
 layers, the depth of field and the frequency that a spacing separates."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from beamflow.ptycho.propagation import transfer_function
-from beamflow.ptycho.slices import (
+from beamflow.ptycho.forward.propagation import transfer_function
+from beamflow.ptycho.forward.slices import (
     NYQUIST_FRACTION,
     depth_of_field,
     separation_frequency,

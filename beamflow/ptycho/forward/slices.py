@@ -4,7 +4,7 @@ A sample thicker than the depth of field is modelled as S thin layers O_1 … O_
 Δz_1 … Δz_{S−1} (Maiden, Humphry & Rodenburg, JOSA A 29, 1606 (2012), "3PIE"; notation of
 PTYCHO_MATH.md, "Multislice"). The wave leaving layer s reaches layer s+1 by angular-spectrum
 propagation 𝒫_Δz[a] = F⁻¹[H · F[a]] with the exact kz of
-:func:`beamflow.ptycho.propagation.transfer_function` (constant phase exp(2πiΔz/λ) dropped),
+:func:`.propagation.transfer_function` (constant phase exp(2πiΔz/λ) dropped),
 band-limited by :func:`slice_transfer`.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from beamflow.ptycho.propagation import transfer_function
+from .propagation import transfer_function
 
 __all__ = ["NYQUIST_FRACTION", "depth_of_field", "separation_frequency", "slice_spacings",
            "slice_transfer"]
