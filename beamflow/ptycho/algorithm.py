@@ -92,7 +92,7 @@ class Algorithm:
     def __init__(self, core: Core, params: Any):
         self.core = core
         self.params = params
-        self.model = make_model(core, params.propagation)
+        self.model = make_model(core, params)
         self.objects = ObjectSteps(core)
         self._neighbours: list[np.ndarray] | None = None
         self._neighbours_key: bytes | None = None

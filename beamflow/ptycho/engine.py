@@ -97,7 +97,8 @@ def initial_state(data: PtychoData, params: ReconParams, probe: np.ndarray | Non
     are made from the first by a small perturbation; with more, the strongest are kept. The
     modes are orthogonalised, ordered by power, and scaled so Σ|F[P]|² matches the mean
     counts per frame (for an object of unit amplitude).
-    obj: None → ones; else an (H, W) complex array of ``data.object_shape``.
+    obj: None → ones (``params.slices`` layers of them); else an (H, W) complex array of
+    ``data.object_shape``, or (S, H, W) with S = ``params.slices``.
     """
     if not isinstance(params, ReconParams):
         raise TypeError(f"params must be a ReconParams, got {type(params).__name__}")
@@ -130,14 +131,15 @@ def initial_state(data: PtychoData, params: ReconParams, probe: np.ndarray | Non
     p = scale_probe(p, mean_counts_per_frame(mean, data.mask), mask=data.mask,
                     transfer=params.propagation.transfer(m))
     h, w = data.object_shape
+    shape = (h, w) if params.slices == 1 else (params.slices, h, w)
     if obj is None:
-        o = np.ones((h, w), np.complex64)
+        o = np.ones(shape, np.complex64)
     else:
         o = np.asarray(obj)
-        if o.shape != (h, w):
+        if o.shape != shape:
             raise ValueError(
-                f"initial_state: object has shape {o.shape}, expected {(h, w)} "
-                "(data.object_shape)"
+                f"initial_state: object has shape {o.shape}, expected {shape} "
+                f"(data.object_shape, {params.slices} layer(s))"
             )
         if not np.all(np.isfinite(o)):
             raise ValueError("initial_state: object contains non-finite values")
@@ -232,6 +234,11 @@ class Reconstructor:
                 f"Reconstructor: probe is {state.probe.shape[1:]}, frames are "
                 f"{data.frame_size}x{data.frame_size}"
             )
+        if state.layers != state.params.slices:
+            raise ValueError(
+                f"Reconstructor: the state's object has {state.layers} layer(s) but "
+                f"params.slices={state.params.slices}"
+            )
         if state.probe.shape[0] != state.params.probe_modes:
             raise ValueError(
                 f"Reconstructor: probe has {state.probe.shape[0]} modes but params.probe_modes="
@@ -280,6 +287,8 @@ class Reconstructor:
             losses.extend(self.algorithm.run_batch(batch, it))
         self.algorithm.apply_position_steps()
         self.algorithm.end_iteration(it)
+        if p.slices > 1 and p.layer_regularization > 0 and self.algorithm.flags(it)[0]:
+            self.algorithm.model.regularize(p.layer_regularization)
         if self.algorithm.opr is not None:
             self.algorithm.opr.end_iteration()
         loss = core.total(losses) / core.norm

@@ -27,7 +27,9 @@ class EPIE(PIEFamily):
     object_step_writes_den = False
 
     def object_step(self, num: Any, den: Any, den_max: Any) -> Any:
-        num *= self.params.alpha_value / self.core.backend.at_least(den_max, 1e-30)
+        # Each of S layers takes its share 1/S of a correction (PIEFamily).
+        num *= (self.params.alpha_value / self.model.layers
+                / self.core.backend.at_least(den_max, 1e-30))
         return num
 
     def add_probe_step(self, num: Any, den: Any, den_max: Any) -> None:

@@ -162,6 +162,10 @@ class LSQML(Algorithm):
             step_o, step_p = be.step_lengths(tot, d_obj is not None and probe,
                                              self.params.beta_value)
             if d_obj is not None:
+                if self.model.layers > 1:
+                    # Each layer's step length solves its own plane's system, as if the
+                    # others stood still: each of S layers takes its share 1/S (pie.py).
+                    step_o = step_o * (1.0 / self.model.layers)
                 self.objects.add_direction(d_obj, step_o)
             if probe:
                 be.axpy(core.probe, step_p, d_probe)

@@ -23,8 +23,9 @@ class RPIE(PIEFamily):
 
     @property
     def object_preconditioner(self) -> tuple[float, float]:
-        a = self.params.alpha_value
-        return 1.0 - a, a
+        # Each of S layers takes its share 1/S of a correction (PIEFamily).
+        a, share = self.params.alpha_value, self.model.layers
+        return share * (1.0 - a), share * a
 
     @property
     def probe_preconditioner(self) -> tuple[float, float]:

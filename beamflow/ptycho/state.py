@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .forward.propagation import Propagation
+from .forward.slices import slice_spacings
 
 __all__ = ["ReconParams", "settings_that_apply", "PtychoData", "ReconState",
            "ALGORITHM_DEFAULTS", "OPR_ALGORITHMS", "STATE_FORMAT"]
@@ -139,6 +140,18 @@ class ReconParams(BaseModel):
         description="Variable probe: pull each position's weights towards the mean of its "
         "neighbours in acquisition order by this fraction per iteration (0 = off). A beam "
         "varies slowly in time; unsmoothed weights also absorb object errors.")
+    slices: int = Field(
+        1, ge=1, le=64,
+        description="Object layers (multislice, for samples thicker than the depth of field "
+        "Δx²/λ); 1 = a thin sample. Needs slice_spacing_m and the wavelength and object pixel "
+        "size in the propagation geometry.")
+    slice_spacing_m: float | list[float] | None = Field(
+        None, description="Distance between the layers in metres: one value for every gap, or "
+        "slices−1 values.")
+    layer_regularization: float = Field(
+        0.0, ge=0.0, le=100.0,
+        description="Multislice: the strength β of the regulariser along depth (the kz filter "
+        "of fold_slice and Pty-Chi), applied once per iteration; 0 = off.")
     seed: int = Field(0, ge=0, lt=2**63, description="Seed of the batch order.")
     propagation: Propagation = Field(
         default_factory=Propagation,
@@ -172,6 +185,11 @@ class ReconParams(BaseModel):
                 f"opr_modes={self.opr_modes} (variable probe) is implemented by "
                 f"{', '.join(OPR_ALGORITHMS)}, not '{self.algorithm}'"
             )
+        if self.slices > 1:
+            self._check_multislice()
+        elif isinstance(self.slice_spacing_m, list) and len(self.slice_spacing_m) > 0:
+            raise ValueError(f"slice_spacing_m has {len(self.slice_spacing_m)} values but "
+                             "slices=1 has no gaps between layers")
         if self.algorithm == "dm" and self.batch_selection not in ("auto", "all"):
             raise ValueError(
                 f"batch_selection='{self.batch_selection}' does not apply to 'dm': the "
@@ -179,7 +197,26 @@ class ReconParams(BaseModel):
             )
         return self
 
+    def _check_multislice(self) -> None:
+        if self.algorithm == "dm":
+            raise ValueError(
+                f"algorithm 'dm' does not model thick samples (slices={self.slices}): use "
+                "rpie, mpie, epie or lsqml")
+        slice_spacings(self.slices, self.slice_spacing_m)  # raises with the reason
+        missing = [n for n in ("wavelength_m", "pixel_size_m")
+                   if getattr(self.propagation, n) is None]
+        if missing:
+            raise ValueError(f"slices={self.slices} needs the propagation geometry's "
+                             f"{' and '.join(missing)} (the layers are propagated between)")
+
     # -- resolved values ------------------------------------------------------------------
+    @property
+    def slice_spacings(self) -> tuple[float, ...]:
+        """The S−1 distances between the layers (metres); () for a thin sample."""
+        if self.slices == 1:
+            return ()
+        return slice_spacings(self.slices, self.slice_spacing_m)
+
     @property
     def alpha_value(self) -> float:
         """``alpha`` or the algorithm's default."""
@@ -246,7 +283,8 @@ def settings_that_apply(settings: dict[str, Any]) -> set[str]:
     parameters) that change what the engine does with the others as given: mPIE's momenta
     only for mpie, the variable probe's smoothing only with opr_modes, the position
     correction's start and step limit only with it on, the noise model only for lsqml,
-    orthogonalisation only with several probe modes."""
+    orthogonalisation only with several probe modes, the layers' spacing and regulariser only
+    with several layers."""
     algorithm = settings.get("algorithm")
     needs = {
         "momentum": algorithm == "mpie",
@@ -257,6 +295,8 @@ def settings_that_apply(settings: dict[str, Any]) -> set[str]:
         "position_step_limit_px": bool(settings.get("position_correction")),
         "noise_model": algorithm == "lsqml",
         "orthogonalize_every": (settings.get("probe_modes") or 1) > 1,
+        "slice_spacing_m": (settings.get("slices") or 1) > 1,
+        "layer_regularization": (settings.get("slices") or 1) > 1,
     }
     return {name for name in settings if needs.get(name, True)}
 

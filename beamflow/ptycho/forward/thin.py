@@ -162,14 +162,14 @@ class ThinModel:
 
     # -- position correction ----------------------------------------------------------------
     def position_gradients(self) -> Any:
-        """What :meth:`position_steps` needs of the whole object, made once per batch: the
-        object's gradient."""
-        return object_gradient(self.core.obj[0], self.core.xp)
+        """What :meth:`position_steps` needs of the whole object, made once per batch: each
+        layer's gradient."""
+        core = self.core
+        return [object_gradient(core.obj[s], core.xp) for s in range(self.layers)]
 
     def position_steps(self, w: Waves, chis: list[Any], grads: Any, c: Any) -> Any:
         """(b, 2) Gauss–Newton position steps of the chunk (:func:`..positions.position_steps`):
-        the exit wave's derivative P_j·∇O_j against its correction."""
+        each layer's exit-wave derivative ψ_s·∇O_s against its correction."""
         be = self.core.backend
-        gy, gx = grads
-        return position_steps(w.incident[0], be.patches(gy, c), be.patches(gx, c), chis[0],
-                              self.core.xp)
+        return position_steps([(w.incident[s], be.patches(gy, c), be.patches(gx, c), chis[s])
+                               for s, (gy, gx) in enumerate(grads)], self.core.xp)
