@@ -1,5 +1,5 @@
-"""Multislice geometry (beamflow.ptycho.forward.slices): spacings, the band-limited propagator between
-layers, the depth of field and the frequency that a spacing separates."""
+"""Multislice geometry (beamflow.ptycho.forward.slices): spacings, the band-limited propagator
+between layers, the depth of field and the frequency that a spacing separates."""
 
 from __future__ import annotations
 

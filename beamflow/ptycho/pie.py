@@ -12,9 +12,9 @@ for a thin sample). With S layers (3PIE: Maiden, Humphry & Rodenburg, JOSA A 29,
 layer's step would explain the same residual again; applied together, as a batch applies
 them, they overshoot S-fold and diverge. Each layer's object step is therefore its share,
 1/S of the rule's (measured on a two-layer scan 400 µm apart: the full step diverges, the
-share converges to the Poisson floor). With ``sparse`` batches (no two windows overlap) the object update is
-applied per window inside the chunk — identical to sequential PIE for the object — and needs
-no object-sized accumulator.
+share converges). With ``sparse`` batches (no two windows overlap) the
+object update is applied per window inside the chunk — identical to sequential PIE for the
+object — and needs no object-sized accumulator.
 """
 
 from __future__ import annotations

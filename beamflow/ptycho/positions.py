@@ -2,8 +2,8 @@
 
 For position j the exit wave changes with the position r_j as ∂ψ_j/∂r = P_j · ∇O_j (probe
 fixed, object window moving); with several layers, each layer's term is summed (its incident
-wave times its object's gradient, against the correction in its plane). The Gauss–Newton step that best explains the exit-wave
-correction χ_j along each axis is
+wave times its object's gradient, against the correction in its plane). The Gauss–Newton
+step that best explains the exit-wave correction χ_j along each axis is
 
     δr_j = Re Σ conj(P_j ∇O_j) · χ_j / Σ |P_j ∇O_j|²
 
