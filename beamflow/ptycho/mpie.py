@@ -101,7 +101,7 @@ class MPIE(RPIE):
     def _momentum(self, update_object: bool, update_probe: bool) -> None:
         core, p = self.core, self.params
         if update_object:
-            core.obj = _heavy_ball(core.obj, self._obj_ref, self._obj_vel, p.momentum)
+            core.obj = _heavy_ball(core.obj, self._obj_ref, self._obj_vel, p.momentum_value)
             self._obj_ref = core.obj.copy()
         if update_probe:
             core.probe = _heavy_ball(core.probe, self._probe_ref, self._probe_vel,

@@ -124,9 +124,10 @@ class ReconParams(BaseModel):
         "object with it (None: on for far-field dm, whose probe and object otherwise drift "
         "together once it reaches the noise floor; off for the others).",
     )
-    momentum: float = Field(
-        0.9, ge=0.0, lt=1.0,
-        description="mpie: the object's momentum η (friction of the heavy-ball velocity).")
+    momentum: float | None = Field(
+        None, ge=0.0, lt=1.0,
+        description="mpie: the object's momentum η (friction of the heavy-ball velocity); "
+        "None: 0.9, or 0.7 with several layers.")
     probe_momentum: float = Field(0.5, ge=0.0, lt=1.0, description="mpie: the probe's η.")
     momentum_every: int = Field(
         8, ge=1, le=1024, description="mpie: apply the momentum every N batches.")
@@ -228,6 +229,17 @@ class ReconParams(BaseModel):
         """``beta`` or the algorithm's default."""
         return float(ALGORITHM_DEFAULTS[self.algorithm]["beta"] if self.beta is None
                      else self.beta)
+
+    @property
+    def momentum_value(self) -> float:
+        """``momentum`` or its default: 0.9 (Maiden et al. 2017), 0.7 with several layers —
+        measured on a two-layer scan of 81 positions, 0.9 diverged after 20 iterations while
+        0.5–0.8 converged, and 0.7 kept a margin on three layers (tests/test_multislice.py).
+        The exchange of content between layers that the data cannot see is where a fast
+        heavy ball runs away."""
+        if self.momentum is not None:
+            return float(self.momentum)
+        return 0.9 if self.slices == 1 else 0.7
 
     @property
     def centering(self) -> bool:
