@@ -47,8 +47,8 @@ def slice_spacings(slices: int, spacing: float | Sequence[float] | str | None
         spacing = values[0] if len(values) == 1 else values
     if spacing is None:
         if gaps:
-            raise ValueError(f"{slices} slices need a slice spacing (metres): one value, "
-                             f"or {gaps} comma-separated values")
+            either = f": one value, or {gaps} comma-separated values" if gaps > 1 else ""
+            raise ValueError(f"{slices} slices need a slice spacing (metres){either}")
         return ()
     if isinstance(spacing, int | float | np.integer | np.floating):
         values = [float(spacing)] * gaps
