@@ -263,7 +263,12 @@ def run_beamflow(d: dict, alg: str, args) -> tuple[dict, np.ndarray]:
     )
     kwargs = {"alpha": args.alpha, "beta": args.beta} if alg in ("rpie", "epie") else {}
     if args.slices > 1:
-        kwargs.update(slices=args.slices, slice_spacing_m=list(d["slice_spacings_m"]))
+        from beamflow.ptycho.forward.propagation import Propagation
+
+        kwargs.update(slices=args.slices, slice_spacing_m=list(d["slice_spacings_m"]),
+                      layer_regularization=args.layer_regularization,
+                      propagation=Propagation(wavelength_m=d["wavelength_m"],
+                                              pixel_size_m=d["pixel_size_m"]))
     params = ReconParams(
         algorithm=alg, iterations=args.iterations, batch_size=args.batch, seed=args.seed, **kwargs
     )
@@ -335,6 +340,8 @@ def main() -> None:
                     help="metres between the layers: one value or S−1 comma-separated")
     ap.add_argument("--multislice-regularization", type=float, default=0.0, metavar="W",
                     help="Pty-Chi's depth regulariser weight for thick samples (0: off)")
+    ap.add_argument("--layer-regularization", type=float, default=0.0, metavar="B",
+                    help="beamflow's depth regulariser strength for thick samples (0: off)")
     ap.add_argument("--guess-nrmse", type=float, default=0.6)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
