@@ -89,9 +89,10 @@ def beamflow_commands(path: Path) -> list[list[str]]:
                 if token not in SEPARATORS:
                     segment.append(token)
                     continue
-                while segment and ENV_ASSIGNMENT.match(segment[0]):
+                while segment and (ENV_ASSIGNMENT.match(segment[0]) or segment[0] == "sudo"):
                     segment.pop(0)
-                if segment and Path(segment[0]).name == "beamflow":
+                # beamflow-as-agent (deploy/systemd) runs a beamflow command as the agent.
+                if segment and Path(segment[0]).name in ("beamflow", "beamflow-as-agent"):
                     commands.append(segment[1:])
                 segment = []
     return commands

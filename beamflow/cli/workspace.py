@@ -23,7 +23,8 @@ def init(
     force: Annotated[bool, typer.Option(help="Overwrite an existing beamflow.toml.")] = False,
     config: ConfigOption = None,
 ) -> None:
-    """Create a workspace: beamflow.toml, beamline/{detector,previews}, hpc/, state/."""
+    """Create a workspace: beamflow.toml, beamline/{detector,previews}, hpc/, state/ (mode
+    0700: tokens and the run store live there)."""
     if backend not in ("local", "globus"):
         fail(f"--backend must be 'local' or 'globus', not {backend!r}", code=2)
     target = directory / CONFIG_NAME
@@ -31,6 +32,9 @@ def init(
         fail(f"{target} exists already (use --force to overwrite)")
     for sub in ("beamline/detector", "beamline/previews", "hpc", "state"):
         (directory / sub).mkdir(parents=True, exist_ok=True)
+    # The state directory holds the Globus tokens and the run store: its owner's alone
+    # (mkdir's mode would be filtered by the umask; an existing one is tightened too).
+    (directory / "state").chmod(0o700)
     text = local_workspace_toml() if backend == "local" else globus_workspace_toml()
     target.write_text(text)
     if backend == "local":
