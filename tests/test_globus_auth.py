@@ -14,6 +14,7 @@ import urllib.parse
 
 import globus_sdk
 import pytest
+import responses
 from globus_sdk.testing import get_last_request, load_response
 from globus_sdk.token_storage import TokenStorageData
 from globus_sdk.token_storage.validating_token_storage import ExpiredTokenError
@@ -212,28 +213,23 @@ def test_login_asks_consent_for_every_service_and_the_flows_data_access(workspac
 
 
 def test_login_as_a_service_client_stores_tokens(workspace, monkeypatch):
+    from globus_testkit import AuthKeys, client_grant, consents
+
     monkeypatch.setenv("BEAMFLOW_GLOBUS__CLIENT_SECRET", "s3cret")
     settings = make_settings(workspace)
     required = scope_requirements(settings)
-    tokens = [
-        {
-            "resource_server": rs,
-            "scope": " ".join(s.scope_string for s in scopes),
-            "access_token": f"cc-{rs}",
-            "expires_in": 172800,
-            "token_type": "Bearer",
-        }
-        for rs, scopes in required.items()
-    ]
-    register("auth", "/v2/oauth2/token", {**tokens[0], "other_tokens": tokens[1:]}, method="POST")
+    client_grant(AuthKeys(), required)
+    consents(CLIENT_ID, [s for scopes in required.values() for s in scopes])
     result = cli("login")
     assert result.exit_code == 0, result.output
-    sent = urllib.parse.parse_qs(get_last_request().body)
+    (grant,) = [c.request for c in responses.calls if c.request.url.endswith("/oauth2/token")]
+    sent = urllib.parse.parse_qs(grant.body)
     assert sent["grant_type"] == ["client_credentials"]
     assert "transfer.api.globus.org:all" in sent["scope"][0]
     assert _mode(settings.token_path) == 0o600
     with GlobusAuth(settings, network=NO_RETRY) as auth:
         assert {t.resource_server for t in auth.tokens()} == set(required)
+        assert {t.identity_id for t in auth.tokens()} == {CLIENT_ID}  # from the id_token
 
 
 def test_logout_revokes_and_removes_tokens(workspace, mocked):

@@ -24,13 +24,14 @@ from beamflow.globus import compute, transfer
 from beamflow.globus import flows as gflows
 from beamflow.globus import identity_mapping as idmap
 from beamflow.globus.auth import (
+    CLIENT_DOMAIN,
     INTERACTIVE,
     GlobusAuth,
     NetworkPolicy,
     data_access_collections,
     expiry_warnings,
 )
-from beamflow.globus.errors import LoginRequired
+from beamflow.globus.errors import ClientSecretRejected, LoginRequired, globus_errors
 from beamflow.probe import Check
 
 
@@ -203,14 +204,8 @@ def _network_fix(exc: BackendError) -> str:
 
 def _login_checks(auth: GlobusAuth, checks: list[Check]) -> bool:
     if auth.is_service:
-        checks.append(
-            Check(
-                name="login",
-                outcome="ok",
-                detail="confidential client: tokens come from the client secret",
-            )
-        )
-        return True
+        checks.append(_client_login(auth))
+        return checks[-1].outcome != "fail"
     tokens = auth.tokens()
     if not tokens:
         checks.append(
@@ -255,6 +250,37 @@ def _login_checks(auth: GlobusAuth, checks: list[Check]) -> bool:
         )
     )
     return True
+
+
+def _client_login(auth: GlobusAuth) -> Check:
+    """The agent's confidential client: the client-credentials grant, then the consents
+    Globus Auth holds for the client identity (each flow's Transfer data access)."""
+    who = f"{auth.client_id}@{CLIENT_DOMAIN}"
+    try:
+        with globus_errors("get the agent's tokens (client-credentials grant)"):
+            auth.app.login(force=True)
+        missing = auth.consent_gaps()
+    except ClientSecretRejected as exc:
+        return Check(name="login", outcome="fail", detail=str(exc), fix=ROTATION_FIX)
+    except BackendError as exc:
+        return Check(name="login", outcome="fail", detail=str(exc), fix=_network_fix(exc))
+    if missing:
+        return Check(name="login", outcome="fail", detail=auth.consent_gap_text(missing),
+                     fix="an admin's task (logging in cannot help a client): see the detail; "
+                     "docs/deployment.md, \"The agent's identity\"")  # fmt: skip
+    trees = sum(1 for scopes in auth.app.scope_requirements.values() for s in scopes
+                if s.dependencies)  # fmt: skip
+    return Check(name="login", outcome="ok",
+                 detail=f"confidential client {who}: tokens from the client secret; Auth "
+                 f"holds its consents to all {trees} scope(s) with dependencies")  # fmt: skip
+
+
+ROTATION_FIX = (
+    "add a second secret to the client (app.globus.org/settings/developers), put it into "
+    "/etc/beamflow/agent.env, restart beamflow-agent and beamflow-status, check with "
+    "`sudo beamflow-as-agent doctor`, then delete the old secret (docs/deployment.md, "
+    "\"Rotating the client secret\")"
+)
 
 
 def _identity(auth: GlobusAuth) -> Check:
