@@ -43,6 +43,8 @@ class RegistrationResult(BaseModel):
     action: Literal["created", "updated", "unchanged"]
     id: str | None = None
     checksum: str
+    # Who may do what with it, where the backend has roles (Globus Flows), by role name.
+    roles: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class Progress(BaseModel):

@@ -26,7 +26,7 @@ import types
 import typing
 import uuid
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -122,8 +122,23 @@ class Compute(_Section):
     )  # fmt: skip
 
 
+# A Globus principal as Flows roles take it: an identity or a group, by URN.
+PRINCIPAL_PATTERN = (
+    r"^urn:globus:(auth:identity|groups:id):[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$"
+)
+Principal = Annotated[str, Field(pattern=PRINCIPAL_PATTERN)]
+
+
+def _uuid_or_empty(value: str) -> str:
+    if value and not is_uuid(value):
+        raise ValueError(f"not a UUID: {value!r}")
+    return value
+
+
 class Globus(_Section):
-    """Globus ids; registered function and flow ids live in the state directory, not here."""
+    """Globus ids; registered function and flow ids live in the state directory, not here.
+    The roles: who may start, view and administer the flows, and who may see and cancel the
+    runs (principals are ``urn:globus:auth:identity:<id>`` or ``urn:globus:groups:id:<id>``)."""
 
     client_id: str = Field(default="", description="Globus Auth app (native or confidential)")
     client_secret: SecretStr | None = Field(
@@ -137,6 +152,24 @@ class Globus(_Section):
         description="mapped collections that need a data_access consent (default: the "
         "beamline and HPC collections; [] when both are guest collections)",
     )
+    agent_client_id: str = Field(
+        default="", description="the agent's confidential client: may start the flows "
+        "(default: client_id, when a client secret is configured)")
+    staff_group: str = Field(
+        default="", description="Globus group (UUID) of beamline staff: may start and view "
+        "the flows, and see and cancel every run")
+    flow_administrators: list[Principal] = Field(
+        default_factory=list, description="may edit and delete the flows, besides their owner")
+    flow_starters: list[Principal] = Field(
+        default_factory=list, description="may start the flows, besides the agent and staff")
+    flow_viewers: list[Principal] = Field(
+        default_factory=list, description="may see the flows, besides the starters")
+    run_managers: list[Principal] = Field(
+        default_factory=list, description="may cancel the runs, besides the staff group")
+    run_monitors: list[Principal] = Field(
+        default_factory=list, description="may see the runs, besides the staff group")
+
+    _ids = field_validator("agent_client_id", "staff_group")(_uuid_or_empty)
 
 
 #: The engine's settings a user sets, under the engine's own names and limits: every field of

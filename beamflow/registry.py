@@ -317,12 +317,15 @@ def register_shipped(
     exists: Callable[[str], bool] | None = None,
     dry_run: bool = False,
     names: Iterable[str] | None = None,
+    checksum: Callable[[str], str] | None = None,
 ) -> list[RegistrationResult]:
-    """:meth:`Registry.ensure` for every shipped function or flow (``kind``), or ``names``."""
+    """:meth:`Registry.ensure` for every shipped function or flow (``kind``), or ``names``;
+    ``checksum(name)`` replaces the content checksum where more decides (a flow's roles)."""
     _check_kind(kind)
-    checksum, shipped = (
+    content, shipped = (
         (function_checksum, function_names) if kind == "function" else (flow_checksum, flow_names)
     )
+    checksum = checksum or content
     return [
         registry.ensure(
             kind, name, checksum(name), create=create, update=update, exists=exists,

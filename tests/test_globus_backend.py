@@ -14,7 +14,7 @@ from responses.matchers import query_param_matcher
 
 import flows
 from beamflow.globus.auth import flow_run_scope
-from beamflow.globus.backend import GlobusBackend
+from beamflow.globus.backend import GlobusBackend, deployed_flow_checksum
 from beamflow.globus.errors import LoginRequired
 from beamflow.globus.flows import run_status, steps_from_logs
 from beamflow.globus.transfer import transfer_states
@@ -75,9 +75,8 @@ def test_flow_registration_unchanged_then_updated_on_content_change(settings, mo
     store_tokens(settings)
     reg = registry(settings)
     for name in flows.flow_names():
-        reg.record(
-            "flow", name, FLOW_ID if name == FLOW else f"{FLOW_ID[:-1]}0", flow_checksum(name)
-        )
+        reg.record("flow", name, FLOW_ID if name == FLOW else f"{FLOW_ID[:-1]}0",
+                   deployed_flow_checksum(settings, name))  # fmt: skip
     for fid in (FLOW_ID, f"{FLOW_ID[:-1]}0"):
         register("flows", f"/flows/{fid}", {"id": fid})
     with backend_for(settings) as backend:
@@ -91,7 +90,7 @@ def test_flow_registration_unchanged_then_updated_on_content_change(settings, mo
     (put,) = bodies(mocked, "PUT", f"/flows/{FLOW_ID}")
     assert put["definition"] == flows.load_definition(FLOW)
     assert put["input_schema"] == flows.load_schema(FLOW)
-    assert reg.get("flow", FLOW).checksum == flow_checksum(FLOW)
+    assert reg.get("flow", FLOW).checksum == deployed_flow_checksum(settings, FLOW)
 
 
 def test_flow_deleted_on_the_service_is_created_again(settings):
@@ -100,7 +99,7 @@ def test_flow_deleted_on_the_service_is_created_again(settings):
     gone = "99999999-9999-4999-8999-999999999999"
     for i, name in enumerate(flows.flow_names()):
         fid = gone if name == FLOW else f"{FLOW_ID[:-1]}{i}"
-        reg.record("flow", name, fid, flow_checksum(name))
+        reg.record("flow", name, fid, deployed_flow_checksum(settings, name))
         if name != FLOW:
             register("flows", f"/flows/{fid}", {"id": fid})
     register("flows", f"/flows/{gone}", {"error": {"code": "NOT_FOUND"}}, status=404)

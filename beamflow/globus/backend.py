@@ -8,6 +8,8 @@ state of the flow's Transfer tasks attached to the transfer steps.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +31,7 @@ from beamflow.globus.auth import (
     registered_flow_ids,
 )
 from beamflow.globus.errors import globus_errors
+from beamflow.globus.roles import agent_client_id, flow_roles, run_roles
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,13 @@ def refusal(name: str, check: gflows.ServiceValidation) -> str:
     return f"flows/{name}.json: Globus Flows refuses the definition:\n  {reasons}"
 
 BACKEND_NAME = "globus"
+
+
+def deployed_flow_checksum(settings: Settings, name: str) -> str:
+    """What decides whether a flow on Globus is up to date: its content (definition and
+    schema) and its roles, so a role changed in beamflow.toml updates the flow."""
+    roles = json.dumps(flow_roles(settings).model_dump(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{reg.flow_checksum(name)}\0{roles}".encode()).hexdigest()
 
 
 class GlobusBackend:
@@ -137,9 +147,14 @@ class GlobusBackend:
                 raise BackendError(refusal(name, check), step="register")
             return client
 
+        roles = flow_roles(self.settings)
+        if agent_client_id(self.settings) is None:
+            log.warning("no agent client among the flows' starters (globus.agent_client_id is "
+                        "not set): the agent will not be able to start these flows")
+
         def create(name: str) -> str:
             flow_id = gflows.create_flow(accepted(name), name, flow_files.load_definition(name),
-                                         flow_files.load_schema(name))  # fmt: skip
+                                         flow_files.load_schema(name), roles)  # fmt: skip
             self.auth.add_flow(flow_id)
             return flow_id
 
@@ -150,13 +165,18 @@ class GlobusBackend:
                 name,
                 flow_files.load_definition(name),
                 flow_files.load_schema(name),
+                roles,
             )
 
         def exists(flow_id: str) -> bool:
             assert client is not None
             return gflows.flow_exists(client, flow_id)
 
-        return self._register("flow", create, update, exists, dry_run)
+        def checksum(name: str) -> str:
+            return deployed_flow_checksum(self.settings, name)
+
+        results = self._register("flow", create, update, exists, dry_run, checksum=checksum)
+        return [r.model_copy(update={"roles": roles.model_dump()}) for r in results]
 
     def _register(
         self,
@@ -165,13 +185,14 @@ class GlobusBackend:
         update: Callable[[str, str], str | None],
         exists: Callable[[str], bool],
         dry_run: bool,
+        checksum: Callable[[str], str] | None = None,
     ) -> list[RegistrationResult]:
         """The shared registry's decision for every shipped ``kind``, with this service's
         calls; a dry run asks the service nothing (not even whether the items still exist)."""
         try:
             return reg.register_shipped(
                 self.registry, kind, create=create, update=update,
-                exists=None if dry_run else exists, dry_run=dry_run,
+                exists=None if dry_run else exists, dry_run=dry_run, checksum=checksum,
             )  # fmt: skip
         except reg.RegistryError as exc:
             raise BackendError(str(exc), step="register") from None
@@ -193,7 +214,8 @@ class GlobusBackend:
     def start_run(self, flow: str, body: dict[str, Any], *, label: str, tags: list[str]) -> str:
         flow_id = self.flow_id(flow)
         self._require_login()
-        return gflows.start_run(self._flow_client(flow_id), body, label=label, tags=tags)
+        return gflows.start_run(self._flow_client(flow_id), body, label=label, tags=tags,
+                                roles=run_roles(self.settings))  # fmt: skip
 
     def get_run(self, backend_run_id: str) -> FlowRunInfo:
         if not self._checked_login:

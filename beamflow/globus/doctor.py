@@ -28,10 +28,12 @@ from beamflow.globus.auth import (
     INTERACTIVE,
     GlobusAuth,
     NetworkPolicy,
+    client_identity_urn,
     data_access_collections,
     expiry_warnings,
 )
 from beamflow.globus.errors import ClientSecretRejected, LoginRequired, globus_errors
+from beamflow.globus.roles import agent_client_id
 from beamflow.probe import Check
 
 
@@ -372,10 +374,42 @@ def _registered_checks(
                 continue
 
             def on_service(label: str = label, fid: str = entry.id, exists=exists,  # noqa: ANN001
-                           words: _Words = words) -> Check:  # fmt: skip
+                           words: _Words = words, kind: str = kind) -> Check:  # fmt: skip
+                if kind == "flow":
+                    return _flow_on_service(auth, flows_client, label, fid)
                 if exists(fid):
                     return Check(name=label, outcome="ok", detail=words.present.format(id=fid))
                 return Check(name=label, outcome="fail", detail=words.gone.format(id=fid),
                              fix=words.fix)  # fmt: skip
 
             network_check(label, on_service)
+
+
+def _flow_on_service(
+    auth: GlobusAuth, client: globus_sdk.FlowsClient, label: str, flow_id: str
+) -> Check:
+    """A deployed flow: still on the service, and startable by the agent's client."""
+    words = _REGISTERED["flow"]
+    doc = gflows.deployed_flow(client, flow_id)
+    if doc is None:
+        return Check(name=label, outcome="fail", detail=words.gone.format(id=flow_id),
+                     fix=words.fix)  # fmt: skip
+    present = words.present.format(id=flow_id)
+    agent = agent_client_id(auth.settings)
+    if agent is None:
+        return Check(
+            name=label, outcome="warn",
+            detail=f"{present}; no agent client is known, so none is among its starters",
+            fix="set globus.agent_client_id to the agent's confidential client id, then "
+            "`beamflow register flows --backend globus`",
+        )  # fmt: skip
+    starters = doc.get("flow_starters")
+    if isinstance(starters, list) and client_identity_urn(agent) not in starters:
+        return Check(
+            name=label, outcome="fail",
+            detail=f"{present}, but the agent's client {agent} may not start it (its "
+            f"starters: {', '.join(starters) or 'none but the owner'})",
+            fix="`beamflow register flows --backend globus` (it sets the starters from "
+            "[globus]); `--dry-run` first shows them",
+        )  # fmt: skip
+    return Check(name=label, outcome="ok", detail=f"{present}; the agent's client may start it")
