@@ -312,6 +312,7 @@ class Status(_Section):
 # (deploy/compute-endpoint/*/user_config_schema.json), so the endpoint never refuses them.
 _SCHEDULER_NAME = r"^[A-Za-z0-9_.+-]{1,64}$"
 _WALLTIME = r"^([0-9]{1,2}-)?[0-9]{1,3}:[0-5][0-9]:[0-5][0-9]$"
+_ACCOUNT = r"^[a-z_][a-z0-9_.-]{0,31}\$?$"  # a POSIX user name
 
 
 class RunResources(_Section):
@@ -325,6 +326,8 @@ class RunResources(_Section):
     qos: str | None = Field(default=None, pattern=_SCHEDULER_NAME)
     queue: str | None = Field(default=None, pattern=_SCHEDULER_NAME)
     walltime: str | None = Field(default=None, pattern=_WALLTIME, description="[D-]HH:MM:SS")
+    gpus_per_node: int | None = Field(
+        default=None, ge=1, le=16, description="GPUs per node (the cluster templates)")
 
     def endpoint_config(self) -> dict[str, str]:
         return self.model_dump(exclude_none=True)
@@ -340,8 +343,27 @@ class Cluster(_Section):
         "that the confidential client's identity is mapped)",
     )
     service_account: str | None = Field(
-        default=None, description="the local account the client identity should map to"
+        default=None, pattern=_ACCOUNT,
+        description="the local account the client identity should map to",
     )
+    people_domain: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}$",
+        description="render-endpoint: people <user>@<domain> run as their own account "
+        "(unset: only the agent is mapped)",
+    )
+    worker_env: str | None = Field(
+        default=None, pattern=r"^(/|\$HOME/)[A-Za-z0-9_.+/-]{1,4095}$",
+        description="render-endpoint: the environment with beamflow that the workers "
+        "activate, as the compute nodes see it",
+    )
+    module_paths: list[Annotated[str, Field(pattern=r"^/[A-Za-z0-9_.+/-]{1,4095}$")]] = Field(
+        default_factory=list, description="render-endpoint: `module use` directories")
+    modules: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+/-]{1,255}$")]] = Field(
+        default_factory=list,
+        description="render-endpoint: modules the workers load (a failed load fails the job)")
+    endpoint_dir: Path | None = Field(
+        default=None, description="a readable copy of the endpoint's files as "
+        "`beamflow render-endpoint` wrote them (doctor checks them)")
     preview: RunResources = Field(
         default_factory=RunResources, description="progressive runs (part of a scan)"
     )
@@ -394,6 +416,15 @@ class Settings(BaseSettings):
     @property
     def token_path(self) -> Path:
         return self.globus.token_storage or self.state_dir / "tokens.db"
+
+
+def agent_client_id(settings: Settings) -> str | None:
+    """The agent's confidential client: ``globus.agent_client_id``, else this configuration's
+    own client when it has a secret (then it is the agent's)."""
+    g = settings.globus
+    if g.agent_client_id:
+        return g.agent_client_id
+    return g.client_id if g.client_secret and is_uuid(g.client_id) else None
 
 
 def find_config(explicit: Path | None = None) -> Path | None:

@@ -1,6 +1,6 @@
 """The `beamflow` command line: one module per command group, on :mod:`beamflow.cli.common`.
 
-    workspace     init, simulate
+    workspace     init, simulate, render-endpoint
     reconstruct   reconstruct, previews (this machine, no flow)
     services      agent, serve, demo
     globus        login, logout, whoami, doctor (the Globus account)
@@ -56,6 +56,7 @@ def _main(
 # In this order in `beamflow --help`: the commands, then the groups.
 app.command()(workspace.init)
 app.command()(workspace.simulate)
+app.command("render-endpoint")(workspace.render_endpoint)
 app.command()(reconstruct.reconstruct)
 app.command()(reconstruct.previews)
 app.command()(services.agent)

@@ -51,6 +51,34 @@ def init(
         )
 
 
+def render_endpoint(
+    source: Annotated[Path, typer.Argument(
+        help="The kind's shipped files: deploy/compute-endpoint/slurm-gpu, pbspro-gpu or "
+        "workstation.", file_okay=False)],
+    out: Annotated[Path, typer.Argument(help="Directory to write the site's files into.",
+                                        file_okay=False)],
+    force: Annotated[bool, typer.Option(help="Overwrite files already in OUT.")] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Write the Compute endpoint's files with this site's values from beamflow.toml: the
+    template's defaults ([cluster] worker_env, modules; [cluster.final]) and the identity
+    mapping (the agent's client runs as cluster.service_account). Then configure the
+    endpoint from OUT, and point cluster.endpoint_dir at a copy for `beamflow doctor`."""
+    from beamflow.endpoint_files import RenderError
+    from beamflow.endpoint_files import render_endpoint as render
+
+    settings = settings_from(config)
+    try:
+        rendered = render(settings, source, out, force=force)
+    except (RenderError, OSError) as exc:
+        fail(str(exc))
+    for path in rendered.written:
+        console.print(f"[green]wrote[/] {path}", highlight=False)
+    for whom, command in rendered.configure:
+        console.print(f"next, on the endpoint's host, {whom}:")
+        console.print(f"  {command}", highlight=False, soft_wrap=True)
+
+
 def simulate(
     out_dir: Annotated[
         Path | None,

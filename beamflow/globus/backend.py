@@ -19,7 +19,7 @@ import globus_sdk
 import flows as flow_files
 from beamflow import registry as reg
 from beamflow.backend import BackendError, FlowRunInfo, RegistrationResult
-from beamflow.config import Settings
+from beamflow.config import Settings, agent_client_id
 from beamflow.globus import compute, transfer
 from beamflow.globus import flows as gflows
 from beamflow.globus.auth import (
@@ -31,7 +31,7 @@ from beamflow.globus.auth import (
     registered_flow_ids,
 )
 from beamflow.globus.errors import globus_errors
-from beamflow.globus.roles import agent_client_id, flow_roles, run_roles
+from beamflow.globus.roles import flow_roles, run_roles
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from beamflow.config import Settings, is_uuid
+from beamflow.config import Settings, agent_client_id
 from beamflow.globus.auth import client_identity_urn
 
 
@@ -39,17 +39,6 @@ class RunRoles(BaseModel):
 
     run_managers: list[str]
     run_monitors: list[str]
-
-
-def agent_client_id(settings: Settings) -> str | None:
-    """The agent's confidential client: ``globus.agent_client_id``, else this configuration's
-    own client when it has a secret (it is the agent's)."""
-    g = settings.globus
-    if g.agent_client_id:
-        return g.agent_client_id
-    if g.client_secret and is_uuid(g.client_id):
-        return g.client_id
-    return None
 
 
 def _unique(*groups: list[str]) -> list[str]:
