@@ -38,7 +38,7 @@ class BackendError(Exception):
 class RegistrationResult(BaseModel):
     """What `register` did (or would do, with --dry-run) for one function or flow."""
 
-    kind: Literal["function", "flow"]
+    kind: Literal["function", "flow", "timer"]
     name: str
     action: Literal["created", "updated", "unchanged"]
     id: str | None = None

@@ -372,6 +372,37 @@ class Cluster(_Section):
     )
 
 
+# Days a kind of file stays, or "never" (kept for ever).
+RetentionDays = Annotated[int, Field(ge=1, le=3650)] | Literal["never"]
+
+
+class Retention(_Section):
+    """How long each kind of file stays once its scan's runs have ended. The agent applies
+    it every ``every_hours`` (the local backend), a Globus Timer does on Globus; `beamflow
+    cleanup` applies it now. Products and run records always stay."""
+
+    raw_days: RetentionDays = Field(
+        default=7, description="cluster copies of raw frames (hpc.scratch_dir/<scan>/raw/) of "
+        "scans untouched this long")
+    checkpoint_days: RetentionDays = Field(
+        default=14, description="checkpoints (hpc.scratch_dir/<scan>/checkpoints/) of scans "
+        "untouched this long; a later run of such a scan starts from iteration 0")
+    preview_days: RetentionDays = Field(
+        default="never", description="beamline previews (preview_dir/<run>/previews/) of runs "
+        "finished this long ago; the product stays")
+    every_hours: float = Field(default=24.0, gt=0, le=24 * 30,
+                               description="how often retention is applied")
+
+    def days(self, older_than: float | None = None) -> dict[str, float | None]:
+        """Days per kind (None: kept for ever); ``older_than`` replaces every number."""
+        out: dict[str, float | None] = {}
+        for kind, value in (("raw", self.raw_days), ("checkpoints", self.checkpoint_days),
+                            ("previews", self.preview_days)):  # fmt: skip
+            out[kind] = None if value == "never" else (
+                float(value) if older_than is None else older_than)  # fmt: skip
+        return out
+
+
 class Settings(BaseSettings):
     """Everything beamflow is configured with. Load it with :func:`load_config`."""
 
@@ -389,6 +420,7 @@ class Settings(BaseSettings):
     agent: Agent = Field(default_factory=Agent)
     status: Status = Field(default_factory=Status)
     cluster: Cluster = Field(default_factory=Cluster)
+    retention: Retention = Field(default_factory=Retention)
 
     # Where the settings came from; not a setting.
     source: Path | None = Field(default=None, exclude=True)

@@ -55,9 +55,10 @@ from beamflow import __version__
 from beamflow.atomic import atomic_write_json
 from beamflow.backend import RegistrationResult
 
-Kind = Literal["function", "flow"]
+# A timer (Globus Timers) runs a registered flow on a schedule: the retention flow's.
+Kind = Literal["function", "flow", "timer"]
 Action = Literal["created", "updated", "unchanged"]
-KINDS: tuple[Kind, ...] = ("function", "flow")
+KINDS: tuple[Kind, ...] = ("function", "flow", "timer")
 REGISTRY_VERSION = 1
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -285,7 +285,13 @@ def test_doctor_unfilled_ids_name_the_keys(tmp_path, monkeypatch):
 
 
 def test_doctor_all_good(workspace):
-    from beamflow.registry import Registry, flow_checksum, flow_names, function_checksum
+    from beamflow.registry import (
+        Registry,
+        flow_checksum,
+        flow_names,
+        function_checksum,
+        function_names,
+    )
 
     settings = make_settings(workspace)
     registry = Registry(settings.registry_path, "globus")
@@ -294,7 +300,8 @@ def test_doctor_all_good(workspace):
         flow_ids[name] = f"00000000-0000-4000-8000-00000000000{i}"
         registry.record("flow", name, flow_ids[name], flow_checksum(name))
     function_id = "11111111-1111-4111-8111-111111111111"
-    registry.record("function", "reconstruct", function_id, function_checksum("reconstruct"))
+    for name in function_names():
+        registry.record("function", name, function_id, function_checksum(name))
     store_tokens(settings, flow_ids=tuple(flow_ids.values()))
     userinfo()
     for coll in (BEAMLINE, HPC):
@@ -324,3 +331,5 @@ def test_doctor_all_good(workspace):
     assert result.exit_code == 0, result.output
     assert "online, 8 workers" in result.output
     assert "FAIL" not in result.output
+    # A person's configuration names no agent client: the flows are fine, but said so.
+    assert "no agent client is known" in result.output

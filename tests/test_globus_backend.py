@@ -123,18 +123,20 @@ def test_function_registered_on_source_change_only(settings, mocked):
     store_tokens(settings)
     meta = load_response(globus_sdk.ComputeClientV3.register_function).metadata
     with backend_for(settings) as backend:
-        (first,) = backend.register_functions()
-        assert first.action == "created" and first.id == meta["function_id"]
-        (sent,) = bodies(mocked, "POST", "/v3/functions")
-        assert sent["function_name"] == "reconstruct"
-        register("compute", f"/v2/functions/{first.id}", {"function_uuid": first.id})
-        (again,) = backend.register_functions()
-        assert again.action == "unchanged"
-        assert len(bodies(mocked, "POST", "/v3/functions")) == 1
-        registry(settings).record("function", "reconstruct", first.id, "older source")
-        (changed,) = backend.register_functions()
-    assert changed.action == "updated"
-    assert len(bodies(mocked, "POST", "/v3/functions")) == 2
+        first = {r.name: r for r in backend.register_functions()}
+        assert first["reconstruct"].action == "created"
+        assert first["reconstruct"].id == meta["function_id"]
+        sent = bodies(mocked, "POST", "/v3/functions")
+        assert sorted(s["function_name"] for s in sent) == ["cleanup", "reconstruct"]
+        fid = first["reconstruct"].id
+        register("compute", f"/v2/functions/{fid}", {"function_uuid": fid})
+        assert {r.action for r in backend.register_functions()} == {"unchanged"}
+        assert len(bodies(mocked, "POST", "/v3/functions")) == 2
+        registry(settings).record("function", "reconstruct", fid, "older source")
+        changed = {r.name: r for r in backend.register_functions()}
+    assert changed["reconstruct"].action == "updated"
+    assert changed["cleanup"].action == "unchanged"
+    assert len(bodies(mocked, "POST", "/v3/functions")) == 3
     assert registry(settings).get("function", "reconstruct").checksum == function_checksum(
         "reconstruct"
     )
@@ -147,12 +149,16 @@ def test_registered_function_is_rebuilt_from_source_as_the_endpoint_does(setting
     load_response(globus_sdk.ComputeClientV3.register_function)
     with backend_for(settings) as backend:
         backend.register_functions()
-    (sent,) = bodies(mocked, "POST", "/v3/functions")
+    sent = {b["function_name"]: b for b in bodies(mocked, "POST", "/v3/functions")}
     serde = ComputeSerializer()
-    (buffer,) = serde.unpack_buffers(sent["function_code"])
+    (buffer,) = serde.unpack_buffers(sent["reconstruct"]["function_code"])
     assert buffer.startswith("st\n")  # source text, not a pickled reference to functions/
     function = serde.deserialize(buffer)  # exec of the source in an empty namespace
     assert callable(function) and function.__name__ == "reconstruct"
+    (buffer,) = serde.unpack_buffers(sent["cleanup"]["function_code"])
+    cleanup = serde.deserialize(buffer)  # the retention flow's function, likewise
+    report = cleanup(roots=[str(settings.hpc.scratch_dir)], raw_days=1, dry_run=True)
+    assert report["items"] == [] and report["dry_run"] is True
     with pytest.raises(ValueError, match="not a directory"):  # it runs, and checks its input
         function(scan="/x", output_dir="/x", allowed_roots=["/nonexistent-root"])
 

@@ -30,7 +30,7 @@ from beamflow.globus.auth import (
     data_access_collections,
     registered_flow_ids,
 )
-from beamflow.globus.errors import globus_errors
+from beamflow.globus.errors import exists_on_service, globus_errors
 from beamflow.globus.roles import flow_roles, run_roles
 
 log = logging.getLogger(__name__)
@@ -273,6 +273,68 @@ class GlobusBackend:
             raise BackendError("compute.endpoint_id is not set in beamflow.toml", step="compute")
         return compute.run_direct(self.auth, endpoint, function_id, kwargs, timeout=timeout,
                                   user_endpoint_config=user_endpoint_config)  # fmt: skip
+
+    # -- timers --------------------------------------------------------------------------
+    def ensure_timer(self, flow: str, body: dict[str, Any], *, every_seconds: int,
+                     name: str) -> RegistrationResult:  # fmt: skip
+        """A Globus Timer that runs the registered ``flow`` with ``body`` every
+        ``every_seconds``, as this identity (the agent: its client). Recorded in the registry
+        under ``name``; made again when the flow, body or interval changed, or the timer is
+        gone from the service; the one it replaces is deleted."""
+        self._require_login()
+        flow_id = self.flow_id(flow)
+        request = {"flow_id": flow_id, "body": body, "every_seconds": every_seconds,
+                   "run_roles": run_roles(self.settings).model_dump()}  # fmt: skip
+        checksum = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+        timers = self.auth.client(globus_sdk.TimersClient)
+        timers.add_app_flow_user_scope(flow_id)  # the Timer starts the flow for us
+
+        def create(_name: str) -> str:
+            timer = globus_sdk.FlowTimer(
+                flow_id=flow_id, name=f"beamflow {name}",
+                schedule=globus_sdk.RecurringTimerSchedule(every_seconds),
+                body={"body": body, "label": f"beamflow {name}",
+                      "tags": ["beamflow", name], **run_roles(self.settings).model_dump()},
+            )  # fmt: skip
+            with globus_errors(f"create the Globus Timer {name!r}", step="register"):
+                made = timers.create_timer(timer)
+            return str(made["timer"]["job_id"])
+
+        def update(_name: str, old_id: str) -> str:
+            new_id = create(_name)
+            with globus_errors(f"delete the Globus Timer {old_id} it replaces"):
+                try:
+                    timers.delete_job(old_id)
+                except globus_sdk.GlobusAPIError as exc:
+                    if exc.http_status != 404:
+                        raise
+            return new_id
+
+        def exists(timer_id: str) -> bool:
+            return exists_on_service(f"look up Globus Timer {timer_id}",
+                                     lambda: timers.get_job(timer_id))  # fmt: skip
+
+        try:
+            return self.registry.ensure("timer", name, checksum, create=create, update=update,
+                                        exists=exists)  # fmt: skip
+        except reg.RegistryError as exc:
+            raise BackendError(str(exc), step="register") from None
+
+    def finished_runs(self, flow: str, *, after: str | None = None) -> list[FlowRunInfo]:
+        """The ended runs of the registered ``flow`` (a Timer's), oldest first, those
+        started after the run ``after`` only (the last one already read)."""
+        self._require_login()
+        flow_id = self.flow_id(flow)
+        found: list[dict[str, Any]] = []
+        with globus_errors(f"list the runs of flow {flow_id}"):
+            for page in self.flows_client.paginated.list_runs(filter_flow_id=flow_id):
+                found.extend(page["runs"])
+        found.sort(key=lambda r: str(r.get("start_time") or ""))
+        if after is not None:
+            ids = [str(r.get("run_id")) for r in found]
+            found = found[ids.index(after) + 1:] if after in ids else found
+        return [self.get_run(str(r["run_id"])) for r in found
+                if gflows.run_status(str(r.get("status", ""))).finished]
 
     def close(self) -> None:
         self.auth.close()
