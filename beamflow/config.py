@@ -713,6 +713,11 @@ port = 8765
 # Off loopback every page, preview, API call and download needs the token;
 # public_viewing = true lets anyone who reaches the page view (actions still need it).
 # public_viewing = false
+
+[retention]                            # days files stay once their scan is untouched
+raw_days = 7                           # hpc/<scan>/raw/: the copies of the raw frames
+checkpoint_days = 14                   # hpc/<scan>/checkpoints/
+preview_days = "never"                 # beamline/previews/<run>/previews/ (products stay)
 """
 
 
@@ -729,6 +734,9 @@ state_dir = "state"
 client_id = "FILL: Globus Auth app client id (app registered at app.globus.org)"
 # client_secret: never in this file for shared machines; use BEAMFLOW_GLOBUS__CLIENT_SECRET
 # for the unattended agent (a confidential client / service account).
+# agent_client_id = "..."              # the agent's confidential client: starts the flows
+# staff_group = "..."                  # Globus group of beamline staff: start the flows,
+#                                      # see and cancel every run (docs/deployment.md §6)
 # data_access_collections = []        # mapped collections needing data_access consent;
 #                                      # default both collection ids, [] for guest collections
 
@@ -765,13 +773,23 @@ port = 8765
 # needs it too unless public_viewing = true (unpublished data: think twice)
 
 [cluster]
-# identity_mapping = "/srv/beamflow/identity_mapping.json"  # a copy of the endpoint's: doctor
-# service_account = "beamflow"                               # checks the agent is mapped to it
+# `beamflow render-endpoint deploy/compute-endpoint/<kind> DIR` writes the endpoint's files
+# from these (docs/deployment.md §4):
+# service_account = "beamflow"                 # the agent's client runs as this account
+# people_domain = "facility.org"               # <user>@facility.org runs as <user>
+# worker_env = "/soft/beamflow-env-0.1.0"      # the environment the workers activate
+# modules = ["cuda/12.2"]                      # module load (a failed one fails the job)
+# endpoint_dir = "/srv/beamflow/endpoint"      # where render-endpoint wrote: doctor reads it
 # [cluster.preview]                    # batch jobs of progressive runs (Slurm: partition, qos;
 # partition = "debug"                  # PBS Pro: queue; both: account, walltime)
 # walltime = "00:20:00"
 # [cluster.final]                      # batch jobs of whole-scan runs
 # walltime = "08:00:00"
+
+[retention]                            # days files stay once their scan is untouched
+raw_days = 7                           # cluster copies of raw frames
+checkpoint_days = 14                   # checkpoints (a later run starts from iteration 0)
+preview_days = "never"                 # beamline previews (products always stay)
 """
 
 
