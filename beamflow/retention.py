@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field
 
 from beamflow.atomic import atomic_write_json
 from beamflow.backend import Backend, BackendError, FlowRunInfo
-from beamflow.cleanup_task import PRODUCT
+from beamflow.cleanup_task import PRODUCT, clean
 from beamflow.config import Settings
 from beamflow.registry import Registry, RegistryError
 from beamflow.runs import run_name_for, run_resources, scan_key
@@ -279,13 +279,21 @@ class RetentionPass:
         self._done(clean_previews(self.settings, self.store, days["previews"], dry_run=False))
         if self.timer is not None:
             self._read_timer_runs()
-        elif self.running is None and (days["raw"] is not None
-                                       or days["checkpoints"] is not None):
+        elif self.running is None and self._anything_due(days):
             try:
                 self.running = start_cluster_cleanup(self.settings, self.store, self.backend,
                                                      dry_run=False)  # fmt: skip
             except BackendError as exc:
                 log.error("retention flow not started", extra={"fields": {"error": str(exc)}})
+
+    def _anything_due(self, days: dict[str, float | None]) -> bool:
+        """The local backend's cluster is this machine: look (the same rules, deleting
+        nothing) before starting the flow, so that a day with nothing due costs no task."""
+        if days["raw"] is None and days["checkpoints"] is None:
+            return False
+        found = clean([str(self.settings.hpc.scratch_dir)], days["raw"], days["checkpoints"],
+                      keep=in_flight(self.store), dry_run=True)  # fmt: skip
+        return bool(found["items"])
 
     def _follow(self) -> None:
         assert self.running is not None

@@ -221,7 +221,9 @@ def test_the_flow_input_keeps_runs_in_flight(workspace):
 def test_cleanup_and_the_agents_pass_run_the_retention_flow_locally(workspace):
     config = str(workspace / "beamflow.toml")
     toml = workspace / "beamflow.toml"
-    toml.write_text(toml.read_text() + "\n[retention]\npreview_days = 60\n")
+    text = toml.read_text()
+    assert 'preview_days = "never"' in text  # what `init` writes
+    toml.write_text(text.replace('preview_days = "never"', "preview_days = 60"))
     settings = load_config(toml)
     store = Store(settings.store_path)
     done, done_dir = finished_run(settings, store, "s1", 40)
