@@ -60,28 +60,33 @@ def _quoted(value: str) -> str:
     return "'" + json.dumps(value) + "'"
 
 
-def site_values(settings: Settings) -> dict[str, tuple[str, str]]:
-    """``site_NAME`` -> (the beamflow.toml key it comes from, its Jinja literal)."""
+# The template's site lines beamflow.toml writes: site_NAME -> its key.
+SITE_KEYS = {
+    "site_beamflow_env": "cluster.worker_env",
+    "site_modules": "cluster.modules",
+    "site_module_paths": "cluster.module_paths",
+    "site_partition": "cluster.final.partition",
+    "site_queue": "cluster.final.queue",
+    "site_account": "cluster.final.account",
+    "site_walltime": "cluster.final.walltime",
+    "site_gpus_per_node": "cluster.final.gpus_per_node",
+}
+
+
+def site_values(settings: Settings) -> dict[str, str]:
+    """``site_NAME`` -> its Jinja literal, for what beamflow.toml sets."""
     c, final = settings.cluster, settings.cluster.final
-    values: dict[str, tuple[str, str]] = {
-        "site_modules": ("cluster.modules", json.dumps(c.modules)),
-        "site_module_paths": ("cluster.module_paths", json.dumps(c.module_paths)),
-    }
+    values = {"site_modules": json.dumps(c.modules),
+              "site_module_paths": json.dumps(c.module_paths)}  # fmt: skip
     if c.worker_env:
-        values["site_beamflow_env"] = ("cluster.worker_env", _quoted(c.worker_env))
+        values["site_beamflow_env"] = _quoted(c.worker_env)
     for name in ("partition", "queue", "account", "walltime"):
         value = getattr(final, name)
         if value is not None:
-            values[f"site_{name}"] = (f"cluster.final.{name}", _quoted(value))
+            values[f"site_{name}"] = _quoted(value)
     if final.gpus_per_node is not None:
-        values["site_gpus_per_node"] = ("cluster.final.gpus_per_node", str(final.gpus_per_node))
+        values["site_gpus_per_node"] = str(final.gpus_per_node)
     return values
-
-
-# Every site line beamflow.toml can set, with its key (what render_template names).
-_ALL_SITE_KEYS = site_values(Settings(cluster={
-    "worker_env": "/x", "final": {"partition": "x", "queue": "x", "account": "x",
-                                  "walltime": "00:01:00", "gpus_per_node": 1}}))
 
 
 def render_template(text: str, settings: Settings, where: str) -> str:
@@ -90,18 +95,17 @@ def render_template(text: str, settings: Settings, where: str) -> str:
     if not present:
         raise RenderError(f"{where}: no `{{%- set site_... %}}` lines: not a beamflow template")
     values = site_values(settings)
-    takes = sorted(key for name, (key, _l) in _ALL_SITE_KEYS.items() if name in present)
-    for name, (key, _literal) in values.items():
+    takes = sorted(key for name, key in SITE_KEYS.items() if name in present)
+    for name in values:
         if name not in present:
-            raise RenderError(f"{key} is set, but {where} has no such setting (of beamflow.toml "
-                              f"it takes {', '.join(takes)}); unset it")  # fmt: skip
+            raise RenderError(f"{SITE_KEYS[name]} is set, but {where} has no such setting (of "
+                              f"beamflow.toml it takes {', '.join(takes)}); unset it")
     rendered = _SITE_LINE.sub(
-        lambda m: f"{{%- set {m[1]} = {values[m[1]][1] if m[1] in values else m[2]} %}}", text)
+        lambda m: f"{{%- set {m[1]} = {values.get(m[1], m[2])} %}}", text)
     left = [name for name, literal in _SITE_LINE.findall(rendered) if "FILL" in literal]
     if left:
-        keys = {"site_beamflow_env": "cluster.worker_env"}
         raise RenderError(f"{where}: no value for {', '.join(left)}: set "
-                          f"{', '.join(keys.get(n, n) for n in left)} in beamflow.toml")
+                          f"{', '.join(SITE_KEYS.get(n, n) for n in left)} in beamflow.toml")
     return rendered
 
 
