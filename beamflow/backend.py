@@ -38,11 +38,13 @@ class BackendError(Exception):
 class RegistrationResult(BaseModel):
     """What `register` did (or would do, with --dry-run) for one function or flow."""
 
-    kind: Literal["function", "flow"]
+    kind: Literal["function", "flow", "timer"]
     name: str
     action: Literal["created", "updated", "unchanged"]
     id: str | None = None
     checksum: str
+    # Who may do what with it, where the backend has roles (Globus Flows), by role name.
+    roles: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class Progress(BaseModel):

@@ -26,7 +26,7 @@ import types
 import typing
 import uuid
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -122,8 +122,23 @@ class Compute(_Section):
     )  # fmt: skip
 
 
+# A Globus principal as Flows roles take it: an identity or a group, by URN.
+PRINCIPAL_PATTERN = (
+    r"^urn:globus:(auth:identity|groups:id):[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$"
+)
+Principal = Annotated[str, Field(pattern=PRINCIPAL_PATTERN)]
+
+
+def _uuid_or_empty(value: str) -> str:
+    if value and not is_uuid(value):
+        raise ValueError(f"not a UUID: {value!r}")
+    return value
+
+
 class Globus(_Section):
-    """Globus ids; registered function and flow ids live in the state directory, not here."""
+    """Globus ids; registered function and flow ids live in the state directory, not here.
+    The roles: who may start, view and administer the flows, and who may see and cancel the
+    runs (principals are ``urn:globus:auth:identity:<id>`` or ``urn:globus:groups:id:<id>``)."""
 
     client_id: str = Field(default="", description="Globus Auth app (native or confidential)")
     client_secret: SecretStr | None = Field(
@@ -137,6 +152,24 @@ class Globus(_Section):
         description="mapped collections that need a data_access consent (default: the "
         "beamline and HPC collections; [] when both are guest collections)",
     )
+    agent_client_id: str = Field(
+        default="", description="the agent's confidential client: may start the flows "
+        "(default: client_id, when a client secret is configured)")
+    staff_group: str = Field(
+        default="", description="Globus group (UUID) of beamline staff: may start and view "
+        "the flows, and see and cancel every run")
+    flow_administrators: list[Principal] = Field(
+        default_factory=list, description="may edit and delete the flows, besides their owner")
+    flow_starters: list[Principal] = Field(
+        default_factory=list, description="may start the flows, besides the agent and staff")
+    flow_viewers: list[Principal] = Field(
+        default_factory=list, description="may see the flows, besides the starters")
+    run_managers: list[Principal] = Field(
+        default_factory=list, description="may cancel the runs, besides the staff group")
+    run_monitors: list[Principal] = Field(
+        default_factory=list, description="may see the runs, besides the staff group")
+
+    _ids = field_validator("agent_client_id", "staff_group")(_uuid_or_empty)
 
 
 #: The engine's settings a user sets, under the engine's own names and limits: every field of
@@ -279,6 +312,7 @@ class Status(_Section):
 # (deploy/compute-endpoint/*/user_config_schema.json), so the endpoint never refuses them.
 _SCHEDULER_NAME = r"^[A-Za-z0-9_.+-]{1,64}$"
 _WALLTIME = r"^([0-9]{1,2}-)?[0-9]{1,3}:[0-5][0-9]:[0-5][0-9]$"
+_ACCOUNT = r"^[a-z_][a-z0-9_.-]{0,31}\$?$"  # a POSIX user name
 
 
 class RunResources(_Section):
@@ -292,6 +326,8 @@ class RunResources(_Section):
     qos: str | None = Field(default=None, pattern=_SCHEDULER_NAME)
     queue: str | None = Field(default=None, pattern=_SCHEDULER_NAME)
     walltime: str | None = Field(default=None, pattern=_WALLTIME, description="[D-]HH:MM:SS")
+    gpus_per_node: int | None = Field(
+        default=None, ge=1, le=16, description="GPUs per node (the cluster templates)")
 
     def endpoint_config(self) -> dict[str, str]:
         return self.model_dump(exclude_none=True)
@@ -307,14 +343,64 @@ class Cluster(_Section):
         "that the confidential client's identity is mapped)",
     )
     service_account: str | None = Field(
-        default=None, description="the local account the client identity should map to"
+        default=None, pattern=_ACCOUNT,
+        description="the local account the client identity should map to",
     )
+    people_domain: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}$",
+        description="render-endpoint: people <user>@<domain> run as their own account "
+        "(unset: only the agent is mapped)",
+    )
+    worker_env: str | None = Field(
+        default=None, pattern=r"^(/|\$HOME/)[A-Za-z0-9_.+/-]{1,4095}$",
+        description="render-endpoint: the environment with beamflow that the workers "
+        "activate, as the compute nodes see it",
+    )
+    module_paths: list[Annotated[str, Field(pattern=r"^/[A-Za-z0-9_.+/-]{1,4095}$")]] = Field(
+        default_factory=list, description="render-endpoint: `module use` directories")
+    modules: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+/-]{1,255}$")]] = Field(
+        default_factory=list,
+        description="render-endpoint: modules the workers load (a failed load fails the job)")
+    endpoint_dir: Path | None = Field(
+        default=None, description="a readable copy of the endpoint's files as "
+        "`beamflow render-endpoint` wrote them (doctor checks them)")
     preview: RunResources = Field(
         default_factory=RunResources, description="progressive runs (part of a scan)"
     )
     final: RunResources = Field(
         default_factory=RunResources, description="runs of the whole scan"
     )
+
+
+# Days a kind of file stays, or "never" (kept for ever).
+RetentionDays = Annotated[int, Field(ge=1, le=3650)] | Literal["never"]
+
+
+class Retention(_Section):
+    """How long each kind of file stays once its scan's runs have ended. The agent applies
+    it every ``every_hours`` (the local backend), a Globus Timer does on Globus; `beamflow
+    cleanup` applies it now. Products and run records always stay."""
+
+    raw_days: RetentionDays = Field(
+        default=7, description="cluster copies of raw frames (hpc.scratch_dir/<scan>/raw/) of "
+        "scans untouched this long")
+    checkpoint_days: RetentionDays = Field(
+        default=14, description="checkpoints (hpc.scratch_dir/<scan>/checkpoints/) of scans "
+        "untouched this long; a later run of such a scan starts from iteration 0")
+    preview_days: RetentionDays = Field(
+        default="never", description="beamline previews (preview_dir/<run>/previews/) of runs "
+        "finished this long ago; the product stays")
+    every_hours: float = Field(default=24.0, gt=0, le=24 * 30,
+                               description="how often retention is applied")
+
+    def days(self, older_than: float | None = None) -> dict[str, float | None]:
+        """Days per kind (None: kept for ever); ``older_than`` replaces every number."""
+        out: dict[str, float | None] = {}
+        for kind, value in (("raw", self.raw_days), ("checkpoints", self.checkpoint_days),
+                            ("previews", self.preview_days)):  # fmt: skip
+            out[kind] = None if value == "never" else (
+                float(value) if older_than is None else older_than)  # fmt: skip
+        return out
 
 
 class Settings(BaseSettings):
@@ -334,6 +420,7 @@ class Settings(BaseSettings):
     agent: Agent = Field(default_factory=Agent)
     status: Status = Field(default_factory=Status)
     cluster: Cluster = Field(default_factory=Cluster)
+    retention: Retention = Field(default_factory=Retention)
 
     # Where the settings came from; not a setting.
     source: Path | None = Field(default=None, exclude=True)
@@ -361,6 +448,15 @@ class Settings(BaseSettings):
     @property
     def token_path(self) -> Path:
         return self.globus.token_storage or self.state_dir / "tokens.db"
+
+
+def agent_client_id(settings: Settings) -> str | None:
+    """The agent's confidential client: ``globus.agent_client_id``, else this configuration's
+    own client when it has a secret (then it is the agent's)."""
+    g = settings.globus
+    if g.agent_client_id:
+        return g.agent_client_id
+    return g.client_id if g.client_secret and is_uuid(g.client_id) else None
 
 
 def find_config(explicit: Path | None = None) -> Path | None:
@@ -617,6 +713,11 @@ port = 8765
 # Off loopback every page, preview, API call and download needs the token;
 # public_viewing = true lets anyone who reaches the page view (actions still need it).
 # public_viewing = false
+
+[retention]                            # days files stay once their scan is untouched
+raw_days = 7                           # hpc/<scan>/raw/: the copies of the raw frames
+checkpoint_days = 14                   # hpc/<scan>/checkpoints/
+preview_days = "never"                 # beamline/previews/<run>/previews/ (products stay)
 """
 
 
@@ -633,6 +734,9 @@ state_dir = "state"
 client_id = "FILL: Globus Auth app client id (app registered at app.globus.org)"
 # client_secret: never in this file for shared machines; use BEAMFLOW_GLOBUS__CLIENT_SECRET
 # for the unattended agent (a confidential client / service account).
+# agent_client_id = "..."              # the agent's confidential client: starts the flows
+# staff_group = "..."                  # Globus group of beamline staff: start the flows,
+#                                      # see and cancel every run (docs/deployment.md §6)
 # data_access_collections = []        # mapped collections needing data_access consent;
 #                                      # default both collection ids, [] for guest collections
 
@@ -669,13 +773,23 @@ port = 8765
 # needs it too unless public_viewing = true (unpublished data: think twice)
 
 [cluster]
-# identity_mapping = "/srv/beamflow/identity_mapping.json"  # a copy of the endpoint's: doctor
-# service_account = "beamflow"                               # checks the agent is mapped to it
+# `beamflow render-endpoint deploy/compute-endpoint/<kind> DIR` writes the endpoint's files
+# from these (docs/deployment.md §4):
+# service_account = "beamflow"                 # the agent's client runs as this account
+# people_domain = "facility.org"               # <user>@facility.org runs as <user>
+# worker_env = "/soft/beamflow-env-0.1.0"      # the environment the workers activate
+# modules = ["cuda/12.2"]                      # module load (a failed one fails the job)
+# endpoint_dir = "/srv/beamflow/endpoint"      # where render-endpoint wrote: doctor reads it
 # [cluster.preview]                    # batch jobs of progressive runs (Slurm: partition, qos;
 # partition = "debug"                  # PBS Pro: queue; both: account, walltime)
 # walltime = "00:20:00"
 # [cluster.final]                      # batch jobs of whole-scan runs
 # walltime = "08:00:00"
+
+[retention]                            # days files stay once their scan is untouched
+raw_days = 7                           # cluster copies of raw frames
+checkpoint_days = 14                   # checkpoints (a later run starts from iteration 0)
+preview_days = "never"                 # beamline previews (products always stay)
 """
 
 

@@ -114,6 +114,10 @@ class Reference(BaseModel):
     python_from: str = "the endpoint"
     service_account: str | None = None
     require_gpu: bool = False
+    # As the agent (`doctor --probe --as-agent`): the account is the mapped one, or the
+    # agent's runs would run elsewhere; the node has the GPUs [cluster.final] asks for.
+    strict_user: bool = False
+    min_gpus: int | None = None
 
 
 def _minor(version: str) -> str:
@@ -172,7 +176,7 @@ def judge(report: WorkerReport, reference: Reference) -> list[Check]:
     where = f"{report.user}@{report.host}"
     if reference.service_account and report.user != reference.service_account:
         checks.append(Check(
-            name="worker user", outcome="warn",
+            name="worker user", outcome="fail" if reference.strict_user else "warn",
             detail=f"{where}, not the service account {reference.service_account!r}",
             fix="check the endpoint's identity mapping (cluster.service_account)",
         ))  # fmt: skip
@@ -180,7 +184,14 @@ def judge(report: WorkerReport, reference: Reference) -> list[Check]:
         checks.append(Check(name="worker user", outcome="ok", detail=where))
     visible = report.cuda_visible_devices
     pinned = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
-    if report.gpus:
+    if report.gpus and reference.min_gpus and len(report.gpus) < reference.min_gpus:
+        checks.append(Check(
+            name="worker GPUs", outcome="fail",
+            detail=f"{len(report.gpus)} on the node, {reference.min_gpus} asked "
+            f"([cluster.final] gpus_per_node): {'; '.join(report.gpus)}",
+            fix="ask for the node's GPU count, or a partition/queue of nodes with that many",
+        ))  # fmt: skip
+    elif report.gpus:
         checks.append(Check(name="worker GPUs", outcome="ok",
                             detail=f"{'; '.join(report.gpus)}{pinned}"))  # fmt: skip
     else:

@@ -55,9 +55,10 @@ from beamflow import __version__
 from beamflow.atomic import atomic_write_json
 from beamflow.backend import RegistrationResult
 
-Kind = Literal["function", "flow"]
+# A timer (Globus Timers) runs a registered flow on a schedule: the retention flow's.
+Kind = Literal["function", "flow", "timer"]
 Action = Literal["created", "updated", "unchanged"]
-KINDS: tuple[Kind, ...] = ("function", "flow")
+KINDS: tuple[Kind, ...] = ("function", "flow", "timer")
 REGISTRY_VERSION = 1
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -317,12 +318,15 @@ def register_shipped(
     exists: Callable[[str], bool] | None = None,
     dry_run: bool = False,
     names: Iterable[str] | None = None,
+    checksum: Callable[[str], str] | None = None,
 ) -> list[RegistrationResult]:
-    """:meth:`Registry.ensure` for every shipped function or flow (``kind``), or ``names``."""
+    """:meth:`Registry.ensure` for every shipped function or flow (``kind``), or ``names``;
+    ``checksum(name)`` replaces the content checksum where more decides (a flow's roles)."""
     _check_kind(kind)
-    checksum, shipped = (
+    content, shipped = (
         (function_checksum, function_names) if kind == "function" else (flow_checksum, flow_names)
     )
+    checksum = checksum or content
     return [
         registry.ensure(
             kind, name, checksum(name), create=create, update=update, exists=exists,

@@ -50,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from beamflow import retention
 from beamflow import runs as run_path
 from beamflow.agent_state import (
     HEARTBEAT_SECONDS,
@@ -60,8 +61,9 @@ from beamflow.agent_state import (
     state_path,
     write_state,
 )
-from beamflow.backend import Backend
+from beamflow.backend import Backend, BackendError
 from beamflow.config import Settings
+from beamflow.retention import RetentionPass
 from beamflow.store import RunStatus, Store
 
 from .driver import AgentStats, RunDriver
@@ -128,6 +130,7 @@ class EdgeAgent:
         self.changes = ChangedScans()
         self.stats = AgentStats()
         self.driver = RunDriver(settings, self.store, self.backend, self.stats, clock)
+        self.retention = RetentionPass(settings, self.store, self.backend, clock=clock)
         self._stop = threading.Event()
         self._tracked: dict[Path, _Tracked] = {}
         self._done: set[Path] = set()  # scans whose final run exists (pruned at each rescan)
@@ -156,6 +159,7 @@ class EdgeAgent:
         works at once); on Globus it is a deliberate step (`beamflow register`)."""
         self.root.mkdir(parents=True, exist_ok=True)
         if self.driver.runs_outlive_agent:
+            self._retention_timer()
             return
         for what, register in (
             ("functions", self.backend.register_functions),
@@ -169,6 +173,23 @@ class EdgeAgent:
         warm = getattr(self.backend, "warm", None)
         if warm is not None:
             warm()
+
+    def _retention_timer(self) -> None:
+        """On Globus, a Timer runs the retention flow every retention.every_hours, made by
+        the agent so that it runs as the agent's client (whose files they are)."""
+        ensure = getattr(self.backend, "ensure_timer", None)
+        days = self.settings.retention.days()
+        if ensure is None or (days["raw"] is None and days["checkpoints"] is None):
+            return
+        try:
+            body = retention.flow_input(self.settings, [], dry_run=False)
+            made = ensure(retention.FLOW, body, name="retention",
+                          every_seconds=int(self.settings.retention.every_hours * 3600))
+        except BackendError as exc:
+            log.error("retention timer not set up", extra={"fields": {"error": str(exc)}})
+            return
+        if made.action != "unchanged":
+            log.info(f"retention timer {made.action}", extra={"fields": {"timer": made.id}})
 
     def run_forever(self) -> None:
         """Watch and process until :meth:`stop` (SIGTERM) is called."""
@@ -273,12 +294,13 @@ class EdgeAgent:
         due = [self._last_rescan + self.policy.rescan_seconds]
         due += [t.next_check for t in self._tracked.values()]
         due += self.driver.due_times(now)
+        due.append(self.retention.due_time())
         return max(0.01, min(cap, min(due) - now))
 
     # -- one pass --------------------------------------------------------------------------
     def tick(self) -> None:
         for phase in (self._discover, self._check_scans, self.driver.schedule,
-                      self.driver.follow, self._publish):
+                      self.driver.follow, self.retention.tick, self._publish):
             try:
                 phase()
             except Exception:  # noqa: BLE001 - one bad pass must not end a weeks-long daemon

@@ -4,8 +4,10 @@ with ``responses``: an unmatched one raises ConnectionError inside the SDK."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +139,89 @@ def transfer_task(task_id: str, status: str = "ACTIVE", **fields: Any) -> Regist
         **fields,
     }
     return register("transfer", f"/v0.10/task/{task_id}", doc)
+
+
+# -- Globus Auth as a confidential client sees it: id_tokens, grants, consents ----------------
+JWKS_URI = "https://auth.globus.org/jwk.json"
+
+
+class AuthKeys:
+    """A signing key standing in for Globus Auth's: the SDK fetches the OpenID configuration
+    and the JWK (both registered here) and verifies each id_token's signature with it, as it
+    does against Auth itself."""
+
+    def __init__(self) -> None:
+        import jwt
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        self._key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(self._key.public_key()))
+        register("auth", "/.well-known/openid-configuration", {
+            "issuer": "https://auth.globus.org",
+            "jwks_uri": JWKS_URI,
+            "id_token_signing_alg_values_supported": ["RS512"],
+        })  # fmt: skip
+        RegisteredResponse(service="auth", path="/jwk.json", json={"keys": [jwk]}).add()
+
+    def id_token(self, sub: str, audience: str = CLIENT_ID) -> str:
+        import jwt
+
+        now = int(time.time())
+        claims = {"sub": sub, "aud": audience, "iss": "https://auth.globus.org",
+                  "iat": now, "exp": now + 3600}  # fmt: skip
+        return jwt.encode(claims, self._key, algorithm="RS512")
+
+
+def client_grant(keys: AuthKeys, requirements: dict[str, list[Any]],
+                 client_id: str = CLIENT_ID) -> None:
+    """Auth's answer to every client-credentials grant: a token for each resource server
+    whose scope was asked (one, when an authorizer renews its own), and, when ``openid``
+    was asked, the id_token of the client's own identity (its identity id is its client
+    id)."""
+    import responses
+    from globus_sdk.scopes import ScopeParser
+
+    server_of = {s.scope_string: rs for rs, scopes in requirements.items() for s in scopes}
+    server_of["openid"] = "auth.globus.org"
+
+    def answer(request: Any) -> tuple[int, dict[str, str], str]:
+        asked = urllib.parse.parse_qs(request.body)["scope"][0]
+        by_server: dict[str, set[str]] = {}
+        for scope in ScopeParser.parse(asked):
+            rs = server_of[scope.scope_string]
+            by_server.setdefault(rs, set()).add(scope.scope_string)
+        tokens = [{"resource_server": rs, "access_token": f"cc-{rs}", "expires_in": 172800,
+                   "token_type": "Bearer", "scope": " ".join(sorted(scopes))}
+                  for rs, scopes in sorted(by_server.items(),
+                                           key=lambda item: item[0] != "auth.globus.org")]
+        first = tokens[0]  # Auth's own token on top, with the id_token when openid was asked
+        if "openid" in first["scope"].split():
+            first["id_token"] = keys.id_token(client_id, client_id)
+        return 200, {}, json.dumps({**first, "other_tokens": tokens[1:]})
+
+    responses.add_callback(responses.POST, "https://auth.globus.org/v2/oauth2/token",
+                           callback=answer, content_type="application/json")
+
+
+def consents(identity: str, scopes: list[Any], client: str = CLIENT_ID) -> RegisteredResponse:
+    """Auth's consents of ``identity``: one tree per scope in ``scopes`` (each with its
+    dependencies), as GET /v2/api/identities/{id}/consents lists them."""
+    records: list[dict[str, Any]] = []
+
+    def add(scope: Any, path: list[int]) -> None:
+        consent_id = 1000 + len(records)
+        here = [*path, consent_id]
+        records.append({
+            "id": consent_id, "status": "approved", "allows_refresh": True,
+            "dependency_path": here, "scope_name": scope.scope_string,
+            "effective_identity": identity, "auto_approved": True,
+            "atomically_revocable": False, "scope": f"scope-{consent_id}", "client": client,
+            "created": "2026-01-05T10:00:00+00:00", "updated": "2026-01-05T10:00:00+00:00",
+            "last_used": "2026-01-05T10:00:00+00:00",
+        })  # fmt: skip
+        for dep in scope.dependencies:
+            add(dep, here)
+
+    for scope in scopes:
+        add(scope, [])
+    return register("auth", f"/v2/api/identities/{identity}/consents", {"consents": records})

@@ -89,8 +89,8 @@ def test_the_flows_and_the_function_load_from_the_wheel_alone(dist: Path, tmp_pa
     assert done.returncode == 0, done.stderr
     where, names, start, functions = done.stdout.splitlines()
     assert where.startswith(str(wheel))
-    assert names == "['ptycho_reconstruct', 'ptycho_shared_fs']"
-    assert start == "TransferScanToHPC" and functions == "['reconstruct'] True"
+    assert names == "['ptycho_reconstruct', 'ptycho_shared_fs', 'retention_cleanup']"
+    assert start == "TransferScanToHPC" and functions == "['cleanup', 'reconstruct'] True"
 
 
 def test_the_sdist_holds_the_source_the_deploy_files_and_the_constraints(dist: Path) -> None:

@@ -89,9 +89,10 @@ def beamflow_commands(path: Path) -> list[list[str]]:
                 if token not in SEPARATORS:
                     segment.append(token)
                     continue
-                while segment and ENV_ASSIGNMENT.match(segment[0]):
+                while segment and (ENV_ASSIGNMENT.match(segment[0]) or segment[0] == "sudo"):
                     segment.pop(0)
-                if segment and Path(segment[0]).name == "beamflow":
+                # beamflow-as-agent (deploy/systemd) runs a beamflow command as the agent.
+                if segment and Path(segment[0]).name in ("beamflow", "beamflow-as-agent"):
                     commands.append(segment[1:])
                 segment = []
     return commands
@@ -145,6 +146,36 @@ def test_documented_command_exists_with_these_options(doc: str, args: list[str])
     unknown = [a.split("=", 1)[0] for a in rest
                if a.startswith("-") and a.split("=", 1)[0] not in known]  # fmt: skip
     assert not unknown, f"{shown}: `beamflow {' '.join(path)}` has no option {unknown}"
+
+
+def first_day_commands() -> list[list[str]]:
+    """The argument lists of the `beamflow ...` commands in the first-day table of the
+    deployment guide (inline code in table rows, in order)."""
+    text = (DOCS / "deployment.md").read_text()
+    section = text.split("## The first day", 1)[1].split("\n## ", 1)[0]
+    found = []
+    for row in (line for line in section.splitlines() if line.startswith("| ")):
+        command = row.split("|")[2]
+        for span in re.findall(r"`([^`]+)`", command):
+            tokens = shlex.split(span)
+            while tokens and tokens[0] == "sudo":
+                tokens.pop(0)
+            if tokens and tokens[0] in ("beamflow", "beamflow-as-agent"):
+                found.append(tokens[1:])
+    return found
+
+
+def test_the_first_day_table_runs_real_commands_as_the_agent() -> None:
+    """Every check of the first-day recipe is a real command with real options, and the
+    smoke test runs as the agent: doctor, the probe as the agent, then a scan."""
+    commands = first_day_commands()
+    for args in commands:
+        test_documented_command_exists_with_these_options("deployment.md (first day)", args)
+    order = [" ".join(args) for args in commands]
+    assert order.index("doctor") < order.index("doctor --probe --as-agent") < next(
+        i for i, c in enumerate(order) if c.startswith("runs start"))
+    assert any(c.startswith("render-endpoint") for c in order)
+    assert any(c.startswith("cleanup --dry-run") for c in order)
 
 
 HELP_PATHS = sorted({tuple(resolve(args)[0]) for _, args in DOCUMENTED if resolve(args)[0]})

@@ -40,14 +40,14 @@ def inputs(settings, flow: str) -> dict[str, Any]:  # noqa: ANN001
 
 
 def test_the_shipped_flows() -> None:
-    assert flows.flow_names() == ["ptycho_reconstruct", "ptycho_shared_fs"]
+    assert flows.flow_names() == ["ptycho_reconstruct", "ptycho_shared_fs", "retention_cleanup"]
     with pytest.raises(flows.FlowNotFound, match="known: ptycho_reconstruct"):
         flows.load_definition("nope")
     with pytest.raises(flows.FlowNotFound):
         flows.load_schema("../pyproject")
 
 
-@pytest.mark.parametrize("name", ["ptycho_reconstruct", "ptycho_shared_fs"])
+@pytest.mark.parametrize("name", ["ptycho_reconstruct", "ptycho_shared_fs", "retention_cleanup"])
 def test_definitions_are_valid_and_every_action_is_guarded(name: str) -> None:
     definition = flows.load_definition(name)
     assert validate_definition(definition) == []

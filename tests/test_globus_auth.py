@@ -14,6 +14,7 @@ import urllib.parse
 
 import globus_sdk
 import pytest
+import responses
 from globus_sdk.testing import get_last_request, load_response
 from globus_sdk.token_storage import TokenStorageData
 from globus_sdk.token_storage.validating_token_storage import ExpiredTokenError
@@ -212,28 +213,23 @@ def test_login_asks_consent_for_every_service_and_the_flows_data_access(workspac
 
 
 def test_login_as_a_service_client_stores_tokens(workspace, monkeypatch):
+    from globus_testkit import AuthKeys, client_grant, consents
+
     monkeypatch.setenv("BEAMFLOW_GLOBUS__CLIENT_SECRET", "s3cret")
     settings = make_settings(workspace)
     required = scope_requirements(settings)
-    tokens = [
-        {
-            "resource_server": rs,
-            "scope": " ".join(s.scope_string for s in scopes),
-            "access_token": f"cc-{rs}",
-            "expires_in": 172800,
-            "token_type": "Bearer",
-        }
-        for rs, scopes in required.items()
-    ]
-    register("auth", "/v2/oauth2/token", {**tokens[0], "other_tokens": tokens[1:]}, method="POST")
+    client_grant(AuthKeys(), required)
+    consents(CLIENT_ID, [s for scopes in required.values() for s in scopes])
     result = cli("login")
     assert result.exit_code == 0, result.output
-    sent = urllib.parse.parse_qs(get_last_request().body)
+    (grant,) = [c.request for c in responses.calls if c.request.url.endswith("/oauth2/token")]
+    sent = urllib.parse.parse_qs(grant.body)
     assert sent["grant_type"] == ["client_credentials"]
     assert "transfer.api.globus.org:all" in sent["scope"][0]
     assert _mode(settings.token_path) == 0o600
     with GlobusAuth(settings, network=NO_RETRY) as auth:
         assert {t.resource_server for t in auth.tokens()} == set(required)
+        assert {t.identity_id for t in auth.tokens()} == {CLIENT_ID}  # from the id_token
 
 
 def test_logout_revokes_and_removes_tokens(workspace, mocked):
@@ -289,7 +285,13 @@ def test_doctor_unfilled_ids_name_the_keys(tmp_path, monkeypatch):
 
 
 def test_doctor_all_good(workspace):
-    from beamflow.registry import Registry, flow_checksum, flow_names, function_checksum
+    from beamflow.registry import (
+        Registry,
+        flow_checksum,
+        flow_names,
+        function_checksum,
+        function_names,
+    )
 
     settings = make_settings(workspace)
     registry = Registry(settings.registry_path, "globus")
@@ -298,7 +300,8 @@ def test_doctor_all_good(workspace):
         flow_ids[name] = f"00000000-0000-4000-8000-00000000000{i}"
         registry.record("flow", name, flow_ids[name], flow_checksum(name))
     function_id = "11111111-1111-4111-8111-111111111111"
-    registry.record("function", "reconstruct", function_id, function_checksum("reconstruct"))
+    for name in function_names():
+        registry.record("function", name, function_id, function_checksum(name))
     store_tokens(settings, flow_ids=tuple(flow_ids.values()))
     userinfo()
     for coll in (BEAMLINE, HPC):
@@ -328,3 +331,5 @@ def test_doctor_all_good(workspace):
     assert result.exit_code == 0, result.output
     assert "online, 8 workers" in result.output
     assert "FAIL" not in result.output
+    # A person's configuration names no agent client: the flows are fine, but said so.
+    assert "no agent client is known" in result.output

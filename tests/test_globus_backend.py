@@ -14,7 +14,7 @@ from responses.matchers import query_param_matcher
 
 import flows
 from beamflow.globus.auth import flow_run_scope
-from beamflow.globus.backend import GlobusBackend
+from beamflow.globus.backend import GlobusBackend, deployed_flow_checksum
 from beamflow.globus.errors import LoginRequired
 from beamflow.globus.flows import run_status, steps_from_logs
 from beamflow.globus.transfer import transfer_states
@@ -75,9 +75,8 @@ def test_flow_registration_unchanged_then_updated_on_content_change(settings, mo
     store_tokens(settings)
     reg = registry(settings)
     for name in flows.flow_names():
-        reg.record(
-            "flow", name, FLOW_ID if name == FLOW else f"{FLOW_ID[:-1]}0", flow_checksum(name)
-        )
+        reg.record("flow", name, FLOW_ID if name == FLOW else f"{FLOW_ID[:-1]}0",
+                   deployed_flow_checksum(settings, name))  # fmt: skip
     for fid in (FLOW_ID, f"{FLOW_ID[:-1]}0"):
         register("flows", f"/flows/{fid}", {"id": fid})
     with backend_for(settings) as backend:
@@ -91,7 +90,7 @@ def test_flow_registration_unchanged_then_updated_on_content_change(settings, mo
     (put,) = bodies(mocked, "PUT", f"/flows/{FLOW_ID}")
     assert put["definition"] == flows.load_definition(FLOW)
     assert put["input_schema"] == flows.load_schema(FLOW)
-    assert reg.get("flow", FLOW).checksum == flow_checksum(FLOW)
+    assert reg.get("flow", FLOW).checksum == deployed_flow_checksum(settings, FLOW)
 
 
 def test_flow_deleted_on_the_service_is_created_again(settings):
@@ -100,7 +99,7 @@ def test_flow_deleted_on_the_service_is_created_again(settings):
     gone = "99999999-9999-4999-8999-999999999999"
     for i, name in enumerate(flows.flow_names()):
         fid = gone if name == FLOW else f"{FLOW_ID[:-1]}{i}"
-        reg.record("flow", name, fid, flow_checksum(name))
+        reg.record("flow", name, fid, deployed_flow_checksum(settings, name))
         if name != FLOW:
             register("flows", f"/flows/{fid}", {"id": fid})
     register("flows", f"/flows/{gone}", {"error": {"code": "NOT_FOUND"}}, status=404)
@@ -124,18 +123,20 @@ def test_function_registered_on_source_change_only(settings, mocked):
     store_tokens(settings)
     meta = load_response(globus_sdk.ComputeClientV3.register_function).metadata
     with backend_for(settings) as backend:
-        (first,) = backend.register_functions()
-        assert first.action == "created" and first.id == meta["function_id"]
-        (sent,) = bodies(mocked, "POST", "/v3/functions")
-        assert sent["function_name"] == "reconstruct"
-        register("compute", f"/v2/functions/{first.id}", {"function_uuid": first.id})
-        (again,) = backend.register_functions()
-        assert again.action == "unchanged"
-        assert len(bodies(mocked, "POST", "/v3/functions")) == 1
-        registry(settings).record("function", "reconstruct", first.id, "older source")
-        (changed,) = backend.register_functions()
-    assert changed.action == "updated"
-    assert len(bodies(mocked, "POST", "/v3/functions")) == 2
+        first = {r.name: r for r in backend.register_functions()}
+        assert first["reconstruct"].action == "created"
+        assert first["reconstruct"].id == meta["function_id"]
+        sent = bodies(mocked, "POST", "/v3/functions")
+        assert sorted(s["function_name"] for s in sent) == ["cleanup", "reconstruct"]
+        fid = first["reconstruct"].id
+        register("compute", f"/v2/functions/{fid}", {"function_uuid": fid})
+        assert {r.action for r in backend.register_functions()} == {"unchanged"}
+        assert len(bodies(mocked, "POST", "/v3/functions")) == 2
+        registry(settings).record("function", "reconstruct", fid, "older source")
+        changed = {r.name: r for r in backend.register_functions()}
+    assert changed["reconstruct"].action == "updated"
+    assert changed["cleanup"].action == "unchanged"
+    assert len(bodies(mocked, "POST", "/v3/functions")) == 3
     assert registry(settings).get("function", "reconstruct").checksum == function_checksum(
         "reconstruct"
     )
@@ -148,12 +149,16 @@ def test_registered_function_is_rebuilt_from_source_as_the_endpoint_does(setting
     load_response(globus_sdk.ComputeClientV3.register_function)
     with backend_for(settings) as backend:
         backend.register_functions()
-    (sent,) = bodies(mocked, "POST", "/v3/functions")
+    sent = {b["function_name"]: b for b in bodies(mocked, "POST", "/v3/functions")}
     serde = ComputeSerializer()
-    (buffer,) = serde.unpack_buffers(sent["function_code"])
+    (buffer,) = serde.unpack_buffers(sent["reconstruct"]["function_code"])
     assert buffer.startswith("st\n")  # source text, not a pickled reference to functions/
     function = serde.deserialize(buffer)  # exec of the source in an empty namespace
     assert callable(function) and function.__name__ == "reconstruct"
+    (buffer,) = serde.unpack_buffers(sent["cleanup"]["function_code"])
+    cleanup = serde.deserialize(buffer)  # the retention flow's function, likewise
+    report = cleanup(roots=[str(settings.hpc.scratch_dir)], raw_days=1, dry_run=True)
+    assert report["items"] == [] and report["dry_run"] is True
     with pytest.raises(ValueError, match="not a directory"):  # it runs, and checks its input
         function(scan="/x", output_dir="/x", allowed_roots=["/nonexistent-root"])
 

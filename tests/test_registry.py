@@ -153,7 +153,7 @@ def test_backends_have_separate_ids(tmp_path: Path) -> None:
 
 
 def test_function_checksum_covers_source_and_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert reg.function_names() == ["reconstruct"]
+    assert reg.function_names() == ["cleanup", "reconstruct"]
     before = reg.function_checksum("reconstruct")
     assert before == reg.function_checksum("reconstruct")
     monkeypatch.setattr(reg, "__version__", "99.0")
@@ -202,10 +202,11 @@ def test_cli_register_twice_reports_unchanged(tmp_path: Path) -> None:
             assert result.exit_code == 0, result.output
             out += result.stdout.splitlines()
         lines[attempt] = out
-    assert [line.split()[0] for line in lines[0]] == ["created"] * 3
+    shipped = [*reg.function_names(), *flows.flow_names()]
+    assert [line.split()[0] for line in lines[0]] == ["created"] * len(shipped)
     assert lines[1] == [line.replace("created", "unchanged", 1) for line in lines[0]]
     names = {line.split()[1] for line in lines[0]}
-    assert names == {"reconstruct", *flows.flow_names()}
+    assert names == set(shipped)
     dry = runner.invoke(app, ["register", "flows", "--dry-run", "--config", str(config)])
     assert dry.exit_code == 0 and all(
         line.startswith("unchanged") for line in dry.stdout.splitlines()

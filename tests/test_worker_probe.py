@@ -220,3 +220,28 @@ def test_resources_the_endpoint_template_refuses_fail_the_probe(tmp_path: Path) 
     assert preview.outcome == "fail" and "'queue'" in preview.detail
     assert "partition" in preview.fix and "walltime" in preview.fix
     assert checks["cluster.final"].outcome == "ok"
+
+
+@pytest.mark.usefixtures("mocked")
+def test_as_the_agent_the_probe_goes_with_the_final_resources_and_the_mapped_account(
+        tmp_path: Path, mocked, monkeypatch) -> None:
+    """`doctor --probe --as-agent`: the agent's client credentials, [cluster.final] as the
+    task's user_endpoint_config, and the worker must run as the service account."""
+    me = pwd.getpwuid(os.getuid()).pw_name
+    monkeypatch.setenv("BEAMFLOW_GLOBUS__CLIENT_SECRET", "s3cret")
+    settings, _config, meta = globus_setup(
+        tmp_path, resources=f'\n[cluster]\nservice_account = "{me}"\n'
+        '[cluster.final]\npartition = "long"\nwalltime = "08:00:00"\n')  # fmt: skip
+    checks = by_name(probe_endpoint(settings, timeout=5, poll_seconds=0, as_agent=True))
+    assert checks["worker probe"].outcome == "ok"
+    assert "as the agent's client" in checks["worker probe"].detail
+    assert checks["worker user"].outcome == "ok"
+    (submit,) = [c for c in mocked.calls if c.request.url.endswith("/submit")]
+    sent = json.loads(submit.request.body)
+    assert sent["user_endpoint_config"] == {"partition": "long", "walltime": "08:00:00"}
+    other = settings.model_copy(deep=True)
+    other.cluster.service_account = "beamflow-svc"
+    register("compute", f"/v2/functions/{meta['function_id']}", {"function_uuid": "x"})
+    again = probe_endpoint(other, timeout=5, poll_seconds=0, as_agent=True)
+    user = by_name(again)["worker user"]
+    assert user.outcome == "fail" and "'beamflow-svc'" in user.detail  # not a warning now

@@ -1,12 +1,13 @@
 """The `beamflow` command line: one module per command group, on :mod:`beamflow.cli.common`.
 
-    workspace     init, simulate
+    workspace     init, simulate, render-endpoint
     reconstruct   reconstruct, previews (this machine, no flow)
     services      agent, serve, demo
     globus        login, logout, whoami, doctor (the Globus account)
     runs          runs list|show|start|retry|cancel
     flows         flows validate|run (offline, on the local interpreter)
     register      register functions|flows
+    retention     cleanup
 
 Commands talk to the backend interface (``beamflow.backend``, a backend from
 ``beamflow.runs.get_backend``), never to one backend's internals; the tools that belong to one
@@ -24,7 +25,16 @@ from typing import Annotated
 import typer
 
 from beamflow import __version__
-from beamflow.cli import flows, globus, reconstruct, register, runs, services, workspace
+from beamflow.cli import (
+    flows,
+    globus,
+    reconstruct,
+    register,
+    retention,
+    runs,
+    services,
+    workspace,
+)
 from beamflow.cli.common import HELP, console
 
 __all__ = ["app", "main"]
@@ -56,6 +66,7 @@ def _main(
 # In this order in `beamflow --help`: the commands, then the groups.
 app.command()(workspace.init)
 app.command()(workspace.simulate)
+app.command("render-endpoint")(workspace.render_endpoint)
 app.command()(reconstruct.reconstruct)
 app.command()(reconstruct.previews)
 app.command()(services.agent)
@@ -64,6 +75,7 @@ app.command()(globus.login)
 app.command()(globus.logout)
 app.command()(globus.whoami)
 app.command()(globus.doctor)
+app.command()(retention.cleanup)
 app.command()(services.demo)
 app.add_typer(runs.app, name="runs")
 app.add_typer(flows.app, name="flows")

@@ -108,22 +108,40 @@ def doctor(
     probe_timeout: Annotated[
         float, typer.Option(min=1, help="Seconds to wait for the probe (batch queues).")
     ] = 600.0,
+    as_agent: Annotated[
+        bool,
+        typer.Option(
+            "--as-agent",
+            help="With --probe (Globus): probe as the agent's final runs go: its client "
+            "credentials (run it as `sudo beamflow-as-agent doctor --probe --as-agent`), the "
+            "[cluster.final] resources, and the worker must run as the mapped service account "
+            "and see the GPUs.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
-    """Check the Globus setup (ids, login, collections, endpoint, flows) and say what to fix;
-    with --probe, the compute workers too (on the local backend: only the workers)."""
+    """Check the setup and say what to fix: on Globus the ids, the agent's identity, login
+    and consents, collections, endpoint (and its files), flows; on the local backend the
+    workspace. With --probe, a task on a compute worker too."""
     settings = settings_from(config)
-    if settings.backend == "local" and probe:
-        from beamflow.local import probe_local
+    if as_agent and not probe:
+        fail("--as-agent goes with --probe: `beamflow doctor --probe --as-agent`", code=2)
+    if settings.backend == "local":
+        if as_agent:
+            fail("--as-agent probes as the Globus agent; this workspace uses the local "
+                 "backend", code=2)  # fmt: skip
+        from beamflow.local import check_local, probe_local
 
-        checks = probe_local(settings, timeout=probe_timeout)
+        checks = check_local(settings)
+        if probe:
+            checks += probe_local(settings, timeout=probe_timeout)
     else:
         from beamflow.globus import probe_endpoint, run_checks
 
         checks = run_checks(settings)
         if probe:
-            checks += probe_endpoint(settings, timeout=probe_timeout)
+            checks += probe_endpoint(settings, timeout=probe_timeout, as_agent=as_agent)
     failed = [c for c in checks if c.outcome == "fail"]
     if as_json:
         print(json.dumps([c.model_dump() for c in checks]))

@@ -49,6 +49,9 @@ def _register(
                           "registering would do")  # fmt: skip
     for r in results:
         print(f"{r.action} {r.name} {r.id or '-'}")
+        if dry_run:  # who may do what with it, as it would be deployed
+            for role, principals in r.roles.items():
+                print(f"  {role}: {', '.join(principals) or '(owner only)'}")
 
 
 @app.command("functions")
@@ -63,5 +66,7 @@ def register_functions(
 def register_flows(
     backend: BackendChoice = None, dry_run: DryRunOption = False, config: ConfigOption = None
 ) -> None:
-    """Register the flows (flows/*.json + schema) whose content changed."""
+    """Register the flows (flows/*.json + schema) whose content or roles changed. On Globus
+    each flow gets its roles from [globus] in beamflow.toml: the agent's client and the staff
+    group may start it; --dry-run prints them."""
     _register("flows", backend, dry_run, config)

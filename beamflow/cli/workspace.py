@@ -23,7 +23,8 @@ def init(
     force: Annotated[bool, typer.Option(help="Overwrite an existing beamflow.toml.")] = False,
     config: ConfigOption = None,
 ) -> None:
-    """Create a workspace: beamflow.toml, beamline/{detector,previews}, hpc/, state/."""
+    """Create a workspace: beamflow.toml, beamline/{detector,previews}, hpc/, state/ (mode
+    0700: tokens and the run store live there)."""
     if backend not in ("local", "globus"):
         fail(f"--backend must be 'local' or 'globus', not {backend!r}", code=2)
     target = directory / CONFIG_NAME
@@ -31,6 +32,9 @@ def init(
         fail(f"{target} exists already (use --force to overwrite)")
     for sub in ("beamline/detector", "beamline/previews", "hpc", "state"):
         (directory / sub).mkdir(parents=True, exist_ok=True)
+    # The state directory holds the Globus tokens and the run store: its owner's alone
+    # (mkdir's mode would be filtered by the umask; an existing one is tightened too).
+    (directory / "state").chmod(0o700)
     text = local_workspace_toml() if backend == "local" else globus_workspace_toml()
     target.write_text(text)
     if backend == "local":
@@ -45,6 +49,34 @@ def init(
         console.print(
             f"  next: cd {directory} && beamflow register functions && beamflow register flows"
         )
+
+
+def render_endpoint(
+    source: Annotated[Path, typer.Argument(
+        help="The kind's shipped files: deploy/compute-endpoint/slurm-gpu, pbspro-gpu or "
+        "workstation.", file_okay=False)],
+    out: Annotated[Path, typer.Argument(help="Directory to write the site's files into.",
+                                        file_okay=False)],
+    force: Annotated[bool, typer.Option(help="Overwrite files already in OUT.")] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Write the Compute endpoint's files with this site's values from beamflow.toml: the
+    template's defaults ([cluster] worker_env, modules; [cluster.final]) and the identity
+    mapping (the agent's client runs as cluster.service_account). Then configure the
+    endpoint from OUT, and point cluster.endpoint_dir at a copy for `beamflow doctor`."""
+    from beamflow.endpoint_files import RenderError
+    from beamflow.endpoint_files import render_endpoint as render
+
+    settings = settings_from(config)
+    try:
+        rendered = render(settings, source, out, force=force)
+    except (RenderError, OSError) as exc:
+        fail(str(exc))
+    for path in rendered.written:
+        console.print(f"[green]wrote[/] {path}", highlight=False)
+    for whom, command in rendered.configure:
+        console.print(f"next, on the endpoint's host, {whom}:")
+        console.print(f"  {command}", highlight=False, soft_wrap=True)
 
 
 def simulate(

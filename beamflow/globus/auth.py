@@ -10,6 +10,21 @@ Two kinds of identity, chosen by configuration:
   :class:`globus_sdk.ClientApp` that gets its own tokens by the client-credentials grant and
   never needs a person.
 
+Dependent scopes (a flow's run scope with Transfer and each mapped collection's
+``data_access`` below it) are checked by the SDK's ``ScopeRequirementsValidator`` against the
+consents Globus Auth holds for the identity whose tokens these are (``get_consents``; the
+identity comes from the ``id_token`` that ``openid`` brings, for a client as for a person).
+A person records those consents by logging in. A client records them by asking: a
+client-credentials grant for a scope with dependencies makes Auth record the client
+identity's consent to that whole tree (globus-cli relies on the same when it meets a
+ConsentRequired as a client). So for the client a token that is missing, expired or short of
+a dependent consent is answered by the grant again, for every required scope with its
+dependencies (:meth:`GlobusAuth._renew_client_tokens`), and a consent Auth still does not
+hold after that is an admin's problem, said as such (:class:`ClientConsentMissing`), never
+"run `beamflow login`". A 403 asking for a consent in the middle of a call is met the same
+way (the SDK's GARE redrive, which for a ClientApp is that grant). A refused secret says so,
+naming the client (:class:`ClientSecretRejected`).
+
 Tokens live in a SQLite file (``settings.token_path``) that only the owner may read: the file
 is created 0600 before the SDK opens it, its directory 0700 when beamflow creates it, and the
 mode is checked (and repaired) on every open.
@@ -48,12 +63,21 @@ from globus_sdk.token_storage import (
     ScopeRequirementsValidator,
     SQLiteTokenStorage,
     TokenStorageData,
+    TokenValidationError,
 )
+from globus_sdk.token_storage.validating_token_storage import IdentityMismatchError
 from globus_sdk.transport import RequestsTransport, RetryConfig
 
 from beamflow.backend import BackendError
 from beamflow.config import Settings, is_uuid
-from beamflow.globus.errors import ConfigIncomplete, LoginRequired, globus_errors
+from beamflow.globus.errors import (
+    ClientConsentMissing,
+    ClientSecretRejected,
+    ConfigIncomplete,
+    LoginRequired,
+    globus_errors,
+    secret_rejected,
+)
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +148,52 @@ class SecureSQLiteTokenStorage(SQLiteTokenStorage):
         # The file was just created empty (for its mode); the SDK creates its tables only
         # when it thinks the file is new, so an empty file counts as new.
         return os.path.exists(self.filepath) and os.path.getsize(self.filepath) > 0
+
+
+# -- the agent's confidential client ---------------------------------------------------------
+CLIENT_DOMAIN = "clients.auth.globus.org"
+
+
+def client_identity_urn(client_id: str) -> str:
+    """The Globus principal of a confidential client's own identity (its identity id is its
+    client id), as Flows roles name it."""
+    return f"urn:globus:auth:identity:{client_id}"
+
+
+class AgentAuthClient(globus_sdk.ConfidentialAppAuthClient):
+    """The SDK's confidential client, saying which client Auth refused when the secret is
+    wrong (:class:`ClientSecretRejected`) instead of a bare 401."""
+
+    def oauth2_client_credentials_tokens(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().oauth2_client_credentials_tokens(*args, **kwargs)
+        except globus_sdk.AuthAPIError as exc:
+            if secret_rejected(exc):
+                raw = exc.raw_json or {}
+                error = raw.get("error") if isinstance(raw.get("error"), str) else exc.code
+                raise ClientSecretRejected(str(self.client_id), f"{exc.http_status} {error}"
+                                           ) from exc  # fmt: skip
+            raise
+
+
+def missing_consent_trees(forest: Any, requirements: dict[str, list[Scope]]) -> list[Scope]:
+    """The required scopes with dependencies whose whole tree the consent forest lacks."""
+    return [
+        scope
+        for scopes in requirements.values()
+        for scope in scopes
+        if scope.dependencies and not forest.meets_scope_requirements([scope])
+    ]
+
+
+def _collections_in(scope: Scope) -> list[str]:
+    """The collection ids of the data_access scopes inside ``scope``."""
+    found = []
+    for dep in scope.dependencies:
+        if dep.scope_string.endswith("/data_access"):
+            found.append(dep.scope_string.rsplit("/", 2)[-2])
+        found += _collections_in(dep)
+    return found
 
 
 # -- scopes -----------------------------------------------------------------------------------
@@ -292,6 +362,7 @@ class GlobusAuth:
         secret = settings.globus.client_secret
         self.client_secret = secret.get_secret_value() if secret else None
         self.is_service = bool(self.client_secret)
+        self.client_id = client_id
         self._transports: list[RequestsTransport] = []
         self._warned_at = -float("inf")
         try:
@@ -321,19 +392,23 @@ class GlobusAuth:
         app: globus_sdk.GlobusApp
         login_client: globus_sdk.AuthLoginClient
         if self.is_service:
-            login_client = globus_sdk.ConfidentialAppAuthClient(
+            login_client = AgentAuthClient(
                 client_id,
                 self.client_secret,
                 app_name=APP_NAME,
                 transport=transport,
                 retry_config=self.network.retry_config(),
             )
+            # No person to ask: a token problem is met by the grant again (which records the
+            # client's consents to what it asks), a 403 asking for a consent likewise.
             app = globus_sdk.ClientApp(
                 APP_NAME,
                 login_client=login_client,
                 scope_requirements=requirements,
                 config=GlobusAppConfig(
-                    token_storage=self.storage, token_validation_error_handler=None
+                    token_storage=self.storage,
+                    token_validation_error_handler=self._renew_client_tokens,
+                    auto_redrive_gares=True,
                 ),
             )
         else:
@@ -408,7 +483,14 @@ class GlobusAuth:
         return self.is_service or bool(self.storage.get_token_data_by_resource_server())
 
     def require_login(self) -> None:
-        """Raise :class:`LoginRequired` unless tokens are stored (no network)."""
+        """Raise :class:`LoginRequired` unless tokens are stored (no network). A client with
+        no tokens at all gets them now, every scope in one grant with ``openid``: Auth then
+        records its consents to every dependency, and the id_token names the identity whose
+        consents the SDK checks from then on (a grant of one resource server's scopes, which
+        an authorizer makes on its own, carries no id_token)."""
+        if self.is_service and not self.storage.get_token_data_by_resource_server():
+            self.login()
+            return
         if not self.logged_in():
             raise LoginRequired(
                 f"not logged in to Globus (no tokens in {self.token_path}): run `beamflow login`"
@@ -421,6 +503,56 @@ class GlobusAuth:
                 log.warning(warning)
             if warnings:
                 self._warned_at = now
+
+    # -- the agent's client: tokens and consents --------------------------------------
+    def _renew_client_tokens(self, app: globus_sdk.GlobusApp, error: TokenValidationError) -> None:
+        """The ClientApp's answer to a token that is missing, expired or short of a consent:
+        the client-credentials grant for every required scope with its dependencies, then
+        the consents checked, naming what Auth still does not hold."""
+        if isinstance(error, IdentityMismatchError):
+            raise error  # the token file of another identity: nothing to renew
+        log.info("Globus tokens of client %s: %s; asking Auth again", self.client_id, error)
+        app.login(force=True)
+        missing = self.consent_gaps()
+        if missing:
+            raise ClientConsentMissing(self.consent_gap_text(missing), step="auth")
+
+    def consent_gaps(self) -> list[Scope]:
+        """The required scope trees that Globus Auth holds no consent of this identity for
+        (network: Auth's consents of the identity the stored tokens belong to)."""
+        identity = self.app.token_storage.identity_id or (
+            self.client_id if self.is_service else None)  # fmt: skip
+        if identity is None:
+            return []  # no id_token: the SDK cannot check either
+        with globus_errors(f"read the Globus consents of identity {identity}"):
+            forest = self._consent_client().get_consents(identity).to_forest()
+        return missing_consent_trees(forest, self.app.scope_requirements)
+
+    def _consent_client(self) -> globus_sdk.AuthClient:
+        for validator in self.app.token_storage.validators:
+            if isinstance(validator, ScopeRequirementsValidator):
+                return validator.consent_client
+        return self.client(globus_sdk.AuthClient)
+
+    def consent_gap_text(self, missing: Sequence[Scope]) -> str:
+        """What the agent's client lacks and what an admin does about it."""
+        collections = sorted({c for scope in missing for c in _collections_in(scope)})
+        who = f"{self.client_id}@{CLIENT_DOMAIN}"
+        scopes = "; ".join(str(s) for s in missing)
+        text = (
+            f"Globus Auth holds no consent of the agent's client identity {who} for {scopes}, "
+            "even right after a client-credentials grant that asked for it (Auth records a "
+            "client's consent to exactly what its grant asks, dependencies included)"
+        )
+        if collections:
+            text += (
+                f". It is the data_access of collection(s) {', '.join(collections)}: a guest "
+                "collection has none (list only mapped collections in "
+                "globus.data_access_collections); a mapped collection grants it only to "
+                f"identities its storage gateway admits (let {who} in, through the gateway's "
+                "identity mapping or a guest collection shared with it)"
+            )
+        return text + "; then run `sudo beamflow-as-agent doctor` to check"
 
     def missing_consents(self) -> list[str]:
         """Resource servers whose stored tokens do not cover the required scopes.
@@ -442,6 +574,9 @@ class GlobusAuth:
         with globus_errors("log in to Globus"):
             if self.is_service:
                 self.app.login(force=True)
+                missing = self.consent_gaps()
+                if missing:
+                    raise ClientConsentMissing(self.consent_gap_text(missing), step="auth")
                 return True
             if not force and self.logged_in() and not self.app.login_required():
                 return False

@@ -8,6 +8,8 @@ state of the flow's Transfer tasks attached to the transfer steps.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +19,7 @@ import globus_sdk
 import flows as flow_files
 from beamflow import registry as reg
 from beamflow.backend import BackendError, FlowRunInfo, RegistrationResult
-from beamflow.config import Settings
+from beamflow.config import Settings, agent_client_id
 from beamflow.globus import compute, transfer
 from beamflow.globus import flows as gflows
 from beamflow.globus.auth import (
@@ -28,7 +30,8 @@ from beamflow.globus.auth import (
     data_access_collections,
     registered_flow_ids,
 )
-from beamflow.globus.errors import globus_errors
+from beamflow.globus.errors import exists_on_service, globus_errors
+from beamflow.globus.roles import flow_roles, run_roles
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,13 @@ def refusal(name: str, check: gflows.ServiceValidation) -> str:
     return f"flows/{name}.json: Globus Flows refuses the definition:\n  {reasons}"
 
 BACKEND_NAME = "globus"
+
+
+def deployed_flow_checksum(settings: Settings, name: str) -> str:
+    """What decides whether a flow on Globus is up to date: its content (definition and
+    schema) and its roles, so a role changed in beamflow.toml updates the flow."""
+    roles = json.dumps(flow_roles(settings).model_dump(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{reg.flow_checksum(name)}\0{roles}".encode()).hexdigest()
 
 
 class GlobusBackend:
@@ -137,9 +147,14 @@ class GlobusBackend:
                 raise BackendError(refusal(name, check), step="register")
             return client
 
+        roles = flow_roles(self.settings)
+        if agent_client_id(self.settings) is None:
+            log.warning("no agent client among the flows' starters (globus.agent_client_id is "
+                        "not set): the agent will not be able to start these flows")
+
         def create(name: str) -> str:
             flow_id = gflows.create_flow(accepted(name), name, flow_files.load_definition(name),
-                                         flow_files.load_schema(name))  # fmt: skip
+                                         flow_files.load_schema(name), roles)  # fmt: skip
             self.auth.add_flow(flow_id)
             return flow_id
 
@@ -150,13 +165,18 @@ class GlobusBackend:
                 name,
                 flow_files.load_definition(name),
                 flow_files.load_schema(name),
+                roles,
             )
 
         def exists(flow_id: str) -> bool:
             assert client is not None
             return gflows.flow_exists(client, flow_id)
 
-        return self._register("flow", create, update, exists, dry_run)
+        def checksum(name: str) -> str:
+            return deployed_flow_checksum(self.settings, name)
+
+        results = self._register("flow", create, update, exists, dry_run, checksum=checksum)
+        return [r.model_copy(update={"roles": roles.model_dump()}) for r in results]
 
     def _register(
         self,
@@ -165,13 +185,14 @@ class GlobusBackend:
         update: Callable[[str, str], str | None],
         exists: Callable[[str], bool],
         dry_run: bool,
+        checksum: Callable[[str], str] | None = None,
     ) -> list[RegistrationResult]:
         """The shared registry's decision for every shipped ``kind``, with this service's
         calls; a dry run asks the service nothing (not even whether the items still exist)."""
         try:
             return reg.register_shipped(
                 self.registry, kind, create=create, update=update,
-                exists=None if dry_run else exists, dry_run=dry_run,
+                exists=None if dry_run else exists, dry_run=dry_run, checksum=checksum,
             )  # fmt: skip
         except reg.RegistryError as exc:
             raise BackendError(str(exc), step="register") from None
@@ -193,7 +214,8 @@ class GlobusBackend:
     def start_run(self, flow: str, body: dict[str, Any], *, label: str, tags: list[str]) -> str:
         flow_id = self.flow_id(flow)
         self._require_login()
-        return gflows.start_run(self._flow_client(flow_id), body, label=label, tags=tags)
+        return gflows.start_run(self._flow_client(flow_id), body, label=label, tags=tags,
+                                roles=run_roles(self.settings))  # fmt: skip
 
     def get_run(self, backend_run_id: str) -> FlowRunInfo:
         if not self._checked_login:
@@ -251,6 +273,68 @@ class GlobusBackend:
             raise BackendError("compute.endpoint_id is not set in beamflow.toml", step="compute")
         return compute.run_direct(self.auth, endpoint, function_id, kwargs, timeout=timeout,
                                   user_endpoint_config=user_endpoint_config)  # fmt: skip
+
+    # -- timers --------------------------------------------------------------------------
+    def ensure_timer(self, flow: str, body: dict[str, Any], *, every_seconds: int,
+                     name: str) -> RegistrationResult:  # fmt: skip
+        """A Globus Timer that runs the registered ``flow`` with ``body`` every
+        ``every_seconds``, as this identity (the agent: its client). Recorded in the registry
+        under ``name``; made again when the flow, body or interval changed, or the timer is
+        gone from the service; the one it replaces is deleted."""
+        self._require_login()
+        flow_id = self.flow_id(flow)
+        request = {"flow_id": flow_id, "body": body, "every_seconds": every_seconds,
+                   "run_roles": run_roles(self.settings).model_dump()}  # fmt: skip
+        checksum = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+        timers = self.auth.client(globus_sdk.TimersClient)
+        timers.add_app_flow_user_scope(flow_id)  # the Timer starts the flow for us
+
+        def create(_name: str) -> str:
+            timer = globus_sdk.FlowTimer(
+                flow_id=flow_id, name=f"beamflow {name}",
+                schedule=globus_sdk.RecurringTimerSchedule(every_seconds),
+                body={"body": body, "label": f"beamflow {name}",
+                      "tags": ["beamflow", name], **run_roles(self.settings).model_dump()},
+            )  # fmt: skip
+            with globus_errors(f"create the Globus Timer {name!r}", step="register"):
+                made = timers.create_timer(timer)
+            return str(made["timer"]["job_id"])
+
+        def update(_name: str, old_id: str) -> str:
+            new_id = create(_name)
+            with globus_errors(f"delete the Globus Timer {old_id} it replaces"):
+                try:
+                    timers.delete_job(old_id)
+                except globus_sdk.GlobusAPIError as exc:
+                    if exc.http_status != 404:
+                        raise
+            return new_id
+
+        def exists(timer_id: str) -> bool:
+            return exists_on_service(f"look up Globus Timer {timer_id}",
+                                     lambda: timers.get_job(timer_id))  # fmt: skip
+
+        try:
+            return self.registry.ensure("timer", name, checksum, create=create, update=update,
+                                        exists=exists)  # fmt: skip
+        except reg.RegistryError as exc:
+            raise BackendError(str(exc), step="register") from None
+
+    def finished_runs(self, flow: str, *, after: str | None = None) -> list[FlowRunInfo]:
+        """The ended runs of the registered ``flow`` (a Timer's), oldest first, those
+        started after the run ``after`` only (the last one already read)."""
+        self._require_login()
+        flow_id = self.flow_id(flow)
+        found: list[dict[str, Any]] = []
+        with globus_errors(f"list the runs of flow {flow_id}"):
+            for page in self.flows_client.paginated.list_runs(filter_flow_id=flow_id):
+                found.extend(page["runs"])
+        found.sort(key=lambda r: str(r.get("start_time") or ""))
+        if after is not None:
+            ids = [str(r.get("run_id")) for r in found]
+            found = found[ids.index(after) + 1:] if after in ids else found
+        return [self.get_run(str(r["run_id"])) for r in found
+                if gflows.run_status(str(r.get("status", ""))).finished]
 
     def close(self) -> None:
         self.auth.close()

@@ -13,24 +13,28 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import NamedTuple
 
 import globus_sdk
 
+from beamflow import endpoint_files as ef
 from beamflow import registry as reg
 from beamflow.backend import BackendError
-from beamflow.config import Settings, environ_overrides, is_uuid
+from beamflow.config import Settings, agent_client_id, environ_overrides, is_uuid
 from beamflow.globus import compute, transfer
 from beamflow.globus import flows as gflows
 from beamflow.globus import identity_mapping as idmap
 from beamflow.globus.auth import (
+    CLIENT_DOMAIN,
     INTERACTIVE,
     GlobusAuth,
     NetworkPolicy,
+    client_identity_urn,
     data_access_collections,
     expiry_warnings,
 )
-from beamflow.globus.errors import LoginRequired
+from beamflow.globus.errors import ClientSecretRejected, LoginRequired, globus_errors
 from beamflow.probe import Check
 
 
@@ -79,7 +83,83 @@ def config_checks(settings: Settings) -> list[Check]:
         Check(name="identity kind", outcome="ok", detail=f"{mode}; env overrides: {overridden}")
     )
     checks.append(identity_mapping_check(settings))
+    checks += endpoint_files_checks(settings)
     return checks
+
+
+RENDER = "`beamflow render-endpoint deploy/compute-endpoint/<kind> DIR`"
+
+
+def mapping_path(settings: Settings) -> Path | None:
+    """The identity mapping to check: ``cluster.identity_mapping``, else the one in
+    ``cluster.endpoint_dir``."""
+    cluster = settings.cluster
+    if cluster.identity_mapping is not None:
+        return cluster.identity_mapping
+    if cluster.endpoint_dir is not None and (cluster.endpoint_dir / ef.MAPPING).is_file():
+        return cluster.endpoint_dir / ef.MAPPING
+    return None
+
+
+def endpoint_files_checks(settings: Settings) -> list[Check]:
+    """The endpoint's files as written for this site (``cluster.endpoint_dir``): nothing
+    left to fill in, no module failure hidden, a worker environment the mapped account can
+    reach."""
+    directory = settings.cluster.endpoint_dir
+    if directory is None:
+        return [Check(name="endpoint files", outcome="skip",
+                      detail="cluster.endpoint_dir not set: the endpoint's files are not checked",
+                      fix=f"write them with {RENDER}, configure the endpoint from DIR, and set "
+                      "cluster.endpoint_dir to (a copy of) DIR")]  # fmt: skip
+    template = directory / ef.TEMPLATE
+    if not template.is_file():
+        return [Check(name="endpoint files", outcome="fail",
+                      detail=f"{template}: no such file (cluster.endpoint_dir)",
+                      fix=f"write the files with {RENDER}")]  # fmt: skip
+    problems = [f"placeholder left: {p}" for p in ef.placeholders(directory)]
+    problems += [f"a module command whose failure is hidden: {h}"
+                 for h in ef.hidden_failures(template)]  # fmt: skip
+    checks = [Check(name="endpoint files", outcome="fail", detail="; ".join(problems),
+                    fix="set what is missing in beamflow.toml ([cluster], [cluster.final], "
+                    f"globus.agent_client_id), write the files again ({RENDER} --force) and "
+                    "configure the endpoint from them") if problems else
+              Check(name="endpoint files", outcome="ok",
+                    detail=f"{directory}: no placeholder; every module load fails the job "
+                    "loudly")]  # fmt: skip
+    checks.append(worker_env_check(settings, template))
+    return checks
+
+
+def worker_env_check(settings: Settings, template: Path) -> Check:
+    """Can the account the agent's tasks run as activate the template's environment?"""
+    name = "worker environment"
+    env = ef.worker_env_of(template)
+    if env is None:
+        return Check(name=name, outcome="fail", detail=f"{template}: no `source .../bin/"
+                     "activate` in worker_init", fix=f"write the files with {RENDER}")
+    account = settings.cluster.service_account
+    client = agent_client_id(settings)
+    path = mapping_path(settings)
+    if path is not None and client:
+        try:
+            mapped = idmap.mapped_accounts(path, idmap.client_identity(client), client)
+        except idmap.MappingError:
+            mapped = []  # the identity mapping check says why
+        account = mapped[0] if mapped else account
+    if not account:
+        return Check(name=name, outcome="skip", detail=f"{env}: no account known to check it "
+                     "for", fix="set cluster.service_account (the account the agent runs as)")
+    reach = ef.account_reaches(env, account)
+    if reach.ok is None:
+        return Check(name=name, outcome="skip", detail=reach.detail,
+                     fix="run `beamflow doctor` on the endpoint's host, or prove it with "
+                     "`beamflow doctor --probe --as-agent`")  # fmt: skip
+    if not reach.ok:
+        return Check(name=name, outcome="fail",
+                     detail=f"the workers of {account} could not start: {reach.detail}",
+                     fix="set cluster.worker_env to an environment every mapped account can "
+                     f"read (not in a home), then {RENDER} --force")  # fmt: skip
+    return Check(name=name, outcome="ok", detail=reach.detail)
 
 
 def identity_mapping_check(settings: Settings) -> Check:
@@ -87,22 +167,22 @@ def identity_mapping_check(settings: Settings) -> Check:
     map the agent's client identity to a local account? Without it, every Reconstruct step
     the agent starts is refused on a multi-user endpoint."""
     name = "identity mapping"
-    path = settings.cluster.identity_mapping
-    client_id = settings.globus.client_id
+    path = mapping_path(settings)
+    client_id = agent_client_id(settings)
     if path is None:
         return Check(
             name=name,
             outcome="skip",
             detail="cluster.identity_mapping not set: the endpoint's mapping is not checked",
-            fix="point cluster.identity_mapping at a readable copy of the endpoint's "
-            "identity_mapping.json (deploy/compute-endpoint/<kind>/)",
+            fix="point cluster.endpoint_dir at the files " + RENDER + " wrote (or "
+            "cluster.identity_mapping at a readable copy of the endpoint's identity_mapping.json)",
         )
-    if not settings.globus.client_secret or not is_uuid(client_id):
+    if client_id is None:
         return Check(
             name=name,
             outcome="skip",
-            detail="no confidential client configured (the agent's identity is checked with "
-            "the agent's environment: BEAMFLOW_GLOBUS__CLIENT_ID and _CLIENT_SECRET)",
+            detail="the agent's client is not known (set globus.agent_client_id, or run doctor "
+            "with the agent's environment: `sudo beamflow-as-agent doctor`)",
         )
     username = idmap.client_identity(client_id)
     try:
@@ -203,14 +283,8 @@ def _network_fix(exc: BackendError) -> str:
 
 def _login_checks(auth: GlobusAuth, checks: list[Check]) -> bool:
     if auth.is_service:
-        checks.append(
-            Check(
-                name="login",
-                outcome="ok",
-                detail="confidential client: tokens come from the client secret",
-            )
-        )
-        return True
+        checks.append(_client_login(auth))
+        return checks[-1].outcome != "fail"
     tokens = auth.tokens()
     if not tokens:
         checks.append(
@@ -255,6 +329,37 @@ def _login_checks(auth: GlobusAuth, checks: list[Check]) -> bool:
         )
     )
     return True
+
+
+def _client_login(auth: GlobusAuth) -> Check:
+    """The agent's confidential client: the client-credentials grant, then the consents
+    Globus Auth holds for the client identity (each flow's Transfer data access)."""
+    who = f"{auth.client_id}@{CLIENT_DOMAIN}"
+    try:
+        with globus_errors("get the agent's tokens (client-credentials grant)"):
+            auth.app.login(force=True)
+        missing = auth.consent_gaps()
+    except ClientSecretRejected as exc:
+        return Check(name="login", outcome="fail", detail=str(exc), fix=ROTATION_FIX)
+    except BackendError as exc:
+        return Check(name="login", outcome="fail", detail=str(exc), fix=_network_fix(exc))
+    if missing:
+        return Check(name="login", outcome="fail", detail=auth.consent_gap_text(missing),
+                     fix="an admin's task (logging in cannot help a client): see the detail; "
+                     "docs/deployment.md, \"The agent's identity\"")  # fmt: skip
+    trees = sum(1 for scopes in auth.app.scope_requirements.values() for s in scopes
+                if s.dependencies)  # fmt: skip
+    return Check(name="login", outcome="ok",
+                 detail=f"confidential client {who}: tokens from the client secret; Auth "
+                 f"holds its consents to all {trees} scope(s) with dependencies")  # fmt: skip
+
+
+ROTATION_FIX = (
+    "add a second secret to the client (app.globus.org/settings/developers), put it into "
+    "/etc/beamflow/agent.env, restart beamflow-agent and beamflow-status, check with "
+    "`sudo beamflow-as-agent doctor`, then delete the old secret (docs/deployment.md, "
+    "\"Rotating the client secret\")"
+)
 
 
 def _identity(auth: GlobusAuth) -> Check:
@@ -346,10 +451,42 @@ def _registered_checks(
                 continue
 
             def on_service(label: str = label, fid: str = entry.id, exists=exists,  # noqa: ANN001
-                           words: _Words = words) -> Check:  # fmt: skip
+                           words: _Words = words, kind: str = kind) -> Check:  # fmt: skip
+                if kind == "flow":
+                    return _flow_on_service(auth, flows_client, label, fid)
                 if exists(fid):
                     return Check(name=label, outcome="ok", detail=words.present.format(id=fid))
                 return Check(name=label, outcome="fail", detail=words.gone.format(id=fid),
                              fix=words.fix)  # fmt: skip
 
             network_check(label, on_service)
+
+
+def _flow_on_service(
+    auth: GlobusAuth, client: globus_sdk.FlowsClient, label: str, flow_id: str
+) -> Check:
+    """A deployed flow: still on the service, and startable by the agent's client."""
+    words = _REGISTERED["flow"]
+    doc = gflows.deployed_flow(client, flow_id)
+    if doc is None:
+        return Check(name=label, outcome="fail", detail=words.gone.format(id=flow_id),
+                     fix=words.fix)  # fmt: skip
+    present = words.present.format(id=flow_id)
+    agent = agent_client_id(auth.settings)
+    if agent is None:
+        return Check(
+            name=label, outcome="warn",
+            detail=f"{present}; no agent client is known, so none is among its starters",
+            fix="set globus.agent_client_id to the agent's confidential client id, then "
+            "`beamflow register flows --backend globus`",
+        )  # fmt: skip
+    starters = doc.get("flow_starters")
+    if isinstance(starters, list) and client_identity_urn(agent) not in starters:
+        return Check(
+            name=label, outcome="fail",
+            detail=f"{present}, but the agent's client {agent} may not start it (its "
+            f"starters: {', '.join(starters) or 'none but the owner'})",
+            fix="`beamflow register flows --backend globus` (it sets the starters from "
+            "[globus]); `--dry-run` first shows them",
+        )  # fmt: skip
+    return Check(name=label, outcome="ok", detail=f"{present}; the agent's client may start it")

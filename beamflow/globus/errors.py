@@ -37,6 +37,39 @@ class ConfigIncomplete(BackendError):
     """A Globus id the configuration needs is not filled in."""
 
 
+ROTATION = 'docs/deployment.md, "Rotating the client secret"'
+
+
+class ClientSecretRejected(BackendError):
+    """Globus Auth refused the confidential client's secret (revoked, rotated or mistyped):
+    no login helps; an admin must give the agent a current secret."""
+
+    def __init__(self, client_id: str, detail: str = "") -> None:
+        said = f" ({detail})" if detail else ""
+        super().__init__(
+            f"Globus Auth rejected the client secret for {client_id}{said}: it was revoked, "
+            "rotated or mistyped. Put a current secret of that client into "
+            "BEAMFLOW_GLOBUS__CLIENT_SECRET (/etc/beamflow/agent.env) and restart the agent "
+            f"and the status page ({ROTATION})",
+            step="auth",
+        )
+        self.client_id = client_id
+
+
+class ClientConsentMissing(BackendError):
+    """Globus Auth holds no consent of the agent's client identity for a dependent scope it
+    needs, even right after a client-credentials grant that asked for it: an admin must act
+    (the message says what); logging in cannot help a client."""
+
+
+def secret_rejected(exc: globus_sdk.AuthAPIError) -> bool:
+    """Whether Auth's answer to a client-credentials grant refuses the client itself (OAuth2
+    ``invalid_client``, RFC 6749 5.2), not what it asked for."""
+    raw = exc.raw_json or {}
+    oauth_error = raw.get("error") if isinstance(raw.get("error"), str) else None
+    return "invalid_client" in (exc.code, oauth_error) or exc.http_status == 401
+
+
 def _service_of(exc: globus_sdk.GlobusAPIError) -> str:
     for cls, name in (
         (globus_sdk.AuthAPIError, "Auth"),

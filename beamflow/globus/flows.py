@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from beamflow.backend import FlowRunInfo, StepInfo
 from beamflow.globus.errors import exists_on_service, globus_errors
+from beamflow.globus.roles import FlowRoles, RunRoles
 from beamflow.registry import GoneOnService
 from beamflow.store import RunStatus
 
@@ -257,8 +258,10 @@ def create_flow(
     name: str,
     definition: dict[str, Any],
     input_schema: dict[str, Any],
+    roles: FlowRoles,
 ) -> str:
-    """Deploy a flow; returns its id. The definition and schema are sent unchanged."""
+    """Deploy a flow with its roles; returns its id. The definition and schema are sent
+    unchanged."""
     with globus_errors(f"create the flow {name!r} on Globus Flows", step="register"):
         response = client.create_flow(
             title=flow_title(name),
@@ -266,6 +269,7 @@ def create_flow(
             input_schema=input_schema,
             subtitle=_subtitle(definition),
             keywords=["beamflow", name],
+            **roles.model_dump(),
         )
     return str(response["id"])
 
@@ -276,8 +280,9 @@ def update_flow(
     name: str,
     definition: dict[str, Any],
     input_schema: dict[str, Any],
+    roles: FlowRoles,
 ) -> str:
-    """Replace a deployed flow's definition and schema; returns its id. Raises
+    """Replace a deployed flow's definition, schema and roles; returns its id. Raises
     :class:`beamflow.registry.GoneOnService` when the flow was deleted on the service (the
     registry then creates it again)."""
     with globus_errors(f"update the flow {name!r} ({flow_id}) on Globus Flows", step="register"):
@@ -289,6 +294,7 @@ def update_flow(
                 input_schema=input_schema,
                 subtitle=_subtitle(definition),
                 keywords=["beamflow", name],
+                **roles.model_dump(),
             )
         except globus_sdk.FlowsAPIError as exc:
             if exc.http_status != 404:
@@ -349,6 +355,19 @@ def service_problems(exc: globus_sdk.FlowsAPIError) -> list[str]:
     return [str(error.get("message") or exc.message or exc.text or f"HTTP {exc.http_status}")]
 
 
+def deployed_flow(client: globus_sdk.FlowsClient, flow_id: str) -> dict[str, Any] | None:
+    """The service's document of a flow (its roles included, for its owner and
+    administrators), or None when it is gone or not shared with this identity."""
+    found: dict[str, Any] = {}
+
+    def lookup() -> None:
+        found.update(client.get_flow(flow_id).data)
+
+    if not exists_on_service(f"look up flow {flow_id} on Globus Flows", lookup):
+        return None
+    return found
+
+
 def flow_exists(client: globus_sdk.FlowsClient, flow_id: str) -> bool:
     """Whether the service still has the flow (False on 404 or 403: gone, or not ours)."""
     return exists_on_service(f"look up flow {flow_id} on Globus Flows",
@@ -382,10 +401,12 @@ def start_run(
     *,
     label: str,
     tags: list[str],
+    roles: RunRoles,
 ) -> str:
-    """Start a run; returns the run id. Labels are cut to the service's 64 characters."""
+    """Start a run with its managers and monitors; returns the run id. Labels are cut to the
+    service's 64 characters."""
     with globus_errors("start the flow run", step="start"):
-        response = client.run_flow(body, label=label[:64], tags=tags)
+        response = client.run_flow(body, label=label[:64], tags=tags, **roles.model_dump())
     return str(response["run_id"])
 
 

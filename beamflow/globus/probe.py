@@ -41,22 +41,33 @@ def _probe_function(settings: Settings, auth: GlobusAuth) -> str:
 
 def probe_endpoint(
     settings: Settings, *, network: NetworkPolicy = INTERACTIVE, timeout: float = 600.0,
-    poll_seconds: float = 5.0,
+    poll_seconds: float = 5.0, as_agent: bool = False,
 ) -> list[Check]:
     """Run the probe on a worker of ``compute.endpoint_id`` and judge it; never raises for
-    what it finds."""
+    what it finds. ``as_agent``: as the agent's final runs go (its client credentials, the
+    ``[cluster.final]`` resources, the mapped account, the GPUs)."""
     endpoint = settings.compute.endpoint_id
     if not is_uuid(endpoint) or not is_uuid(settings.globus.client_id):
         return [Check(name="worker probe", outcome="skip",
                       detail="needs globus.client_id and compute.endpoint_id")]  # fmt: skip
+    if as_agent and not settings.globus.client_secret:
+        return [Check(
+            name="worker probe", outcome="fail",
+            detail="--as-agent runs the probe with the agent's client credentials, and this "
+            "environment has none (BEAMFLOW_GLOBUS__CLIENT_SECRET)",
+            fix="run it as the agent: `sudo beamflow-as-agent doctor --probe --as-agent` "
+            "(deploy/systemd/beamflow-as-agent reads /etc/beamflow/agent.env)",
+        )]  # fmt: skip
     scratch = str(settings.hpc.scratch_dir)
+    resources = settings.cluster.final.endpoint_config() if as_agent else None
     try:
         with GlobusAuth(settings, network=network) as auth:
             auth.require_login()
             about = compute.endpoint_metadata(auth, endpoint)
             function_id = _probe_function(settings, auth)
             raw = compute.run_direct(auth, endpoint, function_id, {"scratch_dir": scratch},
-                                     timeout=timeout, poll_seconds=poll_seconds)  # fmt: skip
+                                     timeout=timeout, poll_seconds=poll_seconds,
+                                     user_endpoint_config=resources)  # fmt: skip
         report = WorkerReport.model_validate(raw)
     except (BackendError, reg.RegistryError) as exc:
         return [Check(
@@ -78,10 +89,15 @@ def probe_endpoint(
         python=about.get("python_version") or None,
         python_from=f"endpoint {endpoint}",
         service_account=settings.cluster.service_account,
-        require_gpu=settings.reconstruction.device == "cuda",
+        require_gpu=settings.reconstruction.device == "cuda" or (
+            as_agent and settings.reconstruction.device != "cpu"),
+        strict_user=as_agent,
+        min_gpus=settings.cluster.final.gpus_per_node if as_agent else None,
     )
+    how = (f" as the agent's client {settings.globus.client_id} with [cluster.final] "
+           f"{resources or '{} (the template defaults)'}" if as_agent else "")
     ran = Check(name="worker probe", outcome="ok",
-                detail=f"ran on {report.host} through endpoint {endpoint}")  # fmt: skip
+                detail=f"ran on {report.host} through endpoint {endpoint}{how}")  # fmt: skip
     return [ran, *judge(report, reference), *resources_checks(settings, about)]
 
 

@@ -4,13 +4,15 @@ Compute action providers (one machine, no network). See :mod:`beamflow.local.bac
 The public API, all that code outside this package uses (tests/test_architecture.py checks
 it): ``LocalBackend`` (through ``beamflow.runs.get_backend``), and the offline flow tool of
 `beamflow flows validate|run` (:mod:`beamflow.local.flowtool`): ``check_flow``, ``run_flow``,
-``providers_for``, ``load_flow`` and ``FlowToolError``; and ``probe_local``, the worker probe of
+``providers_for``, ``load_flow`` and ``FlowToolError``; ``check_local``, `beamflow doctor` of a
+local workspace (:mod:`beamflow.local.doctor`), and ``probe_local``, the worker probe of
 `beamflow doctor --probe` (:mod:`beamflow.local.probe`).
 """
 
 from __future__ import annotations
 
 from beamflow.local.backend import LocalBackend
+from beamflow.local.doctor import check_local
 from beamflow.local.flowtool import (
     FlowCheck,
     FlowToolError,
@@ -26,6 +28,7 @@ __all__ = [
     "FlowToolError",
     "LocalBackend",
     "check_flow",
+    "check_local",
     "load_flow",
     "probe_local",
     "providers_for",
