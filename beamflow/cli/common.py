@@ -23,10 +23,12 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperGroup
 
 from beamflow.backend import Backend, BackendError
 from beamflow.config import CONFIG_NAME, USER_CONFIG, ConfigError, Settings, load_config
+from beamflow.console import make_console
 from beamflow.store import Run, Store
 
 
@@ -58,19 +60,6 @@ class WholeSummaries(TyperGroup):
 # its table at 80 columns; click prints them whole and wraps the descriptions.
 HELP: dict[str, Any] = {"no_args_is_help": True, "rich_markup_mode": None, "cls": WholeSummaries}
 
-# Where the output is not a terminal (a pipe, a log file, a CI job) lines are never
-# wrapped or cut at 80 columns: names and paths stay whole, one per line, for grep and for
-# people reading logs. A terminal wraps what does not fit (tables fold, never "…").
-_WIDE = 10_000
-
-
-def make_console(stderr: bool = False) -> Console:
-    console = Console(stderr=stderr)
-    if console.is_terminal:
-        return console
-    return Console(stderr=stderr, width=_WIDE, soft_wrap=True)
-
-
 def data_table(title: str | None = None) -> Table:
     """A table whose cells wrap (fold) instead of ending in "…"."""
     return Table(title=title, title_justify="left")
@@ -92,13 +81,15 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    """Print a clear error (no traceback) and leave with ``code``."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print a clear error (no traceback), as written, and leave with ``code``."""
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False,
+                      soft_wrap=True)
     raise typer.Exit(code)
 
 
 def warn(message: str) -> None:
-    err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(Text.assemble(("warning:", "yellow"), " ", message), highlight=False,
+                      soft_wrap=True)
 
 
 def settings_from(config: Path | None, *, workspace: bool = False) -> Settings:
@@ -129,7 +120,8 @@ def require_workspace(settings: Settings) -> None:
         )
     here = Path.cwd() / CONFIG_NAME
     if settings.source.resolve() != here.resolve():
-        err_console.print(f"[dim]config: {settings.source}[/]", highlight=False, soft_wrap=True)
+        err_console.print(Text(f"config: {settings.source}", style="dim"), highlight=False,
+                          soft_wrap=True)
 
 
 def open_store(settings: Settings) -> Store:
@@ -174,7 +166,7 @@ class RunProgress:
         self._bar: Progress | None = None
         if self.console.is_terminal:
             self._bar = Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(),
                 TextColumn("iteration {task.completed:.0f}/{task.total:.0f}"),
                 TimeElapsedColumn(), console=self.console, transient=True,
             )  # fmt: skip

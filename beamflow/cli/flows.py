@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.text import Text
 
 from beamflow.backend import BackendError
 from beamflow.cli.common import (
@@ -21,6 +22,7 @@ from beamflow.cli.common import (
     settings_from,
     warn,
 )
+from beamflow.console import styled
 
 app = typer.Typer(help="Validate and try flow definitions (offline; --remote asks Globus).",
                   **HELP)
@@ -116,7 +118,8 @@ def flows_run(
         print(json.dumps(result.model_dump(mode="json")))
     else:
         style = {"SUCCEEDED": "green", "FAILED": "red"}.get(result.status, "yellow")
-        console.print(f"status  [{style}]{result.status}[/]  run {result.run_id}")
+        console.print(Text.assemble("status  ", styled(result.status, style),
+                                    f"  run {result.run_id}"))
         if result.error:
             console.print(
                 f"error   {result.error['state_name']}: {result.error['Error']}: "

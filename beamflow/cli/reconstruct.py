@@ -23,9 +23,11 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
-from beamflow.cli.common import ConfigOption, console, err_console, fail, settings_from
+from beamflow.cli.common import ConfigOption, console, err_console, fail, settings_from, warn
 from beamflow.config import ENGINE_SETTINGS, RENAMED_SETTINGS, Reconstruction
+from beamflow.console import styled, verdict_text
 from beamflow.validation_text import validation_text
 
 if TYPE_CHECKING:
@@ -118,7 +120,7 @@ def reconstruct(
         fail(f"invalid reconstruction settings: {validation_text(exc, skip=['params'])}", code=2)
 
     bar = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn(),
         console=err_console, disable=as_json, transient=False,
     )  # fmt: skip
@@ -155,7 +157,8 @@ def _print_summary(scan: Path, summary: ReconstructSummary) -> None:
 
     spi = summary.seconds_per_iteration
     resumed = summary.resumed_from_iteration
-    console.print(f"[green]reconstructed[/] {scan} ({summary.n_frames} frames) on {summary.device}")
+    console.print(Text.assemble(styled("reconstructed", "green"),
+                                f" {scan} ({summary.n_frames} frames) on {summary.device}"))
     console.print(f"  iterations  {summary.iterations}"
                   + (f" (resumed from {resumed})" if resumed is not None else "")
                   + (f", {spi * 1e3:.1f} ms each" if spi else ""))
@@ -165,18 +168,19 @@ def _print_summary(scan: Path, summary: ReconstructSummary) -> None:
                   f"{length_text(summary.object_pixel_size_m)}")
     for note in summary.notes:
         if note not in summary.verdict_reasons:  # a suspect result lists it below
-            console.print(f"  [yellow]note[/]        {note}", highlight=False)
+            console.print(Text.assemble("  ", styled("note", "yellow"), f"        {note}"),
+                          highlight=False)
     if summary.verdict == "trusted":
-        console.print("  verdict     [green]trusted[/]")
+        console.print(Text.assemble("  verdict     ", verdict_text("trusted")))
     else:
-        console.print("  verdict     [bold red]SUSPECT[/]")
+        console.print(Text.assemble("  verdict     ", verdict_text("suspect")))
         for reason in summary.verdict_reasons:
             console.print(f"    - {reason}", highlight=False)
     console.print(f"  product     {summary.product}")
     for p in summary.previews:
         console.print(f"  preview     {p}")
     for e in summary.checkpoint_errors[:3]:
-        err_console.print(f"[yellow]warning:[/] {e}", highlight=False)
+        warn(e)
 
 
 # --------------------------------------------------------------------------- engine options
