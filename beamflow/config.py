@@ -38,6 +38,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -160,6 +161,11 @@ def _engine_fields() -> dict[str, Any]:
 _EngineSettings = create_model("_EngineSettings", __base__=_Section, **_engine_fields())
 
 
+#: Why a reconstruction of 0 iterations is refused (config, runs, `beamflow reconstruct`).
+NO_ITERATIONS = ("at least 1 iteration: 0 would write the blank starting guess as the product, "
+                 "reconstructing nothing")
+
+
 class Reconstruction(_EngineSettings):  # type: ignore[misc, valid-type]
     """Defaults for reconstructions started by the agent and `runs start`: the engine's
     settings (:data:`ENGINE_SETTINGS`) and the job's."""
@@ -187,6 +193,15 @@ class Reconstruction(_EngineSettings):  # type: ignore[misc, valid-type]
             if old in data:  # only an old file or run names it: its value is the one meant
                 data[new] = data.pop(old)
         return data
+
+    @field_validator("iterations")
+    @classmethod
+    def _some_iterations(cls, value: int) -> int:
+        # The engine takes 0 (a state checked as it is); a job of 0 iterations would write
+        # the blank starting guess as its product.
+        if value < 1:
+            raise PydanticCustomError("too_few_iterations", NO_ITERATIONS)
+        return value
 
     @model_validator(mode="after")
     def _engine_accepts(self) -> Reconstruction:

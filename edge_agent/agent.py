@@ -54,6 +54,7 @@ from beamflow import runs as run_path
 from beamflow.agent_state import (
     HEARTBEAT_SECONDS,
     MAX_LISTED,
+    ONCE_PREFIX,
     AgentState,
     SkippedFile,
     WatchedScan,
@@ -100,7 +101,7 @@ class OnceSummary:
 
     def line(self) -> str:
         text = (
-            f"agent --once: {self.processed} processed, {self.waiting} waiting, "
+            f"{ONCE_PREFIX}{self.processed} processed, {self.waiting} waiting, "
             f"{self.skipped} skipped, {self.failed} failed"
         )
         extra = [f"{n} {what}" for n, what in ((self.done_before, "done before"),
@@ -150,10 +151,12 @@ class EdgeAgent:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def prepare(self) -> None:
+    def prepare(self, warm: bool = True) -> None:
         """Make sure the flow and function can be run. On the embedded backend registration
         is local and idempotent, so the agent does it (a fresh `beamflow init` workspace
-        works at once); on Globus it is a deliberate step (`beamflow register`)."""
+        works at once); on Globus it is a deliberate step (`beamflow register`). ``warm``:
+        start the embedded compute engine now, for a daemon whose first scan may come any
+        moment (`--once` starts it with its first run, or never when nothing is ready)."""
         self.root.mkdir(parents=True, exist_ok=True)
         if self.driver.runs_outlive_agent:
             return
@@ -166,9 +169,9 @@ class EdgeAgent:
                 log.info(f"registered {what}", extra={"fields": {"names": changed}})
         # The embedded backend's compute engine takes seconds to start: start it now, not
         # when the first scan is ready.
-        warm = getattr(self.backend, "warm", None)
-        if warm is not None:
-            warm()
+        start_engine = getattr(self.backend, "warm", None)
+        if warm and start_engine is not None:
+            start_engine()
 
     def run_forever(self) -> None:
         """Watch and process until :meth:`stop` (SIGTERM) is called."""
@@ -209,7 +212,7 @@ class EdgeAgent:
         """
         deadline = None if timeout is None else self.clock() + timeout
         self._mode = "once"
-        self.prepare()
+        self.prepare(warm=False)
         summary = self.once_summary = OnceSummary()
         mine: set[str] = set()
         for path in sorted(find_scans(self.root)):

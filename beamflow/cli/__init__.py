@@ -25,11 +25,11 @@ import typer
 
 from beamflow import __version__
 from beamflow.cli import flows, globus, reconstruct, register, runs, services, workspace
-from beamflow.cli.common import HELP, console
+from beamflow.cli.common import HELP, App, console
 
 __all__ = ["app", "main"]
 
-app = typer.Typer(
+app = App(
     name="beamflow",
     help="Turn a ptychography beamline into a live analysis instrument.",
     add_completion=False,

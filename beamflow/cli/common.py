@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from beamflow.backend import Backend, BackendError
 from beamflow.config import CONFIG_NAME, USER_CONFIG, ConfigError, Settings, load_config
@@ -54,6 +54,58 @@ class WholeSummaries(TyperGroup):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+
+def argument_name(param: click.Parameter) -> str:
+    """An argument as usage lines name it: in capitals (``SCAN``), ``[SCAN]`` when it may be
+    left out, ``CHECKPOINTS...`` when it takes several."""
+    name = param.metavar or (param.name or "").upper()
+    if param.nargs != 1:
+        name += "..."
+    return name if param.required else f"[{name}]"
+
+
+#: The option sections of a command's help, in this order (an option's ``rich_help_panel``
+#: names its section; the general options, --config and --help, come last, as "Options").
+HELP_PANELS = ("Input and geometry", "Algorithm", "Probe", "Output", "Options")
+
+
+class Command(TyperCommand):
+    """A command whose help names its arguments as users write them (``SCAN``, not
+    ``{scan}``) and groups its options in sections (:data:`HELP_PANELS`)."""
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        return pieces + [argument_name(p) for p in self.get_params(ctx)
+                         if p.param_type_name == "argument"]
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        arguments: list[tuple[str, str]] = []
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                arguments.append((argument_name(param).strip("[]."), record[1]))
+            else:
+                panel = getattr(param, "rich_help_panel", None) or "Options"
+                sections.setdefault(panel, []).append(record)
+        if arguments:
+            with formatter.section("Arguments"):
+                formatter.write_dl(arguments)
+        order = {name: i for i, name in enumerate(HELP_PANELS)}
+        for panel in sorted(sections, key=lambda p: order.get(p, len(HELP_PANELS) - 1.5)):
+            with formatter.section(panel):
+                formatter.write_dl(sections[panel])
+
+
+class App(typer.Typer):
+    """The command groups of the CLI: their commands are :class:`Command`."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("cls", Command)
+        return super().command(*args, **kwargs)
 
 
 # Plain (click) help, not rich panels: rich cuts option names ("--checkpoint-e…") to fit

@@ -15,6 +15,7 @@ from rich.text import Text
 from beamflow.backend import BackendError
 from beamflow.cli.common import (
     HELP,
+    App,
     ConfigOption,
     JsonOption,
     console,
@@ -24,7 +25,7 @@ from beamflow.cli.common import (
 )
 from beamflow.console import styled
 
-app = typer.Typer(help="Validate and try flow definitions (offline; --remote asks Globus).",
+app = App(help="Validate and try flow definitions (offline; --remote asks Globus).",
                   **HELP)
 
 FlowFile = Annotated[

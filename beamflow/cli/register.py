@@ -10,6 +10,7 @@ import typer
 from beamflow.backend import BackendError
 from beamflow.cli.common import (
     HELP,
+    App,
     ConfigOption,
     err_console,
     fail,
@@ -17,7 +18,7 @@ from beamflow.cli.common import (
     settings_from,
 )
 
-app = typer.Typer(help="Register compute functions and flows (idempotent).", **HELP)
+app = App(help="Register compute functions and flows (idempotent).", **HELP)
 
 BackendChoice = Annotated[
     str | None, typer.Option("--backend", help="local or globus (default: the configured one).")

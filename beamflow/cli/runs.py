@@ -14,6 +14,7 @@ from rich.text import Text
 from beamflow.backend import Backend, BackendError
 from beamflow.cli.common import (
     HELP,
+    App,
     ConfigOption,
     JsonOption,
     RunProgress,
@@ -33,7 +34,7 @@ from beamflow.error_kinds import ErrorKind
 from beamflow.failures import Failure
 from beamflow.store import Run, RunStatus, Store
 
-app = typer.Typer(help="List, inspect, start, retry and cancel runs.", **HELP)
+app = App(help="List, inspect, start, retry and cancel runs.", **HELP)
 
 
 @app.command("list")

@@ -23,6 +23,16 @@ from beamflow.console import styled
 DRIFT_PER_PROBE = 8
 
 
+#: What `beamflow init` suggests next: the first steps of docs/quickstart.md, in its order
+#: (tests/test_docs.py holds them to it).
+FIRST_STEPS = [
+    ("beamflow simulate --name scan_001 --positions 200", "# a scan, as a detector writes it"),
+    ("beamflow agent --once", "# reconstructs every scan that is ready"),
+    ("beamflow runs list", "# the runs, with their verdict"),
+    ("beamflow serve", "# the status page, http://127.0.0.1:8765/"),
+]
+
+
 def init(
     directory: Annotated[Path, typer.Argument(help="Workspace directory to create.")],
     backend: Annotated[
@@ -50,9 +60,9 @@ def init(
     if backend == "globus":
         console.print("  next: fill in the ids marked FILL, then `beamflow login`.")
     else:
-        console.print(
-            f"  next: cd {directory} && beamflow register functions && beamflow register flows"
-        )
+        console.print("  next (docs/quickstart.md, \"Step by step\"):")
+        for command, why in [(f"cd {directory}", ""), *FIRST_STEPS]:
+            console.print(f"    {command:<52}{why}".rstrip(), highlight=False, soft_wrap=True)
 
 
 def simulate(

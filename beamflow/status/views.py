@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_serializer
 
+from beamflow.agent_state import ONCE_PREFIX, AgentStateError, read_state
 from beamflow.ptycho.state import settings_that_apply
 from beamflow.store import Event, Run, RunStatus, Step
 
@@ -366,8 +367,6 @@ class AgentView(BaseModel):
 
     @classmethod
     def of(cls, path: Path | None, now: float | None = None) -> AgentView:
-        from beamflow.agent_state import AgentStateError, read_state
-
         if path is None:
             return cls(available=False, state="none", headline="No agent state directory "
                        "is configured for this page.")
@@ -389,7 +388,9 @@ class AgentView(BaseModel):
             headline = f"Watching {state.watching} ({state.backend} backend)"
         else:
             kind = "stopped"
-            headline = (f"Last `agent --once` at {when}: {state.summary}" if state.summary
+            # Plain words: the panel shows text, not Markdown.
+            headline = (f"beamflow agent --once ended at {when}: "
+                        f"{state.summary.removeprefix(ONCE_PREFIX)}" if state.summary
                         else f"Stopped at {when}: no agent is watching {state.watching}")
         return cls(
             available=True, state=kind, headline=headline, watching=state.watching,
