@@ -254,3 +254,12 @@ def test_readme_starts_with_make_demo_and_make_test() -> None:
     makefile = (ROOT / "Makefile").read_text()
     for target in ("demo", "test"):
         assert re.search(rf"^{target}:", makefile, re.MULTILINE), f"Makefile has no {target}:"
+
+
+# -- `beamflow init`'s next steps --------------------------------------------------------------
+def test_init_suggests_the_quickstarts_first_steps_in_its_order() -> None:
+    from beamflow.cli.workspace import FIRST_STEPS
+
+    quickstart = [" ".join(args) for args in beamflow_commands(DOCS / "quickstart.md")]
+    at = [quickstart.index(command.removeprefix("beamflow ")) for command, _ in FIRST_STEPS]
+    assert at == sorted(at), (at, quickstart)

@@ -154,13 +154,17 @@ def settings_from(config: Path | None, *, workspace: bool = False) -> Settings:
         fail(str(exc))
     if workspace:
         require_workspace(settings)
+        here = Path.cwd() / CONFIG_NAME
+        if settings.source is not None and settings.source.resolve() != here.resolve():
+            # A configuration found elsewhere than here (the user's) is named, once.
+            err_console.print(Text(f"config: {settings.source}", style="dim"), highlight=False,
+                              soft_wrap=True)
     return settings
 
 
 def require_workspace(settings: Settings) -> None:
     """Refuse to keep state where no configuration says to: with no beamflow.toml found
-    (and no BEAMFLOW_STATE_DIR), a command would silently create ./state wherever it is run.
-    A configuration found elsewhere than here (the user's) is named, on stderr."""
+    (and no BEAMFLOW_STATE_DIR), a command would silently create ./state wherever it is run."""
     if settings.source is None:
         if "BEAMFLOW_STATE_DIR" in os.environ:
             return
@@ -170,10 +174,6 @@ def require_workspace(settings: Settings) -> None:
             f"{Path.cwd() / 'state'}; create one with `beamflow init DIR` and run it there, "
             "or pass --config FILE"
         )
-    here = Path.cwd() / CONFIG_NAME
-    if settings.source.resolve() != here.resolve():
-        err_console.print(Text(f"config: {settings.source}", style="dim"), highlight=False,
-                          soft_wrap=True)
 
 
 def open_store(settings: Settings) -> Store:

@@ -36,7 +36,7 @@ def _register(
 ) -> None:
     if backend_name not in (None, "local", "globus"):
         fail(f"--backend must be 'local' or 'globus', not {backend_name!r}", code=2)
-    settings = settings_from(config)
+    settings = settings_from(config, workspace=True)
     backend = open_backend(settings, backend_name)
     try:
         register = backend.register_functions if kind == "functions" else backend.register_flows

@@ -52,7 +52,7 @@ def runs_list(
     """Runs, newest first."""
     if status is not None and status.upper() not in RunStatus.__members__:
         fail(f"--status must be one of {', '.join(RunStatus)}, not {status!r}", code=2)
-    store = open_store(settings_from(config))
+    store = open_store(settings_from(config, workspace=True))
     runs = store.list_runs(status=status, scan=scan, limit=limit)
     names = store.display_names(runs)
     if as_json:
@@ -117,7 +117,7 @@ def runs_show(
 
     An unfinished run is brought up to date from its backend first (nobody else may be
     following it, e.g. a Globus run started with `runs start` without --wait)."""
-    settings = settings_from(config)
+    settings = settings_from(config, workspace=True)
     store = open_store(settings)
     run = _find_run(store, run_id)
     if not run.status.finished and run.backend_run_id and run.backend == settings.backend:
@@ -271,7 +271,7 @@ def runs_start(
     """Start one flow run of SCAN through the configured backend and record it."""
     from beamflow.runs import RunInputError, RunRequest, parse_param, run_direct, start_scan_run
 
-    settings = settings_from(config)
+    settings = settings_from(config, workspace=True)
     try:
         params = dict(parse_param(p) for p in param or [])
     except RunInputError as exc:
@@ -324,7 +324,7 @@ def runs_retry(
     the scan's checkpoints)."""
     from beamflow.runs import RunInputError, retry_run
 
-    settings = settings_from(config)
+    settings = settings_from(config, workspace=True)
     if strict and not (wait or settings.backend == "local"):
         fail(_STRICT_NEEDS_WAIT, code=2)
     store = open_store(settings)
@@ -354,7 +354,7 @@ def runs_cancel(
     """Cancel a queued or running run."""
     from beamflow.runs import cancel_run, follow_run
 
-    settings = settings_from(config)
+    settings = settings_from(config, workspace=True)
     store = open_store(settings)
     run = _find_run(store, run_id)
     if run.status.finished:
