@@ -44,6 +44,7 @@ from beamflow.backend import Backend, BackendError, FlowRunInfo, StepInfo
 from beamflow.config import Settings
 from beamflow.error_kinds import ErrorKind
 from beamflow.failures import failure_of
+from beamflow.formats import ScanFormatError, find_scan_file
 from beamflow.reconstruct_job import FunctionSummary, RunParameters
 from beamflow.registry import Registry, RegistryError
 from beamflow.store import DuplicateRun, Run, RunStatus, Store, StoreError
@@ -161,9 +162,11 @@ def _collection_path(path: PurePosixPath, root: PurePosixPath, what: str) -> str
 
 
 def scan_location(settings: Settings, scan_path: str | Path) -> Path:
-    """The scan's one path, as every part names it (``scan_path``): absolute, symlinks
-    resolved, checked to exist inside the beamline collection (or it could not be
-    transferred). Checked when a run is created and again when it starts (the files may have
+    """The scan's one path, as every part names it (``scan_path``): its master (or CXI)
+    file, absolute, symlinks resolved, checked to exist inside the beamline collection (or
+    it could not be transferred). A scan directory stands for the one scan file in it, so a
+    scan started as its directory and the same scan found by the agent (as its master file)
+    are one scan. Checked when a run is created and again when it starts (the files may have
     gone in between)."""
     scan = Path(scan_path).expanduser().resolve()
     if not scan.exists():
@@ -174,6 +177,16 @@ def scan_location(settings: Settings, scan_path: str | Path) -> Path:
             f"scan {scan} is outside the beamline collection root {beamline_root} "
             "(beamline.collection_root in beamflow.toml): it cannot be transferred"
         )
+    if scan.is_dir():
+        try:
+            scan = find_scan_file(scan).resolve()
+        except ScanFormatError as exc:  # none, or several: say so before anything is recorded
+            raise RunInputError(str(exc)) from None
+        if not scan.is_relative_to(beamline_root):  # a link out of the collection
+            raise RunInputError(
+                f"scan {scan_path}: its scan file is {scan}, outside the beamline collection "
+                f"root {beamline_root}: it cannot be transferred"
+            )
     return scan
 
 

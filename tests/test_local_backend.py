@@ -198,7 +198,8 @@ def test_a_corrupt_scan_fails_with_its_cause_first_in_the_users_path(
     assert "TransferResultsToBeamline" not in statuses
     # The step and the whole chain stay in the run's details and its events.
     chain = run.result["failure"]["chain"]
-    hpc_copy = str(Path(settings.hpc.scratch_dir) / runs.scan_key(scan.resolve()) / "raw")
+    key = runs.scan_key(runs.scan_location(settings, scan))
+    hpc_copy = str(Path(settings.hpc.scratch_dir) / key / "raw")
     assert "ScanFormatError" in chain and "ValueError" in chain and hpc_copy in chain
     (ended,) = [e for e in store.events(run.id) if e.code == "RunFailed"]
     assert "Reconstruct" in ended.message and "ScanFormatError" in ended.message
@@ -224,7 +225,7 @@ def test_a_failing_transfer_names_the_step(
     scan.mkdir()
     (scan / "s2_master.h5").write_bytes(b"x")
     # Something in the way on the HPC side: the raw directory is a file.
-    work = Path(settings.hpc.scratch_dir) / runs.scan_key(scan.resolve())
+    work = Path(settings.hpc.scratch_dir) / runs.scan_key(runs.scan_location(settings, scan))
     work.mkdir(parents=True)
     (work / "raw").write_bytes(b"in the way")
     run = runs.follow_run(
@@ -400,8 +401,8 @@ def test_kill_9_of_the_worker_fails_the_run_cleanly_and_one_retry_resumes(
     run = wait_for_iteration(store, backend, run, 5)
     # The kill comes after this run committed a checkpoint (they are written beside the
     # iterations, within a time budget), so what the retry resumes from is this run's.
-    latest = (Path(settings.hpc.scratch_dir) / runs.scan_key(scan.resolve()) / "checkpoints"
-              / "LATEST.json")
+    work = Path(settings.hpc.scratch_dir) / runs.scan_key(runs.scan_location(settings, scan))
+    latest = work / "checkpoints" / "LATEST.json"
     deadline = time.monotonic() + 60
     while not (latest.exists() and json.loads(latest.read_text())["time"] > run.started_at):
         assert time.monotonic() < deadline, "no checkpoint committed"
