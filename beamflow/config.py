@@ -234,6 +234,10 @@ class Agent(_Section):
     max_concurrent_runs: int = Field(default=2, ge=1, le=1024)
     max_retries: int = Field(default=3, ge=0, le=100)
     retry_backoff_seconds: float = Field(default=5.0, ge=0, le=86400)
+    no_space_backoff_seconds: float = Field(
+        default=300.0, ge=0, le=86400,
+        description="a run that filled a disk is retried after this, doubling: time for "
+        "someone to free space")
     poll_seconds: float = Field(default=1.0, gt=0, le=3600)
     progressive: list[float] = Field(
         default_factory=list, examples=[[0.25, 0.5]],

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from beamflow.backend import Backend, BackendError, FlowRunInfo, StepInfo
 from beamflow.config import Settings
+from beamflow.disk import tree_bytes
 from beamflow.error_kinds import ErrorKind
 from beamflow.failures import failure_of
 from beamflow.formats import ScanFormatError, find_scan_file
@@ -190,6 +191,12 @@ def scan_location(settings: Settings, scan_path: str | Path) -> Path:
     return scan
 
 
+def transferred(scan: Path) -> Path:
+    """What a run of ``scan`` (its :func:`scan_location`) moves to the cluster: a master
+    file's directory (its data files sit beside it), else the file itself."""
+    return scan.parent if scan.is_file() and scan.name.endswith(MASTER_SUFFIX) else scan
+
+
 def flow_input_for(
     settings: Settings,
     scan_path: str | Path,
@@ -213,9 +220,8 @@ def flow_input_for(
         raise RunInputError(f"run name {run_name!r}: letters, digits, '_' and '-' only")
     scan = scan_location(settings, scan_path)
     beamline_root = Path(settings.beamline.collection_root).resolve()
-    # A master file links its data files in the same directory: the directory goes.
-    master = scan.is_file() and scan.name.endswith(MASTER_SUFFIX)
-    moved = scan.parent if master else scan
+    moved = transferred(scan)
+    master = moved != scan
     is_dir = moved.is_dir()
     key = scan_key(scan)
 
@@ -342,6 +348,8 @@ def launch_run(settings: Settings, store: Store, backend: Backend, run: Run) -> 
     tags = ["beamflow", _safe(run.scan_name, 100)]
     backend_run_id = backend.start_run(run.flow, body, label=label, tags=tags)
     results_dir = str(Path(settings.beamline.preview_dir).resolve() / run_name)
+    # What the scan takes on the cluster: a full disk there says how much room it needs.
+    scan_bytes = tree_bytes(transferred(Path(run.scan_path)))
     run = store.update_run(
         run.id,
         status=RunStatus.ACTIVE,
@@ -350,7 +358,8 @@ def launch_run(settings: Settings, store: Store, backend: Backend, run: Run) -> 
         error=None,
         error_step=None,
         error_kind=None,
-        result={"run_name": run_name, "results_dir": results_dir, "input": body},
+        result={"run_name": run_name, "results_dir": results_dir, "input": body,
+                "scan_bytes": scan_bytes},
     )
     store.add_event(
         run.id, "RunStarted", f"{run.flow} started on {backend.name} as {backend_run_id}"

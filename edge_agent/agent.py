@@ -14,7 +14,8 @@ before it acts on it, keyed so that it cannot be taken twice:
 Killed at any moment and restarted, the agent finds QUEUED runs and starts them, finds
 ACTIVE runs and re-attaches to them by run id; a run whose process died with the agent
 (local backend) is reported lost by the backend and retried, within the retry budget. A
-retry reuses the same run record (``attempt`` goes up), so a scan never gets two runs.
+retry reuses the same run record (``attempt`` goes up; the attempt that failed is kept with
+it), so a scan never gets two runs.
 Stopped cleanly (SIGTERM), the agent puts the runs that live in its own process (local
 backend) back in the queue without using up a retry; runs on Globus go on regardless.
 
@@ -26,8 +27,10 @@ partial run still queued when a later one is queued is superseded (CANCELLED, wi
 
 Following runs: a remote service is polled from ``poll_seconds`` with back-off (×1.5 while
 nothing changes, up to 10 × poll_seconds); a run inside this process is read every 0.1 s.
-Failures are retried (``max_retries``, back-off doubling from ``retry_backoff_seconds``)
-when transient (see :func:`edge_agent.policy.is_transient`); bad input never is.
+Failures are retried (``max_retries``, back-off doubling from ``retry_backoff_seconds``, or
+from ``no_space_backoff_seconds`` for a full disk) when transient (see
+:func:`edge_agent.policy.is_transient`); bad input never is. A retry keeps the run's record;
+each earlier attempt is kept with it (``Store.attempts``: start, end, error and kind).
 
 The agent only touches runs it created (their dedupe key starts with ``agent:``): runs that
 people start by hand (``beamflow runs start``) belong to whoever started them.

@@ -209,3 +209,12 @@ def test_a_directory_that_is_not_one_scan_is_refused_naming_why(workspace) -> No
     with pytest.raises(RunInputError, match="holds several scans"):
         create_scan_run(settings, store, RunRequest(scan_path=two / NAME))
     assert len(store.list_runs()) == before
+
+
+def test_a_runs_recorded_directory_and_its_master_file_are_one_scan() -> None:
+    """Runs recorded before the master file became every scan's one path name its
+    directory: the two are labelled alike, never told apart by full paths."""
+    assert scan_labels("s", ["/d/a/s", "/d/a/s/s_master.h5"]) == {
+        "/d/a/s": "s", "/d/a/s/s_master.h5": "s"}
+    assert scan_labels("s", ["/d/a/s", "/d/a/s/s_master.h5", "/d/b/s/s_master.h5"]) == {
+        "/d/a/s": "a/s", "/d/a/s/s_master.h5": "a/s", "/d/b/s/s_master.h5": "b/s"}

@@ -70,7 +70,7 @@ def runs_list(
             styled_status(r.status),
             verdict_text(r.verdict),
             r.current_step or "-",
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at)),
+            _clock(r.created_at),
             duration(r.duration),
             r.scan_path,
             r.error or "",
@@ -123,10 +123,12 @@ def runs_show(
     if not run.status.finished and run.backend_run_id and run.backend == settings.backend:
         run = _refreshed(settings, store, run)
     steps = store.steps(run.id)
+    attempts = store.attempts(run)
     name = store.display_names([run])[run.id]
     if as_json:
         data = {**run.model_dump(mode="json"), "display_name": name}
         data["steps"] = [s.model_dump(mode="json") for s in steps]
+        data["attempts"] = [a.model_dump(mode="json") for a in attempts]
         print(json.dumps(data))
         return
     out = {"highlight": False, "soft_wrap": True}  # names and paths stay whole
@@ -165,6 +167,19 @@ def runs_show(
         for s in steps:
             table.add_row(s.name, s.status, duration(s.duration))
         console.print(table)
+    if len(attempts) > 1:  # retried in its own record: how each attempt ended
+        table = data_table("attempts")
+        for column in ("#", "started", "ended", "status", "step", "kind", "error"):
+            table.add_column(column, overflow="fold")
+        for a in attempts:
+            table.add_row(str(a.attempt), _clock(a.started_at), _clock(a.finished_at),
+                          styled_status(a.status), a.error_step or "-", a.error_kind or "-",
+                          a.error or "")  # fmt: skip
+        console.print(table)
+
+
+def _clock(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 def _print_verdict(run: Run, *, every_reason: bool) -> None:
