@@ -170,6 +170,48 @@ def test_cli_end_to_end_previews_arrive_on_the_beamline(
     assert [s.name for s in info.steps] == [s.name for s in steps]
 
 
+class Shared:
+    """The module's backend, for a command that closes the one it opens: it stays open."""
+
+    def __init__(self, backend) -> None:  # noqa: ANN001
+        self._backend = backend
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self._backend, name)
+
+    def close(self) -> None:
+        pass
+
+
+def test_runs_start_wait_tells_the_verdict_and_strict_exits_2_on_suspect(
+    workspace: Path, backend, store: Store, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+) -> None:
+    """A near-field scan reconstructed as far field: the flow succeeds, the result is
+    suspect, and the terminal says so (the page says "do not trust"; so must the CLI)."""
+    from beamflow.simulate import simulate_scan
+
+    simulate_scan(workspace / "beamline/detector", "nf", positions=40, probe_size=32,
+                  propagation="near-field")
+    monkeypatch.setattr(runs, "get_backend", lambda settings: Shared(backend))
+    params = [f"--param={k}={v}" for k, v in {**FAST, "propagation": "far-field"}.items()]
+    result = CliRunner().invoke(app, [
+        "runs", "start", str(workspace / "beamline/detector/nf"), "--wait", "--strict", *params,
+        "--config", str(workspace / "beamflow.toml")])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("run ") and "  SUCCEEDED  nf" in lines[0]
+    run = store.require_run(lines[0].split()[1])
+    assert run.verdict == "suspect" and len(run.verdict_reasons) > 1
+    assert lines[1] == f"  verdict   SUSPECT: {run.verdict_reasons[0]}"
+    assert "try --propagation near-field" in lines[1]
+    more = len(run.verdict_reasons) - 1
+    assert lines[2] == (f"            ({more} more reason{'s' if more > 1 else ''}: "
+                        f"`beamflow runs show {run.id[:8]}`)")
+    listed = CliRunner().invoke(app, ["runs", "list", "--scan", "/nf/", "--config",
+                                      str(workspace / "beamflow.toml")])  # fmt: skip
+    assert "SUSPECT" in listed.stdout
+
+
 def _broken_scan(workspace: Path, name: str) -> Path:
     scan = workspace / "beamline/detector" / name
     scan.mkdir()
