@@ -20,8 +20,8 @@ import numpy as np
 from beamflow.formats import Geometry, Product, ZonePlateOptics
 from beamflow.formats._h5 import atomic_h5
 from beamflow.formats.eiger import MASTER_SUFFIX
+from beamflow.ptycho.forward.propagation import Propagation, near_field_geometry
 from beamflow.ptycho.metrics import Comparison, compare, illumination_mask
-from beamflow.ptycho.propagation import Propagation, near_field_geometry
 
 GROUND_TRUTH = "ground_truth.h5"
 

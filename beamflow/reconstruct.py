@@ -56,7 +56,7 @@ from beamflow.formats import (
 from beamflow.live_previews import LivePreviews
 from beamflow.ptycho.arrays import array_backend
 from beamflow.ptycho.engine import Reconstructor, initial_state, mean_pattern
-from beamflow.ptycho.propagation import Propagation, near_field_geometry
+from beamflow.ptycho.forward.propagation import Propagation, near_field_geometry
 from beamflow.ptycho.scan_geometry import ScanFrame, scan_extent
 from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
 from beamflow.ptycho.verdict import DataRegime, Verdict, judge, measure_data, regime_findings

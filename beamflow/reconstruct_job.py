@@ -25,7 +25,7 @@ from beamflow.config import (
     Reconstruction,
 )
 from beamflow.error_kinds import ErrorKind
-from beamflow.ptycho.propagation import PropagationModel
+from beamflow.ptycho.forward.propagation import PropagationModel
 from beamflow.ptycho.state import ReconParams
 
 #: environment variable naming a node-local directory for the L1 checkpoint level

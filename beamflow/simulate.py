@@ -50,7 +50,7 @@ from beamflow.formats.eiger import (
     write_master,
 )
 from beamflow.ground_truth import GROUND_TRUTH, GroundTruth, write_ground_truth
-from beamflow.ptycho.propagation import Propagation, near_field_geometry
+from beamflow.ptycho.forward.propagation import Propagation, near_field_geometry
 
 DEFAULT_GEOMETRY = Geometry(energy_eV=8800.0, distance_m=2.0, detector_pixel_size_m=75e-6)
 

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from beamflow.ptycho import PtychoData, ReconParams, Reconstructor, array_backend, initial_state
-from beamflow.ptycho.propagation import Propagation
+from beamflow.ptycho.forward.propagation import Propagation
 from beamflow.simulate import detector_frames, make_near_field_ground_truth
 
 

@@ -74,8 +74,8 @@ _TRACE = [False]
 @contextmanager
 def by_site() -> Iterator[dict[str, list[int]]]:
     """Attribute each launch and its bytes to the engine line that asked for it (the
-    innermost frame in beamflow/ptycho outside the array backend and the kernels), in
-    :data:`SITES` as ``{"forward.py:457": [launches, bytes]}``."""
+    innermost frame in beamflow/ptycho outside the array backend, its operations and the
+    kernels), in :data:`SITES` as ``{"thin.py:57": [launches, bytes]}``."""
     SITES.clear()
     _TRACE[0] = True
     try:
@@ -88,7 +88,7 @@ def _site() -> str:
     frame = sys._getframe(2)
     while frame is not None:
         path = frame.f_code.co_filename
-        if "/beamflow/ptycho/" in path and not path.endswith(("arrays.py", "kernels.py")):
+        if "/beamflow/ptycho/" in path and not path.endswith(("arrays.py", "ops.py", "kernels.py")):
             return f"{path.rsplit('/', 1)[-1]}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"

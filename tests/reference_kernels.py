@@ -87,7 +87,7 @@ class ReferenceKernels:
                      ) -> np.ndarray:
         b, k, m = a.shape[0], a.shape[1], a.shape[-1]
         g = _ramps(e)[:, None] * a if e is not None else a
-        # the array code's sum over the positions (Core.probe_terms), in float32 pairs
+        # the array code's sum over the positions (ArrayOps.position_sum), in float32 pairs
         out += g.view(np.float32).reshape(b, k, m, 2 * m).sum(axis=0).view(np.complex64)
         return out
 

@@ -29,7 +29,9 @@ from counting_cupy import COUNTS, counting_backend, counting_modules
 from test_ptycho_engine import data_of, simulate
 
 from beamflow.ptycho import ReconParams, Reconstructor, initial_state
+from beamflow.ptycho.accumulators import ObjectSteps
 from beamflow.ptycho.arrays import ArrayBackend
+from beamflow.ptycho.forward import Waves
 
 
 @pytest.fixture
@@ -242,7 +244,7 @@ def test_the_stand_in_counts_what_it_should(device):
 def test_lsqml_step_systems_are_the_normal_equations(n):
     """The CPU's step-length sums (the array code the step_systems kernel is checked
     against in tests/test_gpu_kernels.py): Re Σ conj(d_s)·d_t and Re Σ conj(d_s)·χ."""
-    from beamflow.ptycho.lsqml import _systems
+    from beamflow.ptycho.ops import step_system_sums
 
     rng = np.random.default_rng(3)
 
@@ -251,7 +253,7 @@ def test_lsqml_step_systems_are_the_normal_equations(n):
             np.complex64)
 
     dirs, chi = waves(5, n, 2, 16, 16), waves(5, 2, 16, 16)
-    gram, rhs = _systems(dirs, chi, np)
+    gram, rhs = step_system_sums(dirs, chi, np)
     assert gram.shape == (5, n, n) and rhs.shape == (5, n)
     want = np.einsum("bskyx,btkyx->bst", dirs.conj(), dirs).real
     np.testing.assert_allclose(gram, want, rtol=1e-4)
@@ -271,11 +273,11 @@ def test_device_ramp_factors_follow_the_positions(device):
     params = ReconParams(iterations=6, **kw)
     with Reconstructor(data, initial_state(data, params), device) as rec:
         core = rec.core
-        assert core.subpixel and core._dfactors.shape == (core.N, 2, core.M)
+        assert core.subpixel and core._ramps.shape == (core.N, 2, core.M)
         gpu = rec.run().loss_history
         moved = np.abs(core.pos - core.nominal).max()
-        np.testing.assert_array_equal(device.to_host(core._dfactors),
-                                      core._ramp_factors(core.frac, np))
+        factors = np.exp(-2j * np.pi * (core.frac[:, :, None] * core.kfreq)).astype(np.complex64)
+        np.testing.assert_array_equal(device.to_host(core._ramps), factors)
     with Reconstructor(data, initial_state(data, params), array_backend("cpu", threads=1)) as rec:
         cpu = rec.run().loss_history
     assert moved > 0.01  # the positions (and their sub-pixel ramps) changed
@@ -295,15 +297,17 @@ def test_gpu_object_terms_of_a_chunk_are_one_kernel(device, modes, shifted):
         rng = np.random.default_rng(1)
         shape = (len(c.idx), modes, core.M, core.M)
         chi = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
-        pd = core.shifted_probe(c)
+        model = rec.algorithm.model
+        pd = model.shifted_probe(c)
         pd_h = be.to_host(pd).copy()
         inten_h = be.to_host(core.probe_intensity())
-        acc = core.accumulators(1)[0]
+        acc = rec.algorithm.objects.accumulators(1)[0][0]
         acc.num[...] = 0
         acc.den[...] = 0
         chi_d = be.to_device(chi)
         COUNTS.clear()
-        core.accumulate_object(acc, pd, chi_d, c, keep_probe=shifted, shifted=shifted)
+        model.accumulate_object(acc, Waves([pd], [None], None), [chi_d], c, 0, keep=shifted,
+                                exact=shifted)
         launches = COUNTS["launch"]
         num, den = be.to_host(acc.num), be.to_host(acc.den)
     assert launches == 1
@@ -363,7 +367,7 @@ def test_the_gpu_code_path_reconstructs_near_field_scans_as_the_cpu_does(device,
     losses = []
     for backend in (device, array_backend("cpu", threads=1)):
         with Reconstructor(data, initial_state(data, params), backend) as rec:
-            assert rec.core.subpixel and rec.core.transfer is not None
+            assert rec.core.subpixel and rec.algorithm.model.detector.transfer is not None
             losses.append(rec.run().loss_history)
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
 
@@ -461,7 +465,7 @@ def test_a_gpu_batch_clears_the_object_accumulator_it_filled(device, algorithm, 
 
         def checked(idx: np.ndarray, it: int) -> list[Any]:
             out = run_batch(idx, it)
-            acc = rec.core._acc[0]
+            acc = rec.algorithm.objects._acc[0][0]
             states.append((acc.clean, bool(np.asarray(acc.buffer).any())))
             return out
 
@@ -476,8 +480,8 @@ def test_an_accumulator_left_dirty_is_zeroed_whole(device):
     accumulator whole, since a later step clears only its own box."""
     with _reconstructor(device, algorithm="dm") as rec:
         rec.iterate()
-        acc = rec.core._acc[0]
+        acc = rec.algorithm.objects._acc[0][0]
         assert not acc.clean and np.asarray(acc.buffer).any()
         np.asarray(acc.buffer)[:] = 7.0  # what an earlier box left, anywhere
-        rec.core.start_accumulator(acc, (slice(0, 4), slice(0, 4)))
+        ObjectSteps.start(acc, (slice(0, 4), slice(0, 4)))
         assert not np.asarray(acc.buffer).any() and acc.maxima == []

@@ -23,7 +23,6 @@ import importlib.util
 import os
 import shutil
 import subprocess
-import types
 from pathlib import Path
 
 import numpy as np
@@ -267,27 +266,16 @@ def test_per_position_grid_has_a_row_a_position_up_to_cudas_limit():
 def test_ramp_product_kernel_makes_the_cpus_ramps(cpu_kernels, modes, shared, conj, in_place,
                                                   rows):
     """The ramps the kernel makes from a position's two factors are the CPU's
-    (Core._outer_ramps), times the stack."""
-    from beamflow.ptycho import (
-        PtychoData,
-        ReconParams,
-        Reconstructor,
-        array_backend,
-        initial_state,
-    )
+    (ArrayOps.phase_ramps on the CPU), times the stack."""
+    from beamflow.ptycho import array_backend
 
     rng = np.random.default_rng(2)
     b, m = 6, 12  # K·M² not a multiple of the block
-    frames = rng.random((b, m, m)).astype(np.float32)
-    positions = rng.uniform(0, 20, (b, 2))  # sub-pixel
-    data = PtychoData(intensities=frames, positions_px=positions, object_shape=(40, 40),
-                      mask=np.ones((m, m), bool))
-    params = ReconParams(iterations=1)
-    with Reconstructor(data, initial_state(data, params), array_backend("cpu", threads=1)
-                       ) as rec:
-        core = rec.core
-        e = core._ramp_factors(core.frac, np)  # (b, 2, M), as a GPU keeps them
-        ramps = core._outer_ramps(core.frac, np)
+    frac = rng.uniform(-0.5, 0.5, (b, 2))
+    kfreq = np.fft.fftfreq(m)
+    e = np.exp(-2j * np.pi * (frac[:, :, None] * kfreq)).astype(np.complex64)  # (b, 2, M)
+    ramps = array_backend("cpu", threads=1).phase_ramps(frac, kfreq)
+    assert ramps.shape == (b, m, m)
     a = _waves(rng, 1 if shared else b, modes, m, m)
     want = (np.conj(ramps) if conj else ramps)[:, None] * a
     out = a if in_place else np.full((b, modes, m, m), np.nan, np.complex64)
@@ -476,7 +464,7 @@ def test_step_systems_kernel_sums_what_the_array_code_sums(cpu_kernels, upd_obj,
     """LSQ-ML's step-length systems: the kernel's rows against the engine's array code (the
     directions side by side, then lsqml._systems) on the same inputs; frames of 24² and 72²
     make a thread sum several pixels, and 72² two blocks a position."""
-    from beamflow.ptycho.lsqml import _systems
+    from beamflow.ptycho.ops import step_system_sums
 
     rng = np.random.default_rng(11)
     b, h, w, alpha = 7, m + 21, m + 29, np.float32(0.1)
@@ -504,7 +492,7 @@ def test_step_systems_kernel_sums_what_the_array_code_sums(cpu_kernels, upd_obj,
         dirs.append(pd * patches[:, None])
     if upd_probe:
         dirs.append(oj[:, None] * sp)
-    gram, rhs = _systems(np.ascontiguousarray(np.stack(dirs, axis=1)), chi, np)
+    gram, rhs = step_system_sums(np.ascontiguousarray(np.stack(dirs, axis=1)), chi, np)
     zero = np.zeros(b, np.float32)
     if upd_obj and upd_probe:
         want = [gram[:, 0, 0], gram[:, 0, 1], gram[:, 1, 1], rhs[:, 0], rhs[:, 1]]
@@ -557,17 +545,13 @@ def test_modulus_kernel_projects_as_the_array_code(cpu_kernels, counts, resident
 ], ids=["posed", "clipped", "no-object"])
 def test_step_lengths_kernel_solves_as_the_array_code(cpu_kernels, both, tot):
     """LSQ-ML's step pair from the batch's summed system: the kernel against
-    LSQML._step_lengths on the CPU (float64 solve; float32 damped steps)."""
-    from beamflow.ptycho import ReconParams, array_backend
-    from beamflow.ptycho.lsqml import LSQML
+    ArrayOps.step_lengths on the CPU (float64 solve; float32 damped steps)."""
+    from beamflow.ptycho import array_backend
 
     t = np.array(tot, np.float64)
     out = np.empty(2, np.float32)
     cpu_kernels.run_step_lengths(_ptr(t), _ptr(out), int(both), ctypes.c_float(0.9))
-    alg = LSQML.__new__(LSQML)  # the solve needs only its parameters and a CPU core
-    alg.params = ReconParams(algorithm="lsqml")
-    alg.core = types.SimpleNamespace(backend=array_backend("cpu", threads=1), xp=np)
-    want = alg._step_lengths(t, both)
+    want = array_backend("cpu", threads=1).step_lengths(t, both, 0.9)
     np.testing.assert_allclose(out, want, rtol=1e-6)
     assert (out >= 0).all()
 

@@ -19,8 +19,8 @@ from beamflow.formats.cxi import write_cxi
 from beamflow.formats.scan import Geometry
 from beamflow.ground_truth import write_ground_truth
 from beamflow.ptycho import PtychoData, ReconParams, Reconstructor, initial_state
+from beamflow.ptycho.forward.propagation import Propagation, near_field_geometry, transfer_function
 from beamflow.ptycho.metrics import compare, illumination_mask
-from beamflow.ptycho.propagation import Propagation, near_field_geometry, transfer_function
 from beamflow.ptycho.verdict import judge, measure_data
 from beamflow.reconstruct import run_reconstruction
 from beamflow.reconstruct_job import ReconstructJob

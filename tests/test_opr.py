@@ -28,10 +28,10 @@ from beamflow.ptycho import (
     array_backend,
     initial_state,
 )
+from beamflow.ptycho.forward.propagation import Propagation
 from beamflow.ptycho.metrics import compare, illumination_mask
 from beamflow.ptycho.opr import ptychodus_probes
 from beamflow.ptycho.opr_previews import write_opr_preview
-from beamflow.ptycho.propagation import Propagation
 from beamflow.ptycho.verdict import judge, measure_data
 from beamflow.simulate import detector_frames, fly_scan_drift, make_ground_truth, simulate_scan
 

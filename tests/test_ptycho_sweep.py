@@ -79,7 +79,7 @@ class _Counting(Algorithm):
         def step(num: Any, den: Any, dmax: float, _sl: Any) -> Any:
             return num * (0.5 / dmax)
 
-        self.core.update_object(sw.accs, sw.bbox, step)
+        self.objects.update(sw.accs[0], 0, sw.bbox, step)
 
 
 def test_an_algorithm_that_writes_only_its_update_reconstructs(sim):

@@ -16,7 +16,8 @@ A batch is processed in three steps (:meth:`Algorithm.run_batch`):
 
 An algorithm overrides only the hooks where it differs (PIE: the step rule; LSQ-ML: the
 Poisson constraint and step lengths; DM: the exit-wave memory and the refits), so a faster
-forward model or a new update rule is written once, here or in :mod:`.forward`.
+forward model or a new update rule is written once, here or in :mod:`.forward`. Every sum
+over an object layer is kept per layer (``Sweep.accs[layer]``, ``PartSums.accs[layer]``).
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from typing import Any
 
 import numpy as np
 
+from .accumulators import ObjectAccumulator, ObjectSteps
 from .batches import compact_batches, overlap_neighbours, random_batches, sparse_batches
-from .forward import Chunk, Core, ObjectAccumulator
+from .core import Chunk, Core
+from .forward import Waves, make_model
 from .graphs import BatchGraphs
 from .opr import VariableProbe
-from .positions import clip_steps, object_gradient, position_steps
+from .positions import clip_steps
 
 __all__ = ["Algorithm", "PartSums", "Sweep"]
 
@@ -51,17 +54,18 @@ class Sweep:
     correct_positions: bool
     parts: list[np.ndarray]  # one per host thread, deterministic
     bbox: tuple[slice, slice]  # the object region the batch's windows cover
-    accs: list[ObjectAccumulator] | None  # per part: object (numerator, denominator), or None
-    grads: tuple[Any, Any] | None  # object gradient (y, x) when positions are corrected
+    # per layer, per part: object (numerator, denominator), or None
+    accs: list[list[ObjectAccumulator]] | None
+    grads: Any  # what the model's position steps need (ThinModel.position_gradients), or None
 
 
 @dataclass
 class PartSums:
     """What one part of a batch (one host thread's positions) sums up during the sweep."""
 
-    acc: ObjectAccumulator | None  # the part's object accumulator (zero over the box)
+    accs: list[ObjectAccumulator] | None  # the part's accumulator per layer (zero over the box)
     probe: bool = False  # whether the part sums the probe terms (into the two below)
-    probe_num: Any = None  # Σ_j S_j^H[conj(O_j)χ_j] (see Core.probe_terms); None until
+    probe_num: Any = None  # Σ_j S_j^H[conj(O_j)χ_j] (see ThinModel.probe_terms); None until
     probe_den: Any = None  # Σ_j |O_j|²                  the first chunk's terms
     losses: list[Any] = field(default_factory=list)  # device scalars, one per chunk
     steps: list[Any] = field(default_factory=list)  # device (b, 2) position steps per chunk
@@ -88,6 +92,8 @@ class Algorithm:
     def __init__(self, core: Core, params: Any):
         self.core = core
         self.params = params
+        self.model = make_model(core, params)
+        self.objects = ObjectSteps(core)
         self._neighbours: list[np.ndarray] | None = None
         self._neighbours_key: bytes | None = None
         self._pending: list[tuple[np.ndarray, list[Any]]] = []
@@ -214,9 +220,9 @@ class Algorithm:
         core = self.core
         upd_obj, upd_probe, pos_corr = self.flags(it)
         parts = core.split(idx)
-        accs = core.accumulators(len(parts)) if self.accumulates_object(upd_obj) else None
+        accs = self.objects.accumulators(len(parts)) if self.accumulates_object(upd_obj) else None
         bb = core.bbox(idx)
-        grads = object_gradient(core.obj, core.xp) if pos_corr else None
+        grads = self.model.position_gradients() if pos_corr else None
         core.prepare()
         if self.opr is not None:
             self.opr.prepare()
@@ -226,28 +232,27 @@ class Algorithm:
     def sweep_part(self, sw: Sweep, t: int, part: np.ndarray) -> PartSums:
         """The forward model, the correction and the update terms for part ``t``, chunk by
         chunk (runs in the part's thread)."""
-        core, xp = self.core, self.core.xp
-        acc = None
+        core, model = self.core, self.model
+        accs = None
         if sw.accs is not None:
-            acc = sw.accs[t]
-            core.start_accumulator(acc, sw.bbox)
-        sums = PartSums(acc)
+            accs = [layer[t] for layer in sw.accs]
+            for acc in accs:
+                self.objects.start(acc, sw.bbox)
+        sums = PartSums(accs)
         if sw.update_probe and self.probe_terms_in_sweep:
             sums.probe = True
         for sub in core.subchunks(part):
             c = core.chunk(sub)
-            pd = core.shifted_probe(c) if self.opr is None else self.opr.shifted_probe(c)
-            oj, psi = core.exit_wave(pd, c)
-            big = core.to_detector(psi, c)
-            loss, chi = self.exit_correction(sw, c, big)
+            pd = model.shifted_probe(c) if self.opr is None else self.opr.shifted_probe(c)
+            w = model.forward(pd, c)
+            loss, chi = self.exit_correction(sw, c, w.detector)
             sums.losses.append(loss)
+            chis = model.backward(w, chi, c)
             if sw.grads is not None:
-                gy, gx = sw.grads
-                sums.steps.append(position_steps(
-                    pd, core.object_patches(c, gy), core.object_patches(c, gx), chi, xp))
+                sums.steps.append(model.position_steps(w, chis, sw.grads, c))
             if self.opr is not None and sw.update_probe:
-                sums.opr_steps.append(self.opr.chunk_steps(c, oj, chi))
-            self.chunk_update(sw, sums, c, pd, oj, big, chi)
+                sums.opr_steps.append(self.opr.chunk_steps(c, w.patches[0], chis[0]))
+            self.chunk_update(sw, sums, c, w, chis)
         return sums
 
     # -- hooks ------------------------------------------------------------------------------
@@ -255,27 +260,29 @@ class Algorithm:
         """Turn the detector wave Ψ in place into the detector-plane correction (times
         ``scale`` when one is given); return the chunk's loss. Default: the modulus
         projection, χ̂ = Ψ' − Ψ."""
-        return self.core.modulus_projection(big, c, scale)
+        return self.model.modulus_projection(big, c, scale)
 
     def exit_correction(self, sw: Sweep, c: Chunk, big: Any) -> tuple[Any, Any]:
-        """(loss, χ): the chunk's loss and its exit-wave correction at the sample (may reuse
-        ``big``). χ also drives the position steps. On a GPU the inverse FFT's 1/M² is made
-        with the correction (:attr:`.forward.Core.ifft_scale`)."""
+        """(loss, χ): the chunk's loss and its exit-wave correction at the last layer's exit
+        plane (may reuse ``big``). On a GPU the inverse FFT's 1/M² is made with the
+        correction (:attr:`.core.Core.ifft_scale`)."""
         scale = self.core.ifft_scale
         loss = self.fourier_constraint(big, c, scale)
-        return loss, self.core.to_sample(big, c, scaled=scale is not None)
+        return loss, self.model.to_sample(big, c, scaled=scale is not None)
 
-    def chunk_update(self, sw: Sweep, sums: PartSums, c: Chunk, pd: Any, oj: Any, big: Any,
-                     chi: Any) -> None:
-        """Take what the update needs from a chunk. Default: Σ conj(P_j)χ_j and the
-        illumination into the part's object accumulator, and the probe terms (this
-        overwrites ``pd`` and ``chi``)."""
-        core = self.core
-        if sums.acc is not None:
-            core.accumulate_object(sums.acc, pd, chi, c)
+    def chunk_update(self, sw: Sweep, sums: PartSums, c: Chunk, w: Waves,
+                     chis: list[Any]) -> None:
+        """Take what the update needs from a chunk (its waves ``w`` and each layer's
+        correction ``chis``). Default: Σ conj(ψ_j)χ_j and the illumination of each layer
+        into the part's object accumulators, and the probe terms (this spends the incident
+        waves and the corrections)."""
+        model = self.model
+        if sums.accs is not None:
+            for layer, acc in enumerate(sums.accs):
+                model.accumulate_object(acc, w, chis, c, layer)
         if sums.probe:
-            sums.probe_num, sums.probe_den = core.probe_terms(oj, chi, c, sums.probe_num,
-                                                              sums.probe_den)
+            sums.probe_num, sums.probe_den = model.probe_terms(w, chis, c, sums.probe_num,
+                                                               sums.probe_den)
 
     def update(self, sw: Sweep, sums: list[PartSums]) -> None:  # pragma: no cover
         """Update object and probe from the parts' sums (in part order)."""

@@ -32,6 +32,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from . import fftw
 from .kernels import GpuKernels
+from .ops import ArrayOps
 
 # Elements below which one FFT call runs in one thread (4 frames of 128x128).
 PARALLEL_FFT_MIN = 4 * 128 * 128
@@ -176,8 +177,9 @@ class HostCopy:
 
 
 @dataclass
-class ArrayBackend:
-    """One compute device and the array module that drives it.
+class ArrayBackend(ArrayOps):
+    """One compute device and the array module that drives it, and the operations a GPU
+    runs as fused kernels (:class:`~.ops.ArrayOps`, each with its numpy form).
 
     Attributes
     ----------
@@ -446,13 +448,6 @@ class ArrayBackend:
         for j in range(len(iy)):
             y, x = int(iy[j]), int(ix[j])
             arr[y : y + m, x : x + m] = patches[j]
-
-    def window_index(self, row_len: int, m: int, flat: Any) -> Any:
-        """GPU: the flat indices (b, m, m) of m×m windows at the corners' offsets ``flat``
-        (iy·row_len + ix, on the device) in a row-major array of ``row_len`` columns — for
-        :meth:`gather` and :meth:`scatter_set` on several arrays of that shape (one kernel
-        for all of them)."""
-        return self._flat_index(row_len, None, None, m, flat)
 
     def _flat_index(self, row_len: int, iy: np.ndarray, ix: np.ndarray, m: int,
                     flat: Any = None) -> Any:

@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from .algorithm import Algorithm, PartSums, Sweep
-from .forward import Chunk, Core
+from .core import Chunk, Core
+from .forward import Waves
 
 __all__ = ["DM"]
 
@@ -72,8 +73,7 @@ class DM(Algorithm):
         if have < core.N:  # fresh start, or frames appended: start from φ_j = P_j·O_j
             for part in core.subchunks(np.arange(have, core.N)):
                 c = core.chunk(part)
-                _, psi = core.exit_wave(core.shifted_probe(c), c)
-                self.exit[c.didx] = core.to_detector(psi, c)
+                self.exit[c.didx] = self.model.forward(self.model.shifted_probe(c), c).detector
 
     def device_extras(self) -> dict[str, Any]:
         return {"dm_exit_waves": self.exit}
@@ -88,8 +88,7 @@ class DM(Algorithm):
         core = self.core
         ramp = core.shift_ramp((core.M, core.M), s)
         for part in core.subchunks(np.arange(core.N)):
-            idx = core.backend.to_device(part) if core.backend.is_gpu else part
-            self.exit[idx] *= ramp
+            self.exit[core.backend.to_device(part)] *= ramp
 
     # -- iteration --------------------------------------------------------------------------
     probe_terms_in_sweep = False  # the probe is refitted to the new ψ with the new object
@@ -98,37 +97,38 @@ class DM(Algorithm):
         """The model's loss; χ (for position steps only) from the model's own modulus
         correction Π_F(φ)−φ (the DM update ψ_new − φ carries the iterate's memory, not a data
         residual). ``big`` (Φ) is kept for the exit-wave update."""
-        core = self.core
+        model = self.model
         if sw.grads is None:
-            return core.amplitude_residual(big, c)[2], None
+            return model.amplitude_residual(big, c)[2], None
         chi = big.copy()
-        loss = core.modulus_projection(chi, c)
-        return loss, core.to_sample(chi, c)
+        loss = model.modulus_projection(chi, c)
+        return loss, model.to_sample(chi, c)
 
-    def chunk_update(self, sw: Sweep, sums: PartSums, c: Chunk, pd: Any, oj: Any, big: Any,
-                     chi: Any) -> None:
+    def chunk_update(self, sw: Sweep, sums: PartSums, c: Chunk, w: Waves,
+                     chis: list[Any]) -> None:
         """ψ ← ψ + Π_F(2φ−ψ) − φ, and the object refit's sums from the new ψ."""
-        core = self.core
+        model, big = self.model, w.detector
         z = self.exit[c.didx]  # a copy (fancy index)
         z *= -1
         z += big
         z += big  # 2Φ − Ψ
-        core.modulus_projection(z, c)  # z ← Π_F(2Φ−Ψ) − (2Φ−Ψ)
+        model.modulus_projection(z, c)  # z ← Π_F(2Φ−Ψ) − (2Φ−Ψ)
         z += big  # Ψ + Π_F(2Φ−Ψ) − Φ
         self.exit[c.didx] = z
-        if sums.acc is not None:
-            psi = core.to_sample(z, c)
-            core.accumulate_object(sums.acc, pd, psi, c, keep_probe=True, shifted=True)
+        if sums.accs is not None:
+            model.accumulate_object(sums.accs[0], w, [model.to_sample(z, c)], c, 0, keep=True,
+                                    exact=True)
 
     def probe_pass(self, _t: int, part: np.ndarray) -> PartSums:
         """Σ_j S_j^H[conj(O_j) ψ_j] and Σ_j |O_j|² with the refitted object."""
-        core = self.core
+        core, model = self.core, self.model
         sums = PartSums(None, probe=True)
         for sub in core.subchunks(part):
             c = core.chunk(sub)
-            psi = core.to_sample(self.exit[c.didx], c)
-            sums.probe_num, sums.probe_den = core.probe_terms(
-                core.object_patches(c), psi, c, sums.probe_num, sums.probe_den)
+            w = Waves([], [model.object_patches(c, 0)], None)
+            psi = model.to_sample(self.exit[c.didx], c)
+            sums.probe_num, sums.probe_den = model.probe_terms(
+                w, [psi], c, sums.probe_num, sums.probe_den)
         return sums
 
     def update(self, sw: Sweep, sums: list[PartSums]) -> None:
@@ -138,17 +138,17 @@ class DM(Algorithm):
 
             def refit(num: Any, den: Any, dmax: float, sl: tuple[slice, slice]) -> Any:
                 delta = alpha * dmax
-                num += delta * core.obj[sl]
+                num += delta * core.obj[0][sl]
                 den += delta
                 xp.reciprocal(den, out=den)
                 num *= den
                 return num
 
-            core.update_object(sw.accs, sw.bbox, refit, replace=True)
+            self.objects.update(sw.accs[0], 0, sw.bbox, refit, replace=True)
         if sw.update_probe:
             pnum, pden = self.probe_sums(core.map_list(self.probe_pass, sw.parts))
             delta = self.params.beta_value * core.backend.scalar(pden.max())
-            new = core.probe_from_terms(pnum)
+            new = self.model.probe_from_terms(pnum)
             new += delta * core.probe
             new /= pden + delta
             core.probe = new.astype(np.complex64)

@@ -31,9 +31,10 @@ import numpy as np
 
 from .algorithm import Algorithm
 from .arrays import ArrayBackend, HostCopy, array_backend
+from .core import Core
 from .dm import DM
 from .epie import EPIE
-from .forward import Core
+from .forward.propagation import Propagation
 from .lsqml import LSQML
 from .modes import make_modes, orthogonalize_modes
 from .mpie import MPIE
@@ -44,7 +45,6 @@ from .probe import (
     probe_from_hologram,
     scale_probe,
 )
-from .propagation import Propagation
 from .rpie import RPIE
 from .state import PtychoData, ReconParams, ReconState
 
@@ -97,7 +97,8 @@ def initial_state(data: PtychoData, params: ReconParams, probe: np.ndarray | Non
     are made from the first by a small perturbation; with more, the strongest are kept. The
     modes are orthogonalised, ordered by power, and scaled so Σ|F[P]|² matches the mean
     counts per frame (for an object of unit amplitude).
-    obj: None → ones; else an (H, W) complex array of ``data.object_shape``.
+    obj: None → ones (``params.slices`` layers of them); else an (H, W) complex array of
+    ``data.object_shape``, or (S, H, W) with S = ``params.slices``.
     """
     if not isinstance(params, ReconParams):
         raise TypeError(f"params must be a ReconParams, got {type(params).__name__}")
@@ -130,14 +131,15 @@ def initial_state(data: PtychoData, params: ReconParams, probe: np.ndarray | Non
     p = scale_probe(p, mean_counts_per_frame(mean, data.mask), mask=data.mask,
                     transfer=params.propagation.transfer(m))
     h, w = data.object_shape
+    shape = (h, w) if params.slices == 1 else (params.slices, h, w)
     if obj is None:
-        o = np.ones((h, w), np.complex64)
+        o = np.ones(shape, np.complex64)
     else:
         o = np.asarray(obj)
-        if o.shape != (h, w):
+        if o.shape != shape:
             raise ValueError(
-                f"initial_state: object has shape {o.shape}, expected {(h, w)} "
-                "(data.object_shape)"
+                f"initial_state: object has shape {o.shape}, expected {shape} "
+                f"(data.object_shape, {params.slices} layer(s))"
             )
         if not np.all(np.isfinite(o)):
             raise ValueError("initial_state: object contains non-finite values")
@@ -169,8 +171,8 @@ class StateView:
         return self._rec.backend.name
 
     def object(self) -> np.ndarray:
-        """Host copy of the current object (H, W) complex64."""
-        return np.array(self._rec.backend.to_host(self._rec.core.obj), copy=True)
+        """Host copy of the current object, (H, W) complex64 or (S, H, W) for S layers."""
+        return np.array(self._rec.backend.to_host(self._rec.object_array()), copy=True)
 
     def probe(self) -> np.ndarray:
         """Host copy of the current probe modes (K, M, M) complex64."""
@@ -222,7 +224,7 @@ class Reconstructor:
                 f"data has {n} frames; after PtychoData.append(...) call "
                 "state.extend_positions(new_positions_px)"
             )
-        if tuple(state.object.shape) != tuple(data.object_shape):
+        if tuple(state.object.shape[-2:]) != tuple(data.object_shape):
             raise ValueError(
                 f"Reconstructor: state object is {state.object.shape}, data.object_shape is "
                 f"{data.object_shape}"
@@ -231,6 +233,11 @@ class Reconstructor:
             raise ValueError(
                 f"Reconstructor: probe is {state.probe.shape[1:]}, frames are "
                 f"{data.frame_size}x{data.frame_size}"
+            )
+        if state.layers != state.params.slices:
+            raise ValueError(
+                f"Reconstructor: the state's object has {state.layers} layer(s) but "
+                f"params.slices={state.params.slices}"
             )
         if state.probe.shape[0] != state.params.probe_modes:
             raise ValueError(
@@ -280,6 +287,8 @@ class Reconstructor:
             losses.extend(self.algorithm.run_batch(batch, it))
         self.algorithm.apply_position_steps()
         self.algorithm.end_iteration(it)
+        if p.slices > 1 and p.layer_regularization > 0 and self.algorithm.flags(it)[0]:
+            self.algorithm.model.regularize(p.layer_regularization)
         if self.algorithm.opr is not None:
             self.algorithm.opr.end_iteration()
         loss = core.total(losses) / core.norm
@@ -329,6 +338,11 @@ class Reconstructor:
                 break
         return self.snapshot()
 
+    def object_array(self) -> Any:
+        """The object on the device as a state holds it: (H, W) for one layer, else
+        (S, H, W)."""
+        return self.core.obj[0] if self.core.S == 1 else self.core.obj
+
     def snapshot(self) -> ReconState:
         """A host copy of the complete state (object, probe, positions, RNG, extras)."""
         return self.snapshot_async().result()
@@ -342,7 +356,7 @@ class Reconstructor:
         be = self.backend
         extras = {k: be.host_copy_async(a) for k, a in self.algorithm.device_memory().items()}
         return PendingSnapshot(
-            be.host_copy_async(self.core.obj), be.host_copy_async(self.core.probe),
+            be.host_copy_async(self.object_array()), be.host_copy_async(self.core.probe),
             dict(positions_px=self.core.pos.copy(), params=self.params,
                  iteration=self.iteration, loss_history=list(self.loss_history),
                  rng_seed=self.rng_seed, rng_counter=self.rng_counter), extras)

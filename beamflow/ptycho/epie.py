@@ -26,9 +26,12 @@ class EPIE(PIEFamily):
     name = "epie"
     object_step_writes_den = False
 
-    def object_step(self, num: Any, den: Any, den_max: float) -> Any:
-        num *= self.params.alpha_value / self.core.backend.at_least(den_max, 1e-30)
+    def object_step(self, num: Any, den: Any, den_max: Any) -> Any:
+        # Each of S layers takes its share 1/S of a correction (PIEFamily).
+        num *= (self.params.alpha_value / self.model.layers
+                / self.core.backend.at_least(den_max, 1e-30))
         return num
 
-    def probe_step(self, num: Any, den: Any, den_max: float) -> Any:
-        return num * (self.params.beta_value / self.core.backend.at_least(den_max, 1e-30))
+    def add_probe_step(self, num: Any, den: Any, den_max: Any) -> None:
+        self.core.probe += num * (self.params.beta_value
+                                  / self.core.backend.at_least(den_max, 1e-30))

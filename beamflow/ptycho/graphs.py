@@ -7,7 +7,7 @@ launches with one call, so the batch costs the host a copy of its indices, the r
 copy of its loss.
 
 A graph replays fixed kernels with fixed arguments on fixed memory. What makes a batch's
-work the same every time (:meth:`.forward.Core.bind_batch`, :meth:`.algorithm.Algorithm.run_batch`):
+work the same every time (:meth:`.core.Core.bind_batch`, :meth:`.algorithm.Algorithm.run_batch`):
 
 * the batch's indices are copied, before each batch, into one device buffer per batch
   length, which the chunk's kernels read (the graph's own upload would replay stale bytes);

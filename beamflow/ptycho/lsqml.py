@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from .algorithm import Algorithm, PartSums, Sweep
-from .forward import Chunk
+from .core import Chunk
+from .forward import Waves
 
 __all__ = ["LSQML"]
 
@@ -45,26 +46,6 @@ __all__ = ["LSQML"]
 POISSON_FLOOR = 1e-3
 
 
-def _rdot(a: Any, b: Any) -> Any:
-    """Re Σ conj(a)·b over all axes but the first → (b,)."""
-    return (a.real * b.real + a.imag * b.imag).sum(axis=tuple(range(1, a.ndim)))
-
-
-def _systems(dirs: Any, chi: Any, xp: Any) -> tuple[Any, Any]:
-    """The step-length systems' sums for directions ``dirs`` (b, n, K, M, M) and the
-    corrections ``chi`` (b, K, M, M): Re Σ conj(d_s)·d_t → (b, n, n) and Re Σ conj(d_s)·χ
-    → (b, n), each sum over (K, M, M). The CPU's (a GPU makes the directions and these sums
-    in one kernel, :meth:`.kernels.GpuKernels.step_systems`)."""
-    b, n = dirs.shape[:2]
-    gram = xp.empty((b, n, n), np.float32)
-    rhs = xp.empty((b, n), np.float32)
-    for s in range(n):
-        for t in range(s, n):
-            gram[:, s, t] = gram[:, t, s] = _rdot(dirs[:, s], dirs[:, t])
-        rhs[:, s] = _rdot(dirs[:, s], chi)
-    return gram, rhs
-
-
 class LSQML(Algorithm):
     name = "lsqml"
     batch_graphs = True
@@ -73,7 +54,7 @@ class LSQML(Algorithm):
         """Turn Ψ into the Poisson-likelihood far-field correction in place (times ``scale``
         when one is given); return the loss."""
         core, xp = self.core, self.core.xp
-        amp, _, loss = core.amplitude_residual(big, c)
+        amp, _, loss = self.model.amplitude_residual(big, c)
         imod = xp.square(amp)
         meas = xp.square(core.frames.amplitudes(c.idx, c.didx))
         xi = 1.0 - meas / (imod + np.float32(POISSON_FLOOR * core.mean_intensity))
@@ -98,95 +79,63 @@ class LSQML(Algorithm):
     def fourier_constraint(self, big: Any, c: Chunk, scale: Any = None) -> Any:
         if self.params.noise_model == "poisson":
             return self.poisson_correction(big, c, scale)
-        return self.core.modulus_projection(big, c, scale)
+        return self.model.modulus_projection(big, c, scale)
 
-    def chunk_update(self, sw: Sweep, sums: PartSums, c: Chunk, pd: Any, oj: Any, big: Any,
-                     chi: Any) -> None:
-        # The step-length systems need P_j, O_j and χ_j after the batch: the terms are made
-        # into new arrays instead of over them (no copies to keep).
-        core = self.core
-        sums.kept.append((c, pd, oj, chi))
-        if sums.acc is not None:
-            core.accumulate_object(sums.acc, pd, chi, c, keep_probe=True)
+    def chunk_update(self, sw: Sweep, sums: PartSums, c: Chunk, w: Waves,
+                     chis: list[Any]) -> None:
+        # The step-length systems need the waves and corrections after the batch: the terms
+        # are made into new arrays instead of over them (no copies to keep).
+        model = self.model
+        sums.kept.append((c, w, chis))
+        if sums.accs is not None:
+            for layer, acc in enumerate(sums.accs):
+                model.accumulate_object(acc, w, chis, c, layer, keep=True)
         if sums.probe:
-            sums.probe_num, sums.probe_den = core.probe_terms(
-                oj, chi, c, sums.probe_num, sums.probe_den, keep=True)
+            sums.probe_num, sums.probe_den = model.probe_terms(
+                w, chis, c, sums.probe_num, sums.probe_den, keep=True)
 
     def update(self, sw: Sweep, sums: list[PartSums]) -> None:
         core, xp, be = self.core, self.core.xp, self.core.backend
-        upd_obj, upd_probe, bb = sw.update_object, sw.update_probe, sw.bbox
         alpha = self.params.alpha_value
-        d_obj = acc = dmax = None
-        # A GPU never writes ΔO = num / (den + α·max) over the object: the step systems make
-        # it at the windows from the accumulator and the maximum its scatter took, and the
-        # step adds β_O·ΔO to the object and clears the accumulator in one pass.
-        fused = upd_obj and core.fused_step(sw.accs)
-        if fused:
-            acc = sw.accs[0]
-            dmax = core.accumulated_max(acc)
-        elif upd_obj:
-            # ΔO is made in place in the first part's numerator, where the parts' sums are
-            # combined (only its box is read): no copy into another array.
-            d_obj = sw.accs[0].num
-
-            def direction(num: Any, den: Any, dmax: float, _sl: Any) -> Any:
-                den += alpha * dmax
-                xp.reciprocal(den, out=den)
-                num *= den
-                return num
-
-            core.update_object(sw.accs, bb, direction, write=False)
+        # Each layer's direction ΔO = num / (den + α·max) (a GPU never writes it over the
+        # object: the step systems make it at the windows from the accumulator and the
+        # maximum its scatter took, and the step adds β_O·ΔO and clears the accumulator in
+        # one pass).
+        dirs = [self.objects.direction(accs, layer, sw.bbox, alpha)
+                for layer, accs in enumerate(sw.accs)] if sw.update_object else None
         d_probe = d_probe_hat = None
-        if upd_probe:
+        if sw.update_probe:
             pnum, pden = self.probe_sums(sums)
             # In place on the new array from probe_from_terms: complex64 already.
-            d_probe = core.probe_from_terms(pnum)
-            if be.kernels is not None:
-                be.kernels.preconditioned_step(d_probe, pden, be.scalar(pden.max()), 1.0, alpha)
-            else:
-                d_probe /= pden + alpha * be.scalar(pden.max())
+            d_probe = self.model.probe_from_terms(pnum)
+            be.preconditioned_step(d_probe, pden, be.scalar(pden.max()), 1.0, alpha)
             if core.subpixel:
                 d_probe_hat = core.spectrum(d_probe)
 
-        def systems(t: int, _part: np.ndarray) -> Any:
-            rows = []
-            for c, pd, oj, chi in sums[t].kept:
-                sp = None  # S_j[ΔP], the probe direction at each position
-                if upd_probe:
-                    if c.ramp is None:
-                        sp = d_probe[None]
-                    else:
-                        hat = (be.kernels.ramp_product(c.ramp, d_probe_hat[None])
-                               if be.kernels is not None else d_probe_hat[None] * c.ramp[:, None])
-                        sp = be.ifft2(hat, workers=core.fft_workers, scale=False)
-                if be.kernels is not None and d_obj is None:  # directions and sums, one pass
-                    rows.append(be.kernels.step_systems(
-                        pd, None if acc is None else acc.buffer, dmax, alpha, c.flat, oj, sp,
-                        chi, core.H, core.W))
-                    continue
-                # The directions at the positions, side by side (b, n, K, M, M): P_j ΔO_j
-                # and O_j S_j[ΔP], each written by its product into its slot.
-                dirs = xp.empty((len(c.idx), int(upd_obj) + int(upd_probe)) + chi.shape[1:],
-                                np.complex64)
-                if upd_obj:
-                    xp.multiply(pd, core.object_patches(c, d_obj)[:, None],
-                                out=dirs[:, 0])
-                if upd_probe:
-                    xp.multiply(oj[:, None], sp, out=dirs[:, -1])
-                gram, rhs = _systems(dirs, chi, xp)
-                zero = xp.zeros(len(c.idx), np.float32)
-                if upd_obj and upd_probe:
-                    cols = [gram[:, 0, 0], gram[:, 0, 1], gram[:, 1, 1], rhs[:, 0], rhs[:, 1]]
-                elif upd_obj:
-                    cols = [gram[:, 0, 0], zero, zero, rhs[:, 0], zero]
-                else:
-                    cols = [zero, zero, gram[:, 0, 0], zero, rhs[:, 0]]
-                rows.append(xp.stack(cols, axis=1))
-            if len(rows) > 1:
-                return xp.concatenate(rows)
-            return rows[0] if rows else None
+        def probe_at(c: Chunk) -> Any:
+            """S_j[ΔP], the probe direction at each position."""
+            if c.ramp is None:
+                return d_probe[None]
+            hat = be.ramp_product(c.ramp, d_probe_hat[None])
+            return be.ifft2(hat, workers=core.fft_workers, scale=False)
 
-        if upd_obj or upd_probe:
+        # One step length per layer: the first layer's jointly with the probe's, each from
+        # its own plane's system (the corrections χ_s there; for a thin sample the exit wave).
+        for layer in range(self.model.layers):
+            d_obj = None if dirs is None else dirs[layer]
+            probe = sw.update_probe and layer == 0
+            if d_obj is None and not probe:
+                continue
+
+            def systems(t: int, _part: np.ndarray, layer: int = layer, d_obj: Any = d_obj,
+                        probe: bool = probe) -> Any:
+                rows = [be.step_systems(c, w.incident[layer], d_obj, w.patches[layer],
+                                        probe_at(c) if probe else None, chis[layer])
+                        for c, w, chis in sums[t].kept]
+                if len(rows) > 1:
+                    return xp.concatenate(rows)
+                return rows[0] if rows else None
+
             # Solved on the device, in float64: no copy to the host inside the iteration.
             parts = [r for r in core.map_list(systems, sw.parts) if r is not None]
             sys = parts[0] if len(parts) == 1 else xp.concatenate(parts)
@@ -210,37 +159,14 @@ class LSQML(Algorithm):
             # iterations). The sum weights each position by its ‖d_j‖², so positions with
             # a tiny a11 and a huge ratio do not dominate either.
             tot = sys.sum(axis=0)
-            step_o, step_p = self._step_lengths(tot, upd_obj and upd_probe)
-            if fused:
-                core.apply_object_step(acc, bb, dmax, 1.0, alpha, step=step_o)
-            elif upd_obj:
-                region = core.obj[bb]
-                xp.add(region, step_o * d_obj[bb], out=region)
-            if upd_probe:
-                if be.kernels is not None:
-                    be.kernels.axpy(core.probe, step_p, d_probe)
-                else:
-                    core.probe += step_p * d_probe
+            step_o, step_p = be.step_lengths(tot, d_obj is not None and probe,
+                                             self.params.beta_value)
+            if d_obj is not None:
+                if self.model.layers > 1:
+                    # Each layer's step length solves its own plane's system, as if the
+                    # others stood still: each of S layers takes its share 1/S (pie.py).
+                    step_o = step_o * (1.0 / self.model.layers)
+                self.objects.add_direction(d_obj, step_o)
+            if probe:
+                be.axpy(core.probe, step_p, d_probe)
                 core.probe_changed()
-
-    def _step_lengths(self, tot: Any, both: bool) -> tuple[Any, Any]:
-        """(β_O, β_P) from the batch's summed system ``tot`` = [a11, a12, a22, b1, b2]:
-        the 2×2 solve (each alone when one direction is not updated), clipped at 0 — never
-        a step against the direction — and damped by ``beta``; as
-        :meth:`ArrayBackend.scalars` gives them. On a GPU one kernel does it."""
-        be, xp = self.core.backend, self.core.xp
-        if be.kernels is not None:
-            steps = be.kernels.step_lengths(tot, both, self.params.beta_value)
-            return steps[0], steps[1]
-        lam = 1e-6 * (tot[0] + tot[2]) + 1e-30
-        diag = tot[0:3:2] + lam  # a11 + λ, a22 + λ
-        b12, b21 = tot[3:5], tot[4:2:-1]  # (b1, b2) and (b2, b1)
-        if both:
-            det = diag[0] * diag[1] - tot[1] ** 2
-            # β_O = ((a22+λ) b1 − a12 b2)/det, β_P = ((a11+λ) b2 − a12 b1)/det
-            betas = diag[::-1] * b12 - tot[1] * b21
-            betas /= det
-        else:
-            betas = b12 / diag
-        step_o, step_p = be.scalars(xp.maximum(betas, 0.0), self.params.beta_value)
-        return step_o, step_p

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .algorithm import PartSums, Sweep
-from .forward import Core
+from .core import Core
 from .rpie import RPIE
 
 __all__ = ["MPIE"]
@@ -59,11 +59,14 @@ class MPIE(RPIE):
         if not all(k in extras for k in self._KEYS):
             return
         shapes = (core.obj.shape, core.obj.shape, core.probe.shape, core.probe.shape)
-        if any(tuple(extras[k].shape) != tuple(s) for k, s in zip(self._KEYS, shapes, strict=True)):
+        arrays = [np.asarray(extras[k], np.complex64) for k in self._KEYS]
+        if any(a.size != np.prod(s) for a, s in zip(arrays, shapes, strict=True)) or any(
+                a.shape[-2:] != s[-2:] for a, s in zip(arrays, shapes, strict=True)):
             return  # a different object or probe: start the momentum afresh
+        # A thin object's memory may be (H, W) (saved before objects had layers).
         dev = core.backend.to_device
         self._obj_ref, self._obj_vel, self._probe_ref, self._probe_vel = (
-            dev(np.asarray(extras[k], np.complex64)) for k in self._KEYS)
+            dev(a.reshape(s)) for a, s in zip(arrays, shapes, strict=True))
         self._batches = int(np.asarray(extras.get("mpie_batches", [0]))[0])
 
     def modes_mixed(self, transform: Any) -> None:
@@ -98,7 +101,7 @@ class MPIE(RPIE):
     def _momentum(self, update_object: bool, update_probe: bool) -> None:
         core, p = self.core, self.params
         if update_object:
-            core.obj = _heavy_ball(core.obj, self._obj_ref, self._obj_vel, p.momentum)
+            core.obj = _heavy_ball(core.obj, self._obj_ref, self._obj_vel, p.momentum_value)
             self._obj_ref = core.obj.copy()
         if update_probe:
             core.probe = _heavy_ball(core.probe, self._probe_ref, self._probe_vel,

@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from .forward import Chunk, Core
+from .core import Chunk, Core
 from .modes import make_modes
 
 __all__ = ["VariableProbe", "ptychodus_layout"]
@@ -122,7 +122,7 @@ class VariableProbe:
 
     def shifted(self, s: tuple[float, float]) -> None:
         if self.K > 1:
-            self.eigen = self.core._fourier_shift(self.eigen, s)
+            self.eigen = self.core.fourier_shift(self.eigen, s)
             self._eigen_hat = None
 
     # -- the forward model ------------------------------------------------------------------
@@ -161,13 +161,9 @@ class VariableProbe:
             pd[:, 0] = self._combine(w, core.probe[0], self.eigen)
             return pd
         ph = core.probe_hat()
-        if core.backend.kernels is not None:  # the ramps made in the kernel (GPU)
-            spec = xp.broadcast_to(ph[None], (b,) + ph.shape).copy()
-            spec[:, 0] = self._combine(w, ph[0], self._eigen_hat)
-            spec = core.backend.kernels.ramp_product(c.ramp, spec, out=spec)
-        else:
-            spec = c.ramp[:, None] * ph[None]
-            spec[:, 0] = c.ramp * self._combine(w, ph[0], self._eigen_hat)
+        spec = xp.broadcast_to(ph[None], (b,) + ph.shape).copy()
+        spec[:, 0] = self._combine(w, ph[0], self._eigen_hat)
+        spec = core.backend.ramp_product(c.ramp, spec, out=spec)
         return core.backend.ifft2(spec, workers=core.fft_workers, scale=False)
 
     def _combine(self, w: Any, u0: Any, eigen: Any) -> Any:
@@ -185,10 +181,7 @@ class VariableProbe:
         g = xp.conj(oj) * chi[:, 0]
         if c.ramp is not None:  # S_j^H: shift back by −δ_j
             g = be.fft2(g, workers=core.fft_workers)
-            if be.kernels is not None:
-                be.kernels.ramp_product(c.ramp, g[:, None], out=g[:, None], conj=True)
-            else:
-                g *= xp.conj(c.ramp)
+            be.ramp_product(c.ramp, g[:, None], out=g[:, None], conj=True)
             g = be.ifft2(g, workers=core.fft_workers)
         den = xp.square(oj.real) + xp.square(oj.imag)
         dmax = den.max(axis=(1, 2), keepdims=True)

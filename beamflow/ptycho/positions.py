@@ -1,8 +1,9 @@
 """Position correction, gradient form (PTYCHO_MATH.md, "Position correction").
 
 For position j the exit wave changes with the position r_j as ∂ψ_j/∂r = P_j · ∇O_j (probe
-fixed, object window moving). The Gauss–Newton step that best explains the exit-wave
-correction χ_j along each axis is
+fixed, object window moving); with several layers, each layer's term is summed (its incident
+wave times its object's gradient, against the correction in its plane). The Gauss–Newton
+step that best explains the exit-wave correction χ_j along each axis is
 
     δr_j = Re Σ conj(P_j ∇O_j) · χ_j / Σ |P_j ∇O_j|²
 
@@ -17,6 +18,7 @@ Zhang et al., Opt. Express 21, 13592 (2013) for the cross-correlation alternativ
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -35,17 +37,24 @@ def object_gradient(obj: Any, xp: Any) -> tuple[Any, Any]:
     return gy, gx
 
 
-def position_steps(pd: Any, gyj: Any, gxj: Any, chi: Any, xp: Any) -> Any:
+def position_steps(layers: Sequence[tuple[Any, Any, Any, Any]], xp: Any) -> Any:
     """(b, 2) Gauss–Newton position steps (y, x) for a chunk (device array).
 
-    pd: (b or 1, K, M, M) shifted probe; gyj/gxj: (b, M, M) object-gradient patches;
-    chi: (b, K, M, M) real-space exit-wave corrections.
+    ``layers``: per object layer (ψ, ∂_y O, ∂_x O, χ): the incident wave (b or 1, K, M, M),
+    the object-gradient patches (b, M, M) and the exit-wave corrections (b, K, M, M) of that
+    layer's plane. A position moves every layer's window alike, so the step sums the layers'
+    terms Re Σ conj(ψ_s ∇O_s)·χ_s and |ψ_s ∇O_s|² (for a thin sample, one layer with
+    ψ the shifted probe).
     """
     out = []
-    for g in (gyj, gxj):
-        a = pd * g[:, None]
-        num = (a.real * chi.real + a.imag * chi.imag).sum(axis=(1, 2, 3))
-        den = (xp.square(a.real) + xp.square(a.imag)).sum(axis=(1, 2, 3))
+    for axis in (1, 2):
+        num = den = None
+        for layer in layers:
+            a = layer[0] * layer[axis][:, None]
+            chi = layer[3]
+            n = (a.real * chi.real + a.imag * chi.imag).sum(axis=(1, 2, 3))
+            d = (xp.square(a.real) + xp.square(a.imag)).sum(axis=(1, 2, 3))
+            num, den = (n, d) if num is None else (num + n, den + d)
         out.append(num / (den + xp.float32(1e-30) + 1e-6 * den.max()))
     return xp.stack(out, axis=1)
 

@@ -13,8 +13,6 @@ maximum, which keeps overlapping ("compact"/"random") batches stable; ``batch_se
 
 from __future__ import annotations
 
-from typing import Any
-
 from .pie import PIEFamily
 
 __all__ = ["RPIE"]
@@ -25,27 +23,11 @@ class RPIE(PIEFamily):
 
     @property
     def object_preconditioner(self) -> tuple[float, float]:
-        a = self.params.alpha_value
-        return 1.0 - a, a
-
-    def object_step(self, num: Any, den: Any, den_max: float) -> Any:
-        c_den, c_max = self.object_preconditioner
-        kernels = self.core.backend.kernels
-        if kernels is not None:  # a GPU: the same step in one kernel
-            return kernels.preconditioned_step(num, den, den_max, c_den, c_max)
-        den *= c_den
-        den += c_max * den_max
-        # num/den for complex/real is a complex division in numpy: a real reciprocal and a
-        # multiply are 2x faster.
-        self.core.xp.reciprocal(den, out=den)
-        num *= den
-        return num
+        # Each of S layers takes its share 1/S of a correction (PIEFamily).
+        a, share = self.params.alpha_value, self.model.layers
+        return share * (1.0 - a), share * a
 
     @property
     def probe_preconditioner(self) -> tuple[float, float]:
         b = self.params.beta_value
         return 1.0 - b, b
-
-    def probe_step(self, num: Any, den: Any, den_max: float) -> Any:
-        b = self.params.beta_value
-        return num / ((1.0 - b) * den + b * den_max)

@@ -21,7 +21,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .propagation import Propagation
+from .forward.propagation import Propagation
+from .forward.slices import slice_spacings
 
 __all__ = ["ReconParams", "settings_that_apply", "PtychoData", "ReconState",
            "ALGORITHM_DEFAULTS", "OPR_ALGORITHMS", "STATE_FORMAT"]
@@ -123,9 +124,10 @@ class ReconParams(BaseModel):
         "object with it (None: on for far-field dm, whose probe and object otherwise drift "
         "together once it reaches the noise floor; off for the others).",
     )
-    momentum: float = Field(
-        0.9, ge=0.0, lt=1.0,
-        description="mpie: the object's momentum η (friction of the heavy-ball velocity).")
+    momentum: float | None = Field(
+        None, ge=0.0, lt=1.0,
+        description="mpie: the object's momentum η (friction of the heavy-ball velocity); "
+        "None: 0.9, or 0.7 with several layers.")
     probe_momentum: float = Field(0.5, ge=0.0, lt=1.0, description="mpie: the probe's η.")
     momentum_every: int = Field(
         8, ge=1, le=1024, description="mpie: apply the momentum every N batches.")
@@ -139,6 +141,18 @@ class ReconParams(BaseModel):
         description="Variable probe: pull each position's weights towards the mean of its "
         "neighbours in acquisition order by this fraction per iteration (0 = off). A beam "
         "varies slowly in time; unsmoothed weights also absorb object errors.")
+    slices: int = Field(
+        1, ge=1, le=64,
+        description="Object layers (multislice, for samples thicker than the depth of field "
+        "Δx²/λ); 1 = a thin sample. Needs slice_spacing_m and the wavelength and object pixel "
+        "size in the propagation geometry.")
+    slice_spacing_m: float | list[float] | None = Field(
+        None, description="Distance between the layers in metres: one value for every gap, or "
+        "slices−1 values.")
+    layer_regularization: float = Field(
+        0.0, ge=0.0, le=100.0,
+        description="Multislice: the strength β of the regulariser along depth (the kz filter "
+        "of fold_slice and Pty-Chi), applied once per iteration; 0 = off.")
     seed: int = Field(0, ge=0, lt=2**63, description="Seed of the batch order.")
     propagation: Propagation = Field(
         default_factory=Propagation,
@@ -172,6 +186,11 @@ class ReconParams(BaseModel):
                 f"opr_modes={self.opr_modes} (variable probe) is implemented by "
                 f"{', '.join(OPR_ALGORITHMS)}, not '{self.algorithm}'"
             )
+        if self.slices > 1:
+            self._check_multislice()
+        elif isinstance(self.slice_spacing_m, list) and len(self.slice_spacing_m) > 0:
+            raise ValueError(f"slice_spacing_m has {len(self.slice_spacing_m)} values but "
+                             "slices=1 has no gaps between layers")
         if self.algorithm == "dm" and self.batch_selection not in ("auto", "all"):
             raise ValueError(
                 f"batch_selection='{self.batch_selection}' does not apply to 'dm': the "
@@ -179,7 +198,26 @@ class ReconParams(BaseModel):
             )
         return self
 
+    def _check_multislice(self) -> None:
+        if self.algorithm == "dm":
+            raise ValueError(
+                f"algorithm 'dm' does not model thick samples (slices={self.slices}): use "
+                "rpie, mpie, epie or lsqml")
+        slice_spacings(self.slices, self.slice_spacing_m)  # raises with the reason
+        missing = [n for n in ("wavelength_m", "pixel_size_m")
+                   if getattr(self.propagation, n) is None]
+        if missing:
+            raise ValueError(f"slices={self.slices} needs the propagation geometry's "
+                             f"{' and '.join(missing)} (the layers are propagated between)")
+
     # -- resolved values ------------------------------------------------------------------
+    @property
+    def slice_spacings(self) -> tuple[float, ...]:
+        """The S−1 distances between the layers (metres); () for a thin sample."""
+        if self.slices == 1:
+            return ()
+        return slice_spacings(self.slices, self.slice_spacing_m)
+
     @property
     def alpha_value(self) -> float:
         """``alpha`` or the algorithm's default."""
@@ -191,6 +229,17 @@ class ReconParams(BaseModel):
         """``beta`` or the algorithm's default."""
         return float(ALGORITHM_DEFAULTS[self.algorithm]["beta"] if self.beta is None
                      else self.beta)
+
+    @property
+    def momentum_value(self) -> float:
+        """``momentum`` or its default: 0.9 (Maiden et al. 2017), 0.7 with several layers —
+        measured on a two-layer scan of 81 positions, 0.9 diverged after 20 iterations while
+        0.5–0.8 converged, and 0.7 kept a margin on three layers (tests/test_multislice.py).
+        The exchange of content between layers that the data cannot see is where a fast
+        heavy ball runs away."""
+        if self.momentum is not None:
+            return float(self.momentum)
+        return 0.9 if self.slices == 1 else 0.7
 
     @property
     def centering(self) -> bool:
@@ -246,7 +295,8 @@ def settings_that_apply(settings: dict[str, Any]) -> set[str]:
     parameters) that change what the engine does with the others as given: mPIE's momenta
     only for mpie, the variable probe's smoothing only with opr_modes, the position
     correction's start and step limit only with it on, the noise model only for lsqml,
-    orthogonalisation only with several probe modes."""
+    orthogonalisation only with several probe modes, the layers' spacing and regulariser only
+    with several layers."""
     algorithm = settings.get("algorithm")
     needs = {
         "momentum": algorithm == "mpie",
@@ -257,6 +307,8 @@ def settings_that_apply(settings: dict[str, Any]) -> set[str]:
         "position_step_limit_px": bool(settings.get("position_correction")),
         "noise_model": algorithm == "lsqml",
         "orthogonalize_every": (settings.get("probe_modes") or 1) > 1,
+        "slice_spacing_m": (settings.get("slices") or 1) > 1,
+        "layer_regularization": (settings.get("slices") or 1) > 1,
     }
     return {name for name in settings if needs.get(name, True)}
 
@@ -450,7 +502,9 @@ class PtychoData:
 class ReconState:
     """The complete state of a reconstruction (host numpy arrays).
 
-    object: (H, W) complex64. probe: (K, M, M) complex64 (K incoherent modes, by power).
+    object: (H, W) complex64 for a thin sample; (S, H, W) for S > 1 layers (multislice,
+    the first layer the one the probe meets first). probe: (K, M, M) complex64 (K
+    incoherent modes, by power).
     positions_px: (N, 2) float64, the current (possibly corrected) positions.
     iteration: iterations completed. loss_history: one normalised amplitude loss per
     iteration. params: the ReconParams. rng_seed / rng_counter: the counter-based RNG
@@ -470,13 +524,16 @@ class ReconState:
 
     def __post_init__(self) -> None:
         self.object = np.ascontiguousarray(self.object, dtype=np.complex64)
+        if self.object.ndim == 3 and self.object.shape[0] == 1:
+            self.object = self.object[0]  # one layer is a thin sample: (H, W)
         probe = np.asarray(self.probe)
         if probe.ndim == 2:
             probe = probe[None]
         self.probe = np.ascontiguousarray(probe, dtype=np.complex64)
         self.positions_px = np.ascontiguousarray(self.positions_px, dtype=np.float64)
-        if self.object.ndim != 2:
-            raise ValueError(f"ReconState.object: expected (H, W), got shape {self.object.shape}")
+        if self.object.ndim not in (2, 3):
+            raise ValueError(f"ReconState.object: expected (H, W) or (layers, H, W), got shape "
+                             f"{self.object.shape}")
         if self.probe.ndim != 3 or self.probe.shape[1] != self.probe.shape[2]:
             raise ValueError(
                 f"ReconState.probe: expected (K, M, M), got shape {self.probe.shape}"
@@ -490,6 +547,16 @@ class ReconState:
     @property
     def n_modes(self) -> int:
         return int(self.probe.shape[0])
+
+    @property
+    def layers(self) -> int:
+        """Object layers S (1: a thin sample)."""
+        return 1 if self.object.ndim == 2 else int(self.object.shape[0])
+
+    @property
+    def object_layers(self) -> np.ndarray:
+        """The object as (S, H, W), a view."""
+        return self.object[None] if self.object.ndim == 2 else self.object
 
     def to_host_arrays(self) -> dict[str, np.ndarray]:
         """Named arrays for a checkpoint (object, probe, positions, loss history, extras)."""

@@ -40,8 +40,8 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .forward.propagation import Propagation
 from .metrics import fit_phase_ramp, illumination_mask
-from .propagation import Propagation
 
 __all__ = ["DataRegime", "Verdict", "judge", "measure_data", "noise_floor", "regime_findings"]
 
