@@ -128,8 +128,8 @@ PREVIEW_BYTES = 2_000_000
 
 def written_bytes_estimate(job: ReconstructJob) -> int:
     """About how many bytes a run of ``job`` writes beside its scan: its checkpoints (those
-    kept, and one being written) and its product, each about one state (the object and the
-    probe modes, complex64, and the positions), and its previews. Read from the scan file's
+    kept, and one being written) and its product, each about one state (the object's layers
+    and the probe modes, complex64, and the positions), and its previews. Read from the scan file's
     geometry and positions, without its frames."""
     scan = load_scan(job.scan, max_frames=job.max_frames, allow_partial=True)
     propagation, _ = _propagation(job, scan)
@@ -137,7 +137,8 @@ def written_bytes_estimate(job: ReconstructJob) -> int:
         scan.positions_m, scan.planned_positions_m, scan.frame_shape[0], job.object_margin_px,
         propagation.pixel_size_m or scan.object_pixel_size_m)
     h, w = frame.object_shape
-    pixels = h * w + job.params.probe_modes * scan.frame_shape[0] * scan.frame_shape[1]
+    pixels = (job.params.slices * h * w
+              + job.params.probe_modes * scan.frame_shape[0] * scan.frame_shape[1])
     state = 8 * pixels + 16 * len(scan.planned_positions_m)
     return state * (job.checkpoint_keep + 2) + PREVIEW_BYTES
 

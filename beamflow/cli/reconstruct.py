@@ -45,7 +45,7 @@ INPUT, ALGORITHM, PROBE, OUTPUT = "Input and geometry", "Algorithm", "Probe", "O
 #: The engine settings outside the Algorithm section.
 ENGINE_PANELS = {
     "position_correction": INPUT, "position_correction_start": INPUT,
-    "position_step_limit_px": INPUT,
+    "position_step_limit_px": INPUT, "slices": INPUT, "slice_spacing_m": INPUT,
     "probe_modes": PROBE, "probe_update_start": PROBE, "orthogonalize_every": PROBE,
     "center_probe": PROBE, "opr_modes": PROBE, "opr_weight_smoothing": PROBE,
 }
