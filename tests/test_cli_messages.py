@@ -193,22 +193,23 @@ def test_reconstruct_help_is_in_sections_with_defaults() -> None:
 
 
 # -- plain mistakes ----------------------------------------------------------------------------
-@pytest.mark.parametrize("value", ["0", "-2"])
-def test_no_iterations_is_refused_in_one_line(master: Path, tmp_path: Path, value: str) -> None:
+def test_no_iterations_is_refused_in_one_line(master: Path, tmp_path: Path) -> None:
     (tmp_path / "beamflow.toml").write_text("")
     out = tmp_path / "out"
     result = runner.invoke(app, ["reconstruct", str(master), "--out", str(out), "--iterations",
-                                 value, "-c", str(tmp_path / "beamflow.toml")])
+                                 "0", "-c", str(tmp_path / "beamflow.toml")])
     assert result.exit_code == 2
     assert error_lines(result.stderr) == [
-        f"error: --iterations {value}: at least 1 iteration: 0 would write the blank starting "
-        "guess as the product, reconstructing nothing"]
+        "error: --iterations 0: at least 1 iteration: 0 would write the blank starting guess "
+        "as the product, reconstructing nothing"]
     assert not out.exists()  # nothing written
 
 
 def test_no_iterations_is_refused_for_runs_and_in_the_config(workspace: Path) -> None:
     config = str(workspace / "beamflow.toml")
-    scan = workspace / "beamline" / "detector"
+    scan = workspace / "beamline" / "detector" / "s1"
+    scan.mkdir()
+    (scan / "s1_master.h5").write_bytes(b"")  # refused before it is read
     result = runner.invoke(app, ["runs", "start", str(scan), "-p", "iterations=0", "-c", config])
     assert result.exit_code == 1
     assert error_lines(result.stderr) == [

@@ -155,8 +155,8 @@ def reconstruct(
     # The engine's settings: those given here, else [reconstruction]'s.
     given = {name: value.value if isinstance(value, enum.Enum) else value
              for name, value in engine.items() if value is not None}
-    if given.get("iterations", 1) < 1:
-        fail(f"--iterations {given['iterations']}: {NO_ITERATIONS}", code=2)
+    if given.get("iterations") == 0:  # the engine's limit is 0; a job's is 1
+        fail(f"--iterations 0: {NO_ITERATIONS}", code=2)
     try:
         job = ReconstructJob(
             scan=scan, out=out, **{**rc.engine_settings(), **given}, probe=probe,
@@ -260,8 +260,6 @@ def _engine_option(name: str, field: FieldInfo) -> inspect.Parameter:
             options["min"] = limit.ge
         elif isinstance(limit, annotated_types.Le):
             options["max"] = limit.le
-    if name == "iterations":  # at least 1 (config.NO_ITERATIONS), refused in one line
-        options["min"] = None
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
                              annotation=Annotated[kind | None, typer.Option(*decls, **options)])
 
