@@ -115,7 +115,8 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
     try:
         result = _iterate(job, inputs, start, engine_input, progress, live)
     except FloatingPointError as e:  # diverged: say what the data and geometry suggest
-        causes = regime_findings(inputs.propagation, engine_input.regime) + inputs.notes
+        causes = regime_findings(inputs.propagation, engine_input.regime,
+                                 loose=True) + inputs.notes
         if not causes:
             raise
         raise FloatingPointError(" ".join([str(e) + ".", *causes])) from e
@@ -200,7 +201,9 @@ def _propagation(job: ReconstructJob, scan: Scan) -> tuple[Propagation, float | 
         if job.focus_distance_m is not None:
             log.warning("focus distance %.4g m ignored: it only applies to near-field "
                         "propagation", job.focus_distance_m)
-        return Propagation(), None
+        # The layers of a thick sample are propagated between on the object's grid.
+        return Propagation(wavelength_m=g.wavelength_m,
+                           pixel_size_m=scan.object_pixel_size_m), None
     focus = job.focus_distance_m or scan.focus_distance_m
     dx, z_eff, mag = near_field_geometry(g.detector_pixel_size_m, g.distance_m, focus)
     log.info("near field: %s, magnification %.4g, object pixel %s, effective distance %s",
@@ -529,8 +532,9 @@ def _finish(job: ReconstructJob, inputs: _Inputs, start: _Start, given: _EngineI
     verdict = judge(obj=final.object, probe=final.probe, positions_px=final.positions_px,
                     loss_history=final.loss_history, propagation=inputs.propagation,
                     data=given.regime)
+    notes = inputs.notes + verdict.notes
     if verdict.verdict == "suspect":
-        verdict.reasons += inputs.notes
+        verdict.reasons += notes
         log.warning("%s: the result is SUSPECT: %s", scan.source, " ".join(verdict.reasons))
     else:
         log.info("%s: the result is trusted", scan.source)
@@ -563,7 +567,7 @@ def _finish(job: ReconstructJob, inputs: _Inputs, start: _Start, given: _EngineI
         verdict=verdict.verdict,
         verdict_reasons=verdict.reasons,
         verdict_metrics=verdict.metrics,
-        notes=inputs.notes,
+        notes=notes,
         parameters=settings_used(inputs.params, inputs.n),
     )
 

@@ -3,8 +3,8 @@
 The job's checkpoints carry a fingerprint (:func:`fingerprint`) that
 :func:`beamflow.checkpoint.check_compatible` compares with the current run's:
 
-* ``hard``: the geometry, the propagation model, the frame shape, the probe modes and the
-  algorithm. A mismatch is refused with the differences named.
+* ``hard``: the geometry, the propagation model, the frame shape, the probe modes, the
+  algorithm and the object's layers. A mismatch is refused with the differences named.
 * ``soft``: every other engine setting, the device, the probe file and the detector mask:
   they may change (step sizes, iteration budget, batch size, ...); the differences are logged.
 * ``data``: the number of frames and a digest over them and their positions. The same
@@ -84,6 +84,8 @@ def fingerprint(scan: Scan, params: ReconParams, data: LoadedData, job: Reconstr
             "frame_shape": list(scan.frame_shape),
             "probe_modes": params.probe_modes,
             "algorithm": params.algorithm,
+            # a thick sample's layers (absent for one: older checkpoints say nothing)
+            **({"slices": params.slices} if params.slices > 1 else {}),
         },
         "soft": soft,
         "data": {"n": n, "digest": data.digest(n)},

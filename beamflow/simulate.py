@@ -23,6 +23,19 @@ Physics (notation of /work/shared/PTYCHO_MATH.md):
   scaled so that the mean total counts per frame equal ``photons``; counts are Poisson. Dead
   pixels read 0, hot pixels a high Poisson rate; all are flagged in the pixel mask (Eiger bits).
 
+* Thick samples (``slices`` S ≥ 2): S distinct layers (the resolution sample above at half
+  strength, then layers of other kinds: chip wiring, particles; each |O| 0.8–1, phase up to ~1
+  rad), spaced Δz_1 … Δz_{S−1}. The probe meets layer 1; the wave leaving layer s reaches
+  layer s+1 by the exact angular spectrum
+  (:func:`~beamflow.ptycho.forward.propagation.transfer_function` with only the
+  Matsushima–Shimobaba sampling limit, no 2/3-Nyquist cut) on a window twice the frame,
+  centred on it, so that light spreading out of the frame meets the sample that is really
+  there and nothing wraps around; the far field at the detector's pixels is that of the whole
+  padded exit wave (folded onto the frame: sampling the far field at the detector's
+  frequencies is exactly that), the near field is cropped to the detector. An engine's model
+  (one periodic frame-sized window, band-limited) differs from this on purpose: tests of it
+  must not be fed its own forward model.
+
 Files: ``OUT/NAME/ground_truth.h5`` first, then ``OUT/NAME/NAME_master.h5`` (positions and the
 expected frame count), then ``NAME_data_NNNNNN.h5`` files as frames are "acquired" at
 ``rate_hz`` (each under a temporary name, renamed when complete). Deterministic for a seed.
@@ -34,7 +47,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +63,8 @@ from beamflow.formats.eiger import (
     write_master,
 )
 from beamflow.ground_truth import GROUND_TRUTH, GroundTruth, write_ground_truth
-from beamflow.ptycho.forward.propagation import Propagation, near_field_geometry
+from beamflow.ptycho.forward.propagation import Propagation, near_field_geometry, transfer_function
+from beamflow.ptycho.forward.slices import slice_spacings, slice_transfer
 
 DEFAULT_GEOMETRY = Geometry(energy_eV=8800.0, distance_m=2.0, detector_pixel_size_m=75e-6)
 
@@ -138,8 +152,84 @@ def holograms(obj: np.ndarray, probe: np.ndarray, positions_px: np.ndarray,
     return out
 
 
+def thick_exit_waves(layers: np.ndarray, spacings_m: Sequence[float], probe: np.ndarray,
+                     positions_px: np.ndarray, wavelength_m: float, pixel_size_m: float,
+                     drift_px: np.ndarray | None = None) -> np.ndarray:
+    """Exit waves (N, 2M, 2M) of a thick sample on windows twice the frame, centred on it.
+
+    The probe (shifted by the sub-pixel part of each position, as for a thin sample) sits in
+    the middle M×M of a 2M×2M window of zeros; ψ_1 = that, e_s = ψ_s · O_s(window),
+    ψ_{s+1} = 𝒫_{Δz_s}[e_s] with the exact angular spectrum (only its sampling limit, see
+    :func:`beamflow.ptycho.forward.slices.slice_transfer` with ``nyquist_fraction=None``); returns
+    e_S. Frame pixel (0, 0) is window pixel (M/2, M/2).
+    """
+    m = probe.shape[-1]
+    big, lo = 2 * m, m // 2
+    pos = np.asarray(positions_px, dtype=np.float64)
+    corner = np.floor(pos).astype(np.int64)
+    if (corner - lo < 0).any() or (corner - lo + big > np.array(layers.shape[1:])).any():
+        raise ValueError("a padded probe window leaves the object array")
+    iy = corner[:, 0, None, None] - lo + np.arange(big)[None, :, None]
+    ix = corner[:, 1, None, None] - lo + np.arange(big)[None, None, :]
+    shift = pos - corner if drift_px is None else pos - corner + drift_px
+    wave = np.zeros((len(pos), big, big), np.complex64)
+    wave[:, lo : lo + m, lo : lo + m] = shift_probe(probe, shift)
+    transfer = [slice_transfer(big, wavelength_m, dz, pixel_size_m, nyquist_fraction=None)
+                for dz in spacings_m]
+    for s, layer in enumerate(layers):
+        wave = wave * layer[iy, ix]
+        if s < len(transfer):
+            wave = sfft.ifft2(sfft.fft2(wave, workers=-1) * transfer[s], workers=-1)
+    return wave
+
+
+def thick_intensities(layers: np.ndarray, spacings_m: Sequence[float], probe: np.ndarray,
+                      positions_px: np.ndarray, wavelength_m: float, pixel_size_m: float,
+                      propagation: Propagation = Propagation(),
+                      drift_px: np.ndarray | None = None) -> np.ndarray:
+    """Detector intensities (N, M, M) float64 of a thick sample (:func:`thick_exit_waves`).
+
+    Far field: the detector samples the far field of the whole exit wave at frequencies
+    k/(MΔx), which is the M-point FFT of the padded wave folded onto the frame (summed over
+    the frame's periodic copies), zero frequency in the centre. Near field: the padded exit
+    wave propagated to the detector (exact angular spectrum on the padded window, the
+    sub-pixel back-shift of :func:`holograms`), cropped to the M×M detector.
+    """
+    m = probe.shape[-1]
+    lo = m // 2
+    k = np.fft.fftfreq(2 * m)
+    h = None
+    if propagation.near_field:
+        h = transfer_function(2 * m, propagation.wavelength_m, propagation.distance_m,
+                              propagation.pixel_size_m)
+    pos = np.asarray(positions_px, dtype=np.float64)
+    out = np.empty((len(pos), m, m))
+    for s in range(0, len(pos), 64):  # bounded memory for long scans
+        p = pos[s : s + 64]
+        drift = None if drift_px is None else drift_px[s : s + 64]
+        exit_wave = thick_exit_waves(layers, spacings_m, probe, p, wavelength_m, pixel_size_m,
+                                     drift)
+        if h is None:
+            folded = np.roll(exit_wave, (-lo, -lo), axis=(1, 2))
+            folded = folded.reshape(len(p), 2, m, 2, m).sum(axis=(1, 3))
+            wave = sfft.fftshift(sfft.fft2(folded, workers=-1), axes=(-2, -1))
+        else:
+            frac = p - np.floor(p)
+            back = (np.exp(2j * np.pi * frac[:, 0, None] * k)[:, :, None]
+                    * np.exp(2j * np.pi * frac[:, 1, None] * k)[:, None, :])
+            spec = sfft.fft2(exit_wave, workers=-1) * (h * back).astype(np.complex64)
+            wave = sfft.ifft2(spec, workers=-1)[:, lo : lo + m, lo : lo + m]
+        out[s : s + 64] = wave.real.astype(np.float64) ** 2 + wave.imag.astype(np.float64) ** 2
+    return out
+
+
 def model_intensities(gt: GroundTruth, start: int = 0, stop: int | None = None) -> np.ndarray:
     """Noise-free model intensities of positions ``start:stop`` of ``gt`` (detector view)."""
+    if gt.n_layers > 1:
+        drift = None if gt.probe_drift_px is None else gt.probe_drift_px[start:stop]
+        return thick_intensities(gt.layers, gt.object_layer_spacing_m, gt.probe,
+                                 gt.positions_px[start:stop], gt.geometry.wavelength_m,
+                                 gt.object_pixel_size_m, gt.propagation, drift)
     if gt.propagation.near_field:
         return holograms(gt.object, gt.probe, gt.positions_px[start:stop], gt.propagation)
     drift = None if gt.probe_drift_px is None else gt.probe_drift_px[start:stop]
@@ -251,10 +341,12 @@ def _paint(
 
 
 def make_object(
-    shape: tuple[int, int], rng: np.random.Generator, centre: tuple[float, float], radius: float
+    shape: tuple[int, int], rng: np.random.Generator, centre: tuple[float, float], radius: float,
+    *, strength: float = 1.0,
 ) -> np.ndarray:
     """Structured complex object; features within ``radius`` px of ``centre`` (the scanned
-    field), a Siemens star in the middle."""
+    field), a Siemens star in the middle. ``strength`` scales its phase and absorption (0.5:
+    one layer of a thick sample, |O| ≥ 0.84 and phase ≤ ~1 rad)."""
     h, w = shape
     cy, cx = centre
     ta = np.zeros(shape, np.float32)  # strongly phase-shifting, absorbing material (e.g. Au)
@@ -326,18 +418,108 @@ def make_object(
 
         _paint(ta, text, (ty, tx), n_glyphs * 3 * cell + 4 * cell, 0.6)
 
-    # Smooth background phase: low-pass filtered noise (a thin, uneven support film).
-    noise = rng.standard_normal(shape)
-    ky = np.fft.fftfreq(h)[:, None]
-    kx = np.fft.fftfreq(w)[None, :]
-    smooth = np.real(np.fft.ifft2(np.fft.fft2(noise) * np.exp(-((ky**2 + kx**2) / 0.012**2))))
-    smooth = (smooth - smooth.min()) / max(np.ptp(smooth), 1e-12)
+    smooth = _smooth_film(shape, rng)  # the background phase
 
     ta = np.clip(ta, 0, 1)
     tb = np.clip(tb, 0, 1)
     phase = 1.2 * ta + 0.6 * tb + 0.15 * smooth
     absorption = 0.29 * ta + 0.05 * tb
+    if strength != 1.0:
+        phase, absorption = strength * phase, strength * absorption
     return np.exp(-absorption + 1j * phase).astype(np.complex64)
+
+
+def _smooth_film(shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    """Low-pass filtered noise in [0, 1]: a thin, uneven support film."""
+    noise = rng.standard_normal(shape)
+    ky = np.fft.fftfreq(shape[0])[:, None]
+    kx = np.fft.fftfreq(shape[1])[None, :]
+    smooth = np.real(np.fft.ifft2(np.fft.fft2(noise) * np.exp(-((ky**2 + kx**2) / 0.012**2))))
+    return (smooth - smooth.min()) / max(np.ptp(smooth), 1e-12)
+
+
+def make_wiring_layer(shape: tuple[int, int], rng: np.random.Generator,
+                      centre: tuple[float, float], radius: float) -> np.ndarray:
+    """A layer of chip wiring (|O| ≥ 0.86, phase ≤ ~1 rad): Manhattan wires 1–4 px wide on a
+    few routing tracks, square vias, over a smooth film — an integrated circuit's metal
+    layer. Features within ``radius`` px of ``centre``."""
+    t = np.zeros(shape, np.float32)
+    cy, cx = centre
+    area = math.pi * radius**2
+    for _ in range(max(6, round(area / 450))):
+        width = float(rng.choice([1.0, 1.5, 2.0, 3.0, 4.0]))
+        length = rng.uniform(0.2, 0.9) * radius
+        r = radius * math.sqrt(rng.uniform(0.0, 1.0))
+        a = rng.uniform(0, 2 * math.pi)
+        y0, x0 = cy + r * math.sin(a), cx + r * math.cos(a)
+        horizontal = rng.random() < 0.5
+        hy, hx = (width / 2, length / 2) if horizontal else (length / 2, width / 2)
+
+        def wire(y, x, y0=y0, x0=x0, hy=hy, hx=hx):
+            return (np.abs(y - y0) < hy) & (np.abs(x - x0) < hx)
+
+        _paint(t, wire, (y0, x0), max(hy, hx))
+    for _ in range(max(4, round(area / 500))):
+        side = float(rng.choice([2.0, 3.0]))
+        r = radius * math.sqrt(rng.uniform(0.0, 1.0))
+        a = rng.uniform(0, 2 * math.pi)
+        y0, x0 = cy + r * math.sin(a), cx + r * math.cos(a)
+
+        def via(y, x, y0=y0, x0=x0, h=side / 2):
+            return (np.abs(y - y0) < h) & (np.abs(x - x0) < h)
+
+        _paint(t, via, (y0, x0), side / 2, 0.6)
+    t = np.clip(t, 0, 1)
+    phase = 0.7 * t + 0.12 * _smooth_film(shape, rng)
+    return np.exp(-0.12 * t + 1j * phase).astype(np.complex64)
+
+
+def make_particle_layer(shape: tuple[int, int], rng: np.random.Generator,
+                        centre: tuple[float, float], radius: float) -> np.ndarray:
+    """A layer of particles (|O| ≥ 0.85, phase ≤ ~1 rad): overlapping ellipses from 1.5 px
+    to a tenth of the field, and specks of a denser material, over a smooth film — catalyst
+    or battery particles, or cells. Features within ``radius`` px of ``centre``."""
+    t = np.zeros(shape, np.float32)
+    cy, cx = centre
+    area = math.pi * radius**2
+    for _ in range(max(8, round(area / 250))):
+        a_ax = rng.uniform(1.5, 0.1 * radius + 2)
+        b_ax = a_ax * rng.uniform(0.4, 1.0)
+        th = rng.uniform(0, math.pi)
+        r = radius * math.sqrt(rng.uniform(0.0, 1.0))
+        a = rng.uniform(0, 2 * math.pi)
+        y0, x0 = cy + r * math.sin(a), cx + r * math.cos(a)
+        density = rng.uniform(0.5, 1.0)
+
+        def ellipse(y, x, y0=y0, x0=x0, a_ax=a_ax, b_ax=b_ax, c=math.cos(th), s=math.sin(th)):
+            u, v = (x - x0) * c + (y - y0) * s, (y - y0) * c - (x - x0) * s
+            return (u / a_ax) ** 2 + (v / b_ax) ** 2 < 1
+
+        _paint(t, ellipse, (y0, x0), a_ax, density)
+    specks = np.zeros(shape, np.float32)
+    for _ in range(max(8, round(area / 40))):
+        r0 = rng.uniform(0.6, 1.5)
+        r = radius * math.sqrt(rng.uniform(0.0, 1.0))
+        a = rng.uniform(0, 2 * math.pi)
+        y0, x0 = cy + r * math.sin(a), cx + r * math.cos(a)
+        _paint(specks, lambda y, x, y0=y0, x0=x0, r0=r0: np.hypot(y - y0, x - x0) < r0,
+               (y0, x0), r0)
+    t, specks = np.clip(t, 0, 1), np.clip(specks, 0, 1)
+    phase = 0.7 * t + 0.3 * specks + 0.1 * _smooth_film(shape, rng)
+    return np.exp(-(0.08 * t + 0.1 * specks) + 1j * phase).astype(np.complex64)
+
+
+def make_layers(shape: tuple[int, int], slices: int, rng: np.random.Generator,
+                seed: int, centre: tuple[float, float], radius: float) -> np.ndarray:
+    """S distinct layers (S, H, W) of a thick sample: the resolution sample of
+    :func:`make_object` at half strength first, then wiring and particle layers in turn, each
+    from a random stream of its own (``seed``)."""
+    layers = [make_object(shape, rng, centre, radius, strength=0.5)]
+    streams = np.random.SeedSequence(seed).spawn(4 + slices)[4:]
+    for s in range(1, slices):
+        make = make_wiring_layer if s % 2 == 1 else make_particle_layer
+        layers.append(make(shape, np.random.default_rng(streams[s]), centre, radius))
+    return np.stack(layers)
 
 
 def make_near_field_probe(m: int, rng: np.random.Generator,
@@ -389,13 +571,18 @@ def make_ground_truth(
     pattern: str = "spiral",
     geometry: Geometry = DEFAULT_GEOMETRY,
     probe_drift_px: float = 0.0,
+    slices: int = 1,
+    slice_spacing_m: float | Sequence[float] | str | None = None,
 ) -> GroundTruth:
     """The object, probe (scaled to ``photons`` mean counts per frame), positions and detector
     defects of a scan, without writing anything. Deterministic for ``seed``.
     ``probe_drift_px`` > 0: the beam drifts along acquisition order (:func:`fly_scan_drift`)
-    — every frame sees a slightly different probe."""
+    — every frame sees a slightly different probe. ``slices`` ≥ 2: a thick sample of that
+    many layers (:func:`make_layers`) ``slice_spacing_m`` apart (one value, or S−1), its
+    frames from :func:`thick_intensities`."""
     if positions < 1 or probe_size < 8 or photons <= 0:
         raise ValueError("need positions ≥ 1, probe_size ≥ 8 and photons > 0")
+    spacings = slice_spacings(slices, slice_spacing_m)
     rng_obj, rng_pos, rng_det = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
     )
@@ -407,29 +594,34 @@ def make_ground_truth(
     nominal_m = nominal_px * dx
     true_m = nominal_m + rng_pos.normal(0.0, jitter_m, nominal_m.shape)
     centres = true_m / dx
-    origin = _MARGIN_PX - centres.min(axis=0)  # corner = centre/dx + origin
+    margin = _margin(m, slices)
+    origin = margin - centres.min(axis=0)  # corner = centre/dx + origin
     corners = centres + origin
-    shape = tuple(int(v) for v in np.ceil(corners.max(axis=0)) + m + _MARGIN_PX)
+    shape = tuple(int(v) for v in np.ceil(corners.max(axis=0)) + m + margin)
     field_centre = (float(origin[0] + m / 2), float(origin[1] + m / 2))  # scan centre (0 m)
     # Features go where the probe reaches (scan radius + most of the probe's half width).
     field_radius = float(np.hypot(*(centres - centres.mean(0)).T).max() + 0.15 * m)
-    obj = make_object(shape, rng_obj, field_centre, field_radius)
-
     pixel_mask, hot_rate = _bad_pixels(m, rng_det)
     drift = fly_scan_drift(len(corners), probe_drift_px)
-    # Scale the probe so the mean total counts per frame equal `photons` (Parseval: the
-    # unnormalised FFT gives Σ|F ψ|² = M² Σ|ψ|²).
-    power = (
-        sum(
-            float(np.sum(np.abs(exit_waves(obj, probe, corners[s : s + 64], drift[s : s + 64]))
-                         ** 2))
-            for s in range(0, len(corners), 64)  # bounded memory for long scans
+    if slices > 1:
+        obj = make_layers(shape, slices, rng_obj, seed, field_centre, field_radius)
+        probe = _thick_probe_scale(probe, obj, spacings, corners, geometry.wavelength_m, dx,
+                                   photons, Propagation(), drift)
+    else:
+        obj = make_object(shape, rng_obj, field_centre, field_radius)
+        # Scale the probe so the mean total counts per frame equal `photons` (Parseval: the
+        # unnormalised FFT gives Σ|F ψ|² = M² Σ|ψ|²).
+        power = (
+            sum(
+                float(np.sum(np.abs(exit_waves(obj, probe, corners[s : s + 64],
+                                               drift[s : s + 64])) ** 2))
+                for s in range(0, len(corners), 64)  # bounded memory for long scans
+            )
+            * m
+            * m
+            / len(corners)
         )
-        * m
-        * m
-        / len(corners)
-    )
-    probe = (probe * np.sqrt(photons / power)).astype(np.complex64)
+        probe = (probe * np.sqrt(photons / power)).astype(np.complex64)
     return GroundTruth(
         object=obj,
         probe=probe,
@@ -446,7 +638,28 @@ def make_ground_truth(
         defocus_m=defocus,
         optics=zone_plate_optics(m, geometry, defocus),
         probe_drift_px=drift if probe_drift_px else None,
+        object_layer_spacing_m=np.array(spacings),
     )
+
+
+def _margin(m: int, slices: int) -> int:
+    """Object pixels around the outermost probe windows: a thick sample's layers also fill
+    the padded windows of :func:`thick_exit_waves` (M/2 more on each side)."""
+    return _MARGIN_PX if slices == 1 else _MARGIN_PX + m // 2
+
+
+def _thick_probe_scale(probe: np.ndarray, layers: np.ndarray, spacings: Sequence[float],
+                       corners: np.ndarray, wavelength_m: float, dx: float, photons: float,
+                       propagation: Propagation, drift: np.ndarray | None) -> np.ndarray:
+    """``probe`` scaled so that the thick sample's mean counts per frame equal ``photons``
+    (intensities are proportional to |probe|²)."""
+    counts = sum(
+        float(thick_intensities(layers, spacings, probe, corners[s : s + 64], wavelength_m, dx,
+                                propagation, None if drift is None else drift[s : s + 64]
+                                ).sum())
+        for s in range(0, len(corners), 64)
+    ) / len(corners)
+    return (probe * np.sqrt(photons / counts)).astype(np.complex64)
 
 
 #: A near-field cone-beam setup like PETRA III P25's (shared/data/README.md): 12.66 keV,
@@ -466,14 +679,20 @@ def make_near_field_ground_truth(
     geometry: Geometry = NEAR_FIELD_GEOMETRY,
     span_fraction: float = 0.5,
     jitter_m: float = 10e-9,
+    slices: int = 1,
+    slice_spacing_m: float | Sequence[float] | str | None = None,
 ) -> GroundTruth:
     """A near-field (Fresnel) scan: a broad structured illumination filling the window, the
     object moved over ``span_fraction`` of the field in a jittered random pattern (as
     near-field scans are: steps far below the field, random to avoid periodic artefacts),
     holograms with Poisson statistics. Cone beam with ``focus_distance_m`` (z1), or a
-    parallel beam with None. Deterministic for ``seed``."""
+    parallel beam with None. Deterministic for ``seed``. ``slices`` ≥ 2: a thick sample as
+    in :func:`make_ground_truth`; its layers and spacings are those of the effective
+    (Fresnel-scaled) parallel-beam geometry, in which the engine works (a cone beam
+    magnifies deeper layers a little more; the simulator does not model that)."""
     if positions < 1 or probe_size < 8 or photons <= 0:
         raise ValueError("need positions ≥ 1, probe_size ≥ 8 and photons > 0")
+    spacings = slice_spacings(slices, slice_spacing_m)
     rng_obj, rng_pos, rng_det = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
     )
@@ -492,22 +711,30 @@ def make_near_field_ground_truth(
     nominal_m = nominal_px * dx
     true_m = nominal_m + rng_pos.normal(0.0, jitter_m, nominal_m.shape)
     centres = true_m / dx
-    origin = _MARGIN_PX - centres.min(axis=0)
+    margin = _margin(m, slices)
+    origin = margin - centres.min(axis=0)
     corners = centres + origin
-    shape = tuple(int(v) for v in np.ceil(corners.max(axis=0)) + m + _MARGIN_PX)
+    shape = tuple(int(v) for v in np.ceil(corners.max(axis=0)) + m + margin)
     field_centre = (shape[0] / 2, shape[1] / 2)
-    obj = make_object(shape, rng_obj, field_centre, 0.5 * min(shape) - _MARGIN_PX)
+    field_radius = 0.5 * min(shape) - margin
     pixel_mask, hot_rate = _bad_pixels(m, rng_det)
-    # Propagation is unitary: the counts of a frame are Σ|ψ|².
-    power = sum(float(np.sum(np.abs(exit_waves(obj, probe, corners[s : s + 64])) ** 2))
-                for s in range(0, len(corners), 64)) / len(corners)
-    probe = (probe * np.sqrt(photons / power)).astype(np.complex64)
+    if slices > 1:
+        obj = make_layers(shape, slices, rng_obj, seed, field_centre, field_radius)
+        probe = _thick_probe_scale(probe, obj, spacings, corners, geometry.wavelength_m, dx,
+                                   photons, propagation, None)
+    else:
+        obj = make_object(shape, rng_obj, field_centre, field_radius)
+        # Propagation is unitary: the counts of a frame are Σ|ψ|².
+        power = sum(float(np.sum(np.abs(exit_waves(obj, probe, corners[s : s + 64])) ** 2))
+                    for s in range(0, len(corners), 64)) / len(corners)
+        probe = (probe * np.sqrt(photons / power)).astype(np.complex64)
     return GroundTruth(
         object=obj, probe=probe, positions_px=corners, positions_m=true_m,
         nominal_positions_m=nominal_m, origin_px=np.asarray(origin, dtype=np.float64),
         object_pixel_size_m=dx, geometry=geometry, photons=float(photons),
         pixel_mask=pixel_mask, hot_rate=hot_rate, seed=int(seed),
         propagation=propagation, focus_distance_m=focus_distance_m,
+        object_layer_spacing_m=np.array(spacings),
     )
 
 
@@ -542,6 +769,8 @@ def simulate_scan(
     overwrite: bool = False,
     propagation: str = "far-field",
     probe_drift_px: float = 0.0,
+    slices: int = 1,
+    slice_spacing_m: float | Sequence[float] | str | None = None,
 ) -> Path:
     """Simulate a scan and write it as a detector would; returns the master file path.
 
@@ -553,7 +782,8 @@ def simulate_scan(
     (:func:`make_near_field_ground_truth`, its own geometry; ``overlap`` and ``pattern`` do
     not apply), its regime and focus distance recorded in the master file.
     ``probe_drift_px``: a fly scan whose beam drifts smoothly along acquisition order
-    (far field; :func:`fly_scan_drift`).
+    (far field; :func:`fly_scan_drift`). ``slices`` ≥ 2 with ``slice_spacing_m`` (one
+    spacing or S−1, metres): a thick sample, its layers in the ground truth.
     """
     if frames_per_file < 1:
         raise ValueError("frames_per_file must be ≥ 1")
@@ -563,6 +793,7 @@ def simulate_scan(
         raise ValueError(f"invalid scan name {name!r}")
     master = master_path(Path(out_dir), name)
     scan_dir = master.parent
+    slice_spacings(slices, slice_spacing_m)  # refused before anything is written
     if master.exists() or (scan_dir / GROUND_TRUTH).exists():
         if not overwrite:
             raise FileExistsError(f"{scan_dir} already holds a scan named {name}")
@@ -574,12 +805,13 @@ def simulate_scan(
         raise ValueError("probe_drift_px applies to far-field scans only")
     if propagation == "near-field":
         gt = make_near_field_ground_truth(positions, probe_size, photons, seed,
-                                          jitter_m=jitter_m)
+                                          jitter_m=jitter_m, slices=slices,
+                                          slice_spacing_m=slice_spacing_m)
     elif propagation == "far-field":
         gt = make_ground_truth(
             positions, probe_size, photons, seed,
             overlap=overlap, jitter_m=jitter_m, pattern=pattern, geometry=geometry,
-            probe_drift_px=probe_drift_px,
+            probe_drift_px=probe_drift_px, slices=slices, slice_spacing_m=slice_spacing_m,
         )  # fmt: skip
     else:
         raise ValueError(f"propagation must be far-field or near-field, not {propagation!r}")

@@ -84,9 +84,66 @@ def test_model_validates_shapes():
     with pytest.raises(ValueError, match="differ in length"):
         Product.model_validate({**dict(make_product()), "probe_position_x_m": np.zeros(2)})
     with pytest.raises(ValueError, match="rank 2"):
+        Product.model_validate({**dict(make_product()), "object": np.zeros((2, 3, 4, 5), complex)})
+    with pytest.raises(ValueError, match="0 values for 2 object layers: expected 1"):
         Product.model_validate({**dict(make_product()), "object": np.zeros((2, 3, 4), complex)})
+    with pytest.raises(ValueError, match="1 values for 1 object layer: expected 0"):
+        Product.model_validate({**dict(make_product()), "object_layer_spacing_m": [1e-4]})
+    with pytest.raises(ValueError, match="finite and > 0"):
+        Product.model_validate({**dict(make_layered_product()),
+                                "object_layer_spacing_m": [1e-4, -1e-4]})
     single = Product.model_validate({**dict(make_product()), "probe": np.ones((8, 8), complex)})
     assert single.probe.shape == (1, 8, 8)
+
+
+def make_layered_product(layers: int = 3) -> Product:
+    rng = np.random.default_rng(8)
+    h, w = 40, 48
+    obj = np.exp(1j * rng.uniform(0, 1, (layers, h, w))).astype(np.complex64)
+    return Product.model_validate({**dict(make_product(h=h, w=w)), "object": obj,
+                                   "object_layer_spacing_m": np.geomspace(1e-4, 4e-4, layers - 1)})
+
+
+def test_layers_in_memory():
+    """One layer is (H, W) however it is given; S layers are (S, H, W); `layers` is always
+    (S, H, W) and `projection` the product of the layers."""
+    thin = make_product()
+    assert thin.n_layers == 1 and thin.object.ndim == 2
+    assert thin.layers.shape == (1,) + thin.object.shape
+    np.testing.assert_array_equal(thin.projection, thin.object)
+    again = Product.model_validate({**dict(thin), "object": thin.object[None]})
+    assert again.object.shape == thin.object.shape
+    thick = make_layered_product(3)
+    assert thick.n_layers == 3 and thick.object.shape == thick.layers.shape == (3, 40, 48)
+    np.testing.assert_allclose(thick.projection, thick.object[0] * thick.object[1]
+                               * thick.object[2], rtol=1e-6)
+    assert thick.projection.dtype == np.complex64
+
+
+def test_layered_round_trip_and_layout(tmp_path: Path):
+    p = make_layered_product(3)
+    path = write_product(tmp_path / "product.h5", p)
+    with h5py.File(path) as f:
+        assert f["object"].shape == (3, 40, 48) and f["object"].dtype == np.complex64
+        np.testing.assert_array_equal(f["object_layer_spacing_m"][()], p.object_layer_spacing_m)
+    back = read_product(path)
+    assert_same(p, back)
+    assert back.n_layers == 3
+
+
+def test_layer_spacing_that_does_not_fit_the_layers_is_named(tmp_path: Path):
+    path = write_product(tmp_path / "product.h5", make_layered_product(3))
+    with h5py.File(path, "r+") as f:
+        del f["object_layer_spacing_m"]
+        f["object_layer_spacing_m"] = [1e-4]
+    with pytest.raises(ScanFormatError,
+                       match="object_layer_spacing_m: 1 values for an object of 3 layers"):
+        read_product(path)
+    with h5py.File(path, "r+") as f:
+        del f["object_layer_spacing_m"]
+        f["object_layer_spacing_m"] = [1e-4, np.nan]
+    with pytest.raises(ScanFormatError, match="object_layer_spacing_m.*finite and > 0"):
+        read_product(path)
 
 
 def test_bad_product_files_raise_naming_the_problem(tmp_path: Path):
@@ -135,4 +192,29 @@ def test_ptychodus_reads_our_product(tmp_path: Path):
 
     # and the other way: what Ptychodus writes, we read
     io.save_product(tmp_path / "theirs.h5", theirs)
+    assert_same(p, read_product(tmp_path / "theirs.h5"))
+
+
+def test_ptychodus_reads_and_writes_our_layers(tmp_path: Path):
+    """A 3-layer product as Ptychodus 1.7 holds it: its reader sees three layers and their
+    spacings, its product of layers is ours, and what its own writer makes of it we read back."""
+    io = pytest.importorskip(
+        "ptychodus.api.io", reason="ptychodus (and scikit-image) not installed"
+    )
+    p = make_layered_product(3)
+    path = write_product(tmp_path / "product.h5", p)
+    theirs = io.load_product(path)
+    obj = theirs.object_
+    assert obj.num_layers == 3
+    np.testing.assert_array_equal(obj.get_array(), p.object)
+    for i in range(3):
+        np.testing.assert_array_equal(obj.get_layer(i), p.object[i])
+    np.testing.assert_array_equal(np.asarray(obj.layer_spacing_m), p.object_layer_spacing_m)
+    assert obj.get_total_thickness_m() == pytest.approx(p.object_layer_spacing_m.sum())
+    np.testing.assert_allclose(obj.get_layers_flattened(), p.projection, rtol=1e-6)
+
+    io.save_product(tmp_path / "theirs.h5", theirs)
+    with h5py.File(tmp_path / "theirs.h5") as f:  # the layout Ptychodus itself writes
+        assert f["object"].shape == (3, 40, 48)
+        assert f["object_layer_spacing_m"].shape == (2,)
     assert_same(p, read_product(tmp_path / "theirs.h5"))

@@ -204,8 +204,6 @@ def test_layer_settings_are_checked_with_the_reason():
         ReconParams(slices=3, propagation=GEOMETRY)
     with pytest.raises(ValidationError, match="need 2 slice spacings"):
         params(slices=3, slice_spacing_m=[1e-4, 2e-4, 3e-4])
-    with pytest.raises(ValidationError, match="wavelength_m and pixel_size_m"):
-        ReconParams(slices=2, slice_spacing_m=SPACING)
     with pytest.raises(ValidationError, match="finite and > 0"):
         params(slice_spacing_m=-1e-4)
     assert params(slices=3, slice_spacing_m=[1e-4, 2e-4]).slice_spacings == (1e-4, 2e-4)
@@ -220,3 +218,6 @@ def test_a_state_and_its_settings_must_agree_on_the_layers(scan):
         Reconstructor(data, state, "cpu")
     with pytest.raises(ValueError, match=r"expected \(3, "):
         initial_state(data, params(slices=3), obj=scan["truth"])
+    bare = ReconParams(slices=2, slice_spacing_m=SPACING)  # no wavelength, no pixel size
+    with pytest.raises(ValueError, match="wavelength_m and pixel_size_m"):
+        Reconstructor(data, initial_state(data, bare), "cpu")

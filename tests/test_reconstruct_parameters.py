@@ -41,7 +41,8 @@ CHANGED: dict[str, Any] = {
     "object_update_start": 1, "position_correction": True, "position_correction_start": 4,
     "position_step_limit_px": 1.5, "noise_model": "poisson", "orthogonalize_every": 2,
     "center_probe": True, "seed": 11, "momentum": 0.8, "probe_momentum": 0.4,
-    "momentum_every": 4, "opr_modes": 2, "opr_weight_smoothing": 0.3,
+    "momentum_every": 4, "opr_modes": 2, "opr_weight_smoothing": 0.3, "slices": 2,
+    "slice_spacing_m": 1e-4, "layer_regularization": 0.5,
 }
 
 

@@ -29,6 +29,7 @@ def test_one_spacing_broadcasts_and_a_list_is_taken_as_is():
     assert slice_spacings(3, [1e-4, 2e-4]) == (1e-4, 2e-4)
     assert slice_spacings(2, np.array([5e-6])) == (5e-6,)
     assert slice_spacings(np.int64(2), np.float32(1e-3)) == (pytest.approx(1e-3),)
+    assert slice_spacings(3, np.array(2e-4)) == (2e-4, 2e-4)
     # what --slice-spacing gives: one number, or S−1 comma-separated numbers
     assert slice_spacings(3, "4e-4") == (4e-4, 4e-4)
     assert slice_spacings(3, "1e-4, 2e-4") == (1e-4, 2e-4)
@@ -53,6 +54,7 @@ def test_one_layer_has_no_gaps():
     (2, math.inf, "finite and > 0"),
     (2, "400um", "not a number of metres"),
     (2, ["a"], "must be numbers of metres"),
+    (2, object(), "must be a number of metres"),
     (3, [[1e-4, 2e-4]], "3 slices need 2"),
     (0, None, "whole number ≥ 1"),
     (True, None, "whole number ≥ 1"),

@@ -101,13 +101,25 @@ def simulate(
             help="A fly scan whose beam drifts: one slow loop of this radius in pixels over "
                  "the scan (far field; reconstruct it with --opr-modes).")
     ] = 0.0,
+    slices: Annotated[
+        int, typer.Option(min=1, help="Layers of a thick sample (1: a thin sample).")
+    ] = 1,
+    slice_spacing: Annotated[
+        str | None, typer.Option(
+            "--slice-spacing", metavar="M",
+            help="Distance between the layers in metres: one value, or --slices − 1 "
+                 "comma-separated values (e.g. 4e-4 or 1e-4,2e-4).")
+    ] = None,
     config: ConfigOption = None,
 ) -> None:
     """Simulate a ptychography scan and write it as the detector would, file by file.
 
     Writes OUT_DIR/NAME/ground_truth.h5 and NAME_master.h5 first,
     then NAME_data_NNNNNN.h5 files as the frames are acquired at --rate.
+    With --slices S ≥ 2 the sample is S distinct layers --slice-spacing apart (the
+    ground truth keeps each layer).
     """
+    from beamflow.ptycho.forward.slices import slice_spacings
     from beamflow.simulate import simulate_scan
 
     if pattern not in ("spiral", "raster"):
@@ -122,6 +134,13 @@ def simulate(
         fail(f"--probe-drift {probe_drift:g} px moves the beam up to {2 * probe_drift:g} px in "
              f"its {probe_size}-px window: at most {probe_size / DRIFT_PER_PROBE:g} "
              f"(--probe-size / {DRIFT_PER_PROBE})", code=2)
+    if slice_spacing is not None and slices == 1:
+        fail("--slice-spacing needs --slices 2 or more (a thin sample has no layers to "
+             "space)", code=2)
+    try:
+        spacings = slice_spacings(slices, slice_spacing)
+    except ValueError as exc:
+        fail(f"--slices {slices} --slice-spacing: {exc}", code=2)
     if out_dir is None:
         out_dir = settings_from(config).beamline.detector_dir
     with Progress(
@@ -135,7 +154,8 @@ def simulate(
                 out_dir, name, positions=positions, probe_size=probe_size, photons=photons,
                 seed=seed, frames_per_file=frames_per_file, rate_hz=rate, overlap=overlap,
                 pattern=pattern, stop_after=stop_after, overwrite=overwrite,
-                propagation=propagation, probe_drift_px=probe_drift,
+                propagation=propagation, probe_drift_px=probe_drift, slices=slices,
+                slice_spacing_m=spacings,
                 progress=lambda done, total: bar.update(task, completed=done),
             )  # fmt: skip
         except (FileExistsError, ValueError, OSError) as exc:
@@ -145,4 +165,22 @@ def simulate(
     if probe_drift:
         console.print(f"  probe drift   a {probe_drift:g} px loop along the scan: reconstruct "
                       "with --opr-modes 3 to 5")
+    if slices > 1:
+        console.print(_layers_line(master, spacings))
+
+
+def _layers_line(master: Path, spacings: tuple[float, ...]) -> str:
+    """The layers of a thick sample in depths of field, and the frequency they separate."""
+    from beamflow.ground_truth import read_ground_truth
+    from beamflow.ptycho.forward.slices import depth_of_field, separation_frequency
+
+    gt = read_ground_truth(master.parent)
+    wavelength, dx = gt.geometry.wavelength_m, gt.object_pixel_size_m
+    dof = depth_of_field(wavelength, dx)
+    gaps = ", ".join(f"{dz * 1e6:g}" for dz in spacings)
+    cut = separation_frequency(wavelength, min(spacings)) * dx
+    return (f"  layers        {len(spacings) + 1}, {gaps} µm apart ({min(spacings) / dof:.3g}× "
+            f"the depth of field, {dof * 1e6:.3g} µm), told apart above {cut:.2g} cycles/pixel\n"
+            f"  reconstruct   --slices {len(spacings) + 1} --slice-spacing "
+            f"{','.join(f'{d:g}' for d in spacings)}")
 

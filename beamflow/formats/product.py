@@ -6,11 +6,16 @@ Datasets: ``probe_position_indexes`` (N,) int, ``probe_position_x_m``, ``probe_p
 (N,) float64; ``probe`` (1, K, M, M) complex64 with attrs ``pixel_width_m``,
 ``pixel_height_m``; ``object`` (1, H, W) complex64 with attrs ``center_x_m``, ``center_y_m``,
 ``pixel_width_m``, ``pixel_height_m``; ``object_layer_spacing_m`` (0,); ``loss_epochs``,
-``loss_values``. beamflow adds ``propagation`` ("far-field" / "near-field", beside
-Ptychodus's own ``far_field`` and ``focus_object_distance_m``), and ``verdict`` ("trusted" /
-"suspect") with ``verdict_reasons`` (a JSON list of sentences). Array ranks are those
-Ptychodus's own ``save_product`` writes; the reader
-also takes a 2-D object and a 2-/3-D probe.
+``loss_values``. A multislice (thick-sample) reconstruction of S layers stores ``object`` as
+(S, H, W), entrance layer first, and the S−1 distances between consecutive layers in
+``object_layer_spacing_m`` (metres), as Ptychodus's ``Object`` holds them. beamflow adds
+``propagation`` ("far-field" / "near-field", beside Ptychodus's own ``far_field`` and
+``focus_object_distance_m``), and ``verdict`` ("trusted" / "suspect") with
+``verdict_reasons`` (a JSON list of sentences). Array ranks are those Ptychodus's own
+``save_product`` writes; the reader also takes a 2-D object and a 2-/3-D probe. In memory,
+one layer is an (H, W) ``object`` and S ≥ 2 layers an (S, H, W) one; :attr:`Product.layers`
+is always (S, H, W) and :attr:`Product.projection` the product of the layers (what a thin
+model sees).
 
 Coordinates: probe positions and the object centre share one frame, metres (x = columns,
 y = rows); ``center_*_m`` is the position of the object array's centre in that frame.
@@ -60,7 +65,7 @@ class Product(BaseModel):
     probe: np.ndarray  # (K, M, M) complex64 incoherent modes
     probe_pixel_width_m: float = Field(gt=0)
     probe_pixel_height_m: float = Field(gt=0)
-    object: np.ndarray  # (H, W) complex64
+    object: np.ndarray  # (H, W) complex64, one layer; (S, H, W) for S ≥ 2 layers
     object_center_x_m: float = 0.0
     object_center_y_m: float = 0.0
     object_pixel_width_m: float = Field(gt=0)
@@ -94,7 +99,10 @@ class Product(BaseModel):
     @field_validator("object", mode="before")
     @classmethod
     def _object(cls, v: Any) -> np.ndarray:
-        return _array(v, np.complex64, 2)
+        a = np.asarray(v)
+        if a.ndim == 3 and a.shape[0] == 1:  # one layer is (H, W), however it came
+            a = a[0]
+        return _array(a, np.complex64, 3 if a.ndim == 3 else 2)
 
     @field_validator("probe_position_indexes", "loss_epochs", mode="before")
     @classmethod
@@ -132,9 +140,33 @@ class Product(BaseModel):
             if u.shape[1:] != self.probe.shape[1:]:
                 raise ValueError(
                     f"opr_eigen_probes are {u.shape[1:]}, the probe {self.probe.shape[1:]}")
-        if self.object_layer_spacing_m.shape[0] != 0:
-            raise ValueError("multi-slice objects are not supported (object_layer_spacing_m)")
+        gaps = self.n_layers - 1
+        spacing = self.object_layer_spacing_m
+        if spacing.shape[0] != gaps:
+            raise ValueError(
+                f"object_layer_spacing_m has {spacing.shape[0]} values for {self.n_layers} "
+                f"object layer{'s' if gaps else ''}: expected {gaps} (one per gap)")
+        if not np.all(np.isfinite(spacing) & (spacing > 0)):
+            raise ValueError("object_layer_spacing_m must be finite and > 0 metres")
         return self
+
+    @property
+    def n_layers(self) -> int:
+        """Object layers (1 for a thin sample)."""
+        return 1 if self.object.ndim == 2 else int(self.object.shape[0])
+
+    @property
+    def layers(self) -> np.ndarray:
+        """The object as (S, H, W), entrance layer first (a view; S = 1 for a thin sample)."""
+        return self.object if self.object.ndim == 3 else self.object[None]
+
+    @property
+    def projection(self) -> np.ndarray:
+        """(H, W): the product of the layers, the transmission a thin model would see (the
+        object itself for one layer)."""
+        if self.object.ndim == 2:
+            return self.object
+        return np.prod(self.object, axis=0, dtype=np.complex64)
 
 
 _ATTRS = {  # Ptychodus metadata written with neutral defaults (its reader tolerates them)
@@ -176,7 +208,7 @@ def write_product(path: Path, product: Product) -> Path:
         probe = f.create_dataset("probe", data=stack)
         probe.attrs["pixel_width_m"] = product.probe_pixel_width_m
         probe.attrs["pixel_height_m"] = product.probe_pixel_height_m
-        obj = f.create_dataset("object", data=product.object[None])
+        obj = f.create_dataset("object", data=product.layers)
         obj.attrs["center_x_m"] = product.object_center_x_m
         obj.attrs["center_y_m"] = product.object_center_y_m
         obj.attrs["pixel_width_m"] = product.object_pixel_width_m
@@ -203,11 +235,7 @@ def read_product(path: Path) -> Product:
         obj = dataset(f, path, "object")
         probe = dataset(f, path, "probe")
         o = read_array(f, path, "object")
-        if o.ndim == 3:
-            if o.shape[0] != 1:
-                raise ScanFormatError(
-                    path, "object", f"{o.shape[0]} layers: multi-slice objects are not supported"
-                )
+        if o.ndim == 3 and o.shape[0] == 1:
             o = o[0]
         p = read_array(f, path, "probe")
         opr_eigen = opr_weights = None
@@ -219,15 +247,21 @@ def read_product(path: Path) -> Product:
                 opr_weights = read_array(f, path, "opr_weights", ndim=2)
                 opr_eigen = p[1:, 0]
             p = p[0]
-        if p.ndim not in (2, 3) or o.ndim != 2:
+        if p.ndim not in (2, 3) or o.ndim not in (2, 3):
             raise ScanFormatError(
                 path, "probe", f"unexpected ranks: probe {p.shape}, object {o.shape}"
             )
-        spacing = (
+        spacing = np.asarray(
             read_array(f, path, "object_layer_spacing_m")
             if "object_layer_spacing_m" in f
             else np.zeros(0)
-        )
+        ).reshape(-1)
+        layers = o.shape[0] if o.ndim == 3 else 1
+        if spacing.shape[0] != layers - 1:
+            raise ScanFormatError(
+                path, "object_layer_spacing_m",
+                f"{spacing.shape[0]} values for an object of {layers} layer"
+                f"{'s' if layers > 1 else ''} {o.shape}: expected {layers - 1}")
         has_loss = "loss_epochs" in f and "loss_values" in f
         far = bool(f.attrs.get("far_field", True))
         focus = float(_attr(f, path, "/", "focus_object_distance_m", 0.0))
@@ -271,7 +305,7 @@ def read_product(path: Path) -> Product:
             probe_position_indexes=read_array(f, path, "probe_position_indexes", ndim=1),
             probe_position_x_m=read_array(f, path, "probe_position_x_m", ndim=1),
             probe_position_y_m=read_array(f, path, "probe_position_y_m", ndim=1),
-            object_layer_spacing_m=np.asarray(spacing).reshape(-1),
+            object_layer_spacing_m=spacing,
             loss_epochs=read_array(f, path, "loss_epochs", ndim=1)
             if has_loss
             else np.zeros(0, np.int64),

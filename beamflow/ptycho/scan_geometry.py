@@ -76,13 +76,14 @@ def grow_to_fit(state: ReconState, frame: ScanFrame, corners: ArrayLike) -> Scan
         return frame
     log.info("new positions leave the object: growing it by (%d, %d, %d, %d) px",
              pad_top, pad_bottom, pad_left, pad_right)
-    state.object = np.pad(state.object, ((pad_top, pad_bottom), (pad_left, pad_right)),
+    layers = ((0, 0),) * (state.object.ndim - 2)  # a thick sample's layers grow alike
+    state.object = np.pad(state.object, (*layers, (pad_top, pad_bottom), (pad_left, pad_right)),
                           constant_values=1).astype(np.complex64)
     state.positions_px = state.positions_px + np.array([pad_top, pad_left], np.float64)
     dx = frame.pixel_size_m
     origin = (frame.origin_m[0] - pad_top * dx, frame.origin_m[1] - pad_left * dx)
     return ScanFrame(origin_m=origin, pixel_size_m=dx, frame_size=m,
-                     object_shape=state.object.shape)
+                     object_shape=state.object.shape[-2:])
 
 
 def scan_extent(corners: ArrayLike, frame_size: int) -> tuple[int, int, int, int]:

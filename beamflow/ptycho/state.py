@@ -145,7 +145,7 @@ class ReconParams(BaseModel):
         1, ge=1, le=64,
         description="Object layers (multislice, for samples thicker than the depth of field "
         "Δx²/λ); 1 = a thin sample. Needs slice_spacing_m and the wavelength and object pixel "
-        "size in the propagation geometry.")
+        "size in the propagation geometry (a reconstruction job takes them from the scan).")
     slice_spacing_m: float | list[float] | None = Field(
         None, description="Distance between the layers in metres: one value for every gap, or "
         "slices−1 values.")
@@ -204,11 +204,6 @@ class ReconParams(BaseModel):
                 f"algorithm 'dm' does not model thick samples (slices={self.slices}): use "
                 "rpie, mpie, epie or lsqml")
         slice_spacings(self.slices, self.slice_spacing_m)  # raises with the reason
-        missing = [n for n in ("wavelength_m", "pixel_size_m")
-                   if getattr(self.propagation, n) is None]
-        if missing:
-            raise ValueError(f"slices={self.slices} needs the propagation geometry's "
-                             f"{' and '.join(missing)} (the layers are propagated between)")
 
     # -- resolved values ------------------------------------------------------------------
     @property

@@ -3,7 +3,8 @@
 An engine always returns an object; whether it means anything is a separate question. The
 checks below answer it from what was measured and what was recovered, never from the engine's
 own say-so. Each failing check adds one short sentence to the reasons; any reason makes the
-result suspect.
+result suspect. Findings that suggest a better model without showing this one wrong are
+notes: they are told beside the verdict and do not change it.
 
 1. **Regime.** Before anything runs, the frames say which propagation regime they are in
    (:func:`measure_data`). A near-field hologram is a shadow of the sample: its features move
@@ -25,6 +26,11 @@ result suspect.
 6. **Modes.** Incoherent probe modes beyond the first that hold a real share of the power
    while the misfit stays well above the noise floor are absorbing something they cannot
    model — typically a probe that varies along the scan (use ``opr_modes``).
+7. **Thickness** (a note). One object layer whose misfit has settled well above the noise
+   floor may be a sample thicker than the depth of field Δx²/λ, which one layer cannot
+   explain (use ``slices``); real data also stay above the floor for other reasons (the
+   PETRA III near-field scan settles at 18×), so it does not make the result suspect. With
+   layers, the object judged is their product (the projection).
 
 The thresholds are module constants, documented in docs/reconstruction.md with the scans they
 were calibrated on.
@@ -72,6 +78,16 @@ MIN_OVERLAP = 0.3
 #: the power while the misfit ends at least this many times the noise floor.
 MODES_MIN_POWER = 0.02
 MODES_MAX_MISFIT = 3.0
+#: A single layer whose misfit ends at least this many times the noise floor may be a thick
+#: sample: measured on a simulated sample of two layers 400 µm apart (400 positions, 64²
+#: frames, 8.8 keV, 58.7 nm pixels), single-layer rPIE ends at 4.8× the floor; two layers
+#: reach the floor.
+THICK_MISFIT = 3.0
+#: ... once it has settled: fallen by less than this share over the last tenth of the run,
+#: at least this many iterations (the single-layer run above: 2.4 % over its last 15 of
+#: 150).
+SETTLED_FALL = 0.05
+SETTLED_ITERATIONS = 10
 #: Probe collapse: more than this share of its power in its brightest 1 % of pixels ...
 COLLAPSED_PROBE_FRACTION = 0.9
 #: ... and the model's counts over the measured ones outside [1/x, x].
@@ -110,6 +126,8 @@ class Verdict:
     verdict: Literal["trusted", "suspect"]
     reasons: list[str] = field(default_factory=list)
     metrics: dict[str, float | None] = field(default_factory=dict)
+    #: findings that suggest a better model without making the result suspect
+    notes: list[str] = field(default_factory=list)
 
 
 def noise_floor(mean_frame: ArrayLike, mask: ArrayLike | None = None) -> float:
@@ -194,14 +212,28 @@ def content_motion(frames: ArrayLike, positions: ArrayLike, mean_frame: np.ndarr
     return 1.0 - residual / total, median
 
 
-def regime_findings(propagation: Propagation, data: DataRegime) -> list[str]:
+def regime_findings(propagation: Propagation, data: DataRegime,
+                    loose: bool = False) -> list[str]:
     """What the frames say against the propagation model used (none when they agree): the
-    regime check of :func:`judge`, also the cause a failed or diverged run names."""
+    regime check of :func:`judge`, also the cause a failed or diverged run names. With
+    ``loose``, data that look like neither regime (content that moves only loosely with the
+    scan, no dominant central peak: a cone beam's holograms are such) reconstructed as far
+    field are named too: far-field patterns have their peak."""
     if not propagation.near_field and data.looks_near_field:
         return [
             f"The data look like near-field holograms (their content moves with the scan, "
             f"R² {data.motion_r2:.2f}; no stationary central diffraction peak), but a "
             "far-field model was used: try --propagation near-field."]
+    if loose and not propagation.near_field and not data.looks_far_field:
+        moves = ("" if not math.isfinite(data.motion_r2) else
+                 f"; their content follows the scan with R² {data.motion_r2:.2f}")
+        return [
+            f"The data do not look like far-field diffraction patterns (the brightest 5 % of "
+            f"the pixels hold {data.peak_fraction:.0%} of the counts, the peak is "
+            f"{data.peak_to_median:.3g}× the median pixel; a far-field pattern's central peak "
+            f"holds at least {FAR_FIELD_PEAK_FRACTION:.0%}, at least "
+            f"{FAR_FIELD_PEAK_TO_MEDIAN:g}×{moves}): if they are near-field holograms, try "
+            "--propagation near-field (and --focus-distance for a cone beam)."]
     if propagation.near_field and data.looks_far_field:
         return [
             f"The data look like far-field diffraction patterns (a stationary central peak "
@@ -245,6 +277,9 @@ def judge(
 ) -> Verdict:
     """Judge a finished reconstruction. ``positions_px``: the windows' top-left corners."""
     o = np.asarray(obj)
+    layers = 1 if o.ndim == 2 else o.shape[0]
+    if o.ndim == 3:  # layers: the projection is what the probe and the data see
+        o = np.prod(o, axis=0)
     p = np.asarray(probe)
     if p.ndim == 2:
         p = p[None]
@@ -263,12 +298,13 @@ def judge(
     if not finite:
         reasons.append("The reconstruction holds non-finite values (NaN or infinity): it "
                        "diverged.")
-        reasons += regime_findings(propagation, data)
+        reasons += regime_findings(propagation, data, loose=True)
         return Verdict("suspect", reasons, metrics)
 
     # 1. Regime.
     near = propagation.near_field
     reasons += regime_findings(propagation, data)
+    notes = [f for f in regime_findings(propagation, data, loose=True) if f not in reasons]
 
     # 2. Misfit.
     if len(losses):
@@ -283,6 +319,8 @@ def judge(
             reasons.append(f"The data misfit ends at {ratio:.3g}× the Poisson noise floor "
                            f"(at most {MAX_MISFIT_OVER_FLOOR:g}×): the model does not explain "
                            "the data.")
+        if layers == 1 and ratio >= THICK_MISFIT and _settled(losses):
+            notes.append(_thick_sample_note(ratio, propagation))
     else:
         reasons.append("No iteration ran: there is no misfit to judge.")
 
@@ -338,7 +376,37 @@ def judge(
     reason = _modes_absorb_a_varying_probe(p, metrics.get("misfit_over_noise_floor"), metrics)
     if reason:
         reasons.append(reason)
-    return Verdict("suspect" if reasons else "trusted", reasons, metrics)
+    return Verdict("suspect" if reasons else "trusted", reasons, metrics, notes)
+
+
+def _settled(losses: np.ndarray) -> bool:
+    """Whether the misfit has stopped falling: by less than :data:`SETTLED_FALL` over the
+    last tenth of the run (at least :data:`SETTLED_ITERATIONS` iterations) — what a model
+    that cannot explain the data does; a short run still on its way down is not judged."""
+    span = max(SETTLED_ITERATIONS, len(losses) // 10)
+    if len(losses) <= span:
+        return False
+    return bool(losses[-1] >= (1.0 - SETTLED_FALL) * losses[-1 - span])
+
+
+def _thick_sample_note(ratio: float, propagation: Propagation) -> str:
+    """The thickness finding, with the depth of field Δx²/λ of the geometry when known."""
+    dof = ""
+    lam, dx = propagation.wavelength_m, propagation.pixel_size_m
+    if lam and dx:
+        dof = (f" (Δx²/λ = {_length(dx * dx / lam)} at {_length(dx)} pixels and "
+               f"{1.239842e-6 / lam / 1e3:.3g} keV)")
+    return (f"The data misfit stays at {ratio:.3g}× the Poisson noise floor (at least "
+            f"{THICK_MISFIT:g}×) with one object layer: the sample may be thicker than the "
+            f"depth of field{dof}, which one layer cannot explain; try layers, e.g. --slices 2 "
+            "--slice-spacing set to half the sample's thickness.")
+
+
+def _length(metres: float) -> str:
+    for unit, scale in (("nm", 1e-9), ("µm", 1e-6), ("mm", 1e-3)):
+        if abs(metres / scale) < 1000:
+            return f"{metres / scale:.3g} {unit}"
+    return f"{metres:.3g} m"
 
 
 def _modes_absorb_a_varying_probe(p: np.ndarray, misfit_over_floor: float | None,

@@ -38,6 +38,10 @@ def make_model(core: Any, params: Any) -> ThinModel:
     if params.slices == 1:
         return ThinModel(core, detector)
     g = params.propagation
+    missing = [n for n in ("wavelength_m", "pixel_size_m") if getattr(g, n) is None]
+    if missing:
+        raise ValueError(f"slices={params.slices} needs the propagation geometry's "
+                         f"{' and '.join(missing)} (the layers are propagated between)")
     transfers = [slice_transfer(core.M, g.wavelength_m, dz, g.pixel_size_m,
                                 nyquist_fraction=None) for dz in params.slice_spacings]
     return MultisliceModel(core, detector, transfers)

