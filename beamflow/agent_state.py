@@ -20,6 +20,7 @@ FILE_NAME = "agent.json"
 FORMAT = "beamflow.agent-state/1"
 HEARTBEAT_SECONDS = 10.0
 MAX_LISTED = 100  # entries per list in the file; the totals say how many there are
+ONCE_PREFIX = "agent --once: "  # how the closing line of `beamflow agent --once` starts
 
 
 class WatchedScan(BaseModel):

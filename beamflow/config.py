@@ -38,6 +38,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -193,6 +194,11 @@ def _engine_fields() -> dict[str, Any]:
 _EngineSettings = create_model("_EngineSettings", __base__=_Section, **_engine_fields())
 
 
+#: Why a reconstruction of 0 iterations is refused (config, runs, `beamflow reconstruct`).
+NO_ITERATIONS = ("at least 1 iteration: 0 would write the blank starting guess as the product, "
+                 "reconstructing nothing")
+
+
 class Reconstruction(_EngineSettings):  # type: ignore[misc, valid-type]
     """Defaults for reconstructions started by the agent and `runs start`: the engine's
     settings (:data:`ENGINE_SETTINGS`) and the job's."""
@@ -220,6 +226,15 @@ class Reconstruction(_EngineSettings):  # type: ignore[misc, valid-type]
             if old in data:  # only an old file or run names it: its value is the one meant
                 data[new] = data.pop(old)
         return data
+
+    @field_validator("iterations")
+    @classmethod
+    def _some_iterations(cls, value: int) -> int:
+        # The engine takes 0 (a state checked as it is); a job of 0 iterations would write
+        # the blank starting guess as its product.
+        if value < 1:
+            raise PydanticCustomError("too_few_iterations", NO_ITERATIONS)
+        return value
 
     @model_validator(mode="after")
     def _engine_accepts(self) -> Reconstruction:
@@ -252,6 +267,10 @@ class Agent(_Section):
     max_concurrent_runs: int = Field(default=2, ge=1, le=1024)
     max_retries: int = Field(default=3, ge=0, le=100)
     retry_backoff_seconds: float = Field(default=5.0, ge=0, le=86400)
+    no_space_backoff_seconds: float = Field(
+        default=300.0, ge=0, le=86400,
+        description="a run that filled a disk is retried after this, doubling: time for "
+        "someone to free space")
     poll_seconds: float = Field(default=1.0, gt=0, le=3600)
     progressive: list[float] = Field(
         default_factory=list, examples=[[0.25, 0.5]],

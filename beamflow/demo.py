@@ -22,6 +22,7 @@ from pathlib import Path
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from beamflow.config import (
     CONFIG_NAME,
@@ -30,7 +31,7 @@ from beamflow.config import (
     load_config,
     local_workspace_toml,
 )
-from beamflow.console import styled_status
+from beamflow.console import make_console, styled, styled_status, verdict_text
 from beamflow.formats import read_product
 from beamflow.ground_truth import read_ground_truth, score_product
 from beamflow.runs import get_backend, retry_run
@@ -151,7 +152,7 @@ def _live_table(store: Store, scans: _Scans, names: list[str], url: str) -> Grou
                 "-" if run is None or run.duration is None else f"{run.duration:.1f} s",
             )
             first = False
-    return Group(table, f"status page: [link={url}]{url}[/link]")
+    return Group(table, Text.assemble("status page: ", (url, f"link {url}")))
 
 
 def _final_runs(store: Store, settings: Settings, scans: _Scans, names: list[str]
@@ -184,14 +185,16 @@ def score_against_truth(store: Store, run: Run, scan_dir: Path) -> str:
 
 def summary_table(store: Store, settings: Settings, scans: _Scans, names: list[str]
                   ) -> tuple[Table, bool]:
-    """The closing table: scan, status, iterations, NRMSE vs the truth, wall time."""
+    """The closing table: scan, status, verdict, iterations, NRMSE vs the truth, wall
+    time, product."""
     table = Table(title="summary")
-    for column in ("scan", "status", "iterations", "NRMSE (complex)", "wall time", "product"):
+    for column in ("scan", "status", "verdict", "iterations", "NRMSE (complex)", "wall time",
+                   "product"):
         table.add_column(column)
     ok = True
     for name, run in _final_runs(store, settings, scans, names).items():
         if run is None:
-            table.add_row(name, "[red]no run[/]", "-", "-", "-", "-")
+            table.add_row(name, styled("no run", "red"), "-", "-", "-", "-", "-")
             ok = False
             continue
         ok &= run.status == RunStatus.SUCCEEDED
@@ -200,7 +203,8 @@ def summary_table(store: Store, settings: Settings, scans: _Scans, names: list[s
         wall = sum(r.duration or 0.0 for r in _runs_by_scan(store, [name])[name])
         table.add_row(
             name,
-            styled_status(run.status) + (f" ({run.error})" if run.error else ""),
+            Text.assemble(styled_status(run.status), f" ({run.error})" if run.error else ""),
+            verdict_text(run.verdict),
             iterations,
             nrmse,
             f"{wall:.1f} s",
@@ -222,8 +226,9 @@ def _new_scan_names(settings: Settings, n: int) -> list[str]:
 
 def run_demo(options: DemoOptions, console: Console | None = None) -> bool:
     """Run the demo; True when every scan's final run succeeded."""
-    console = console or Console()
-    console.print(f"[bold]beamflow demo[/] in {options.workspace.resolve()}")
+    console = console or make_console()
+    console.print(Text.assemble(styled("beamflow demo", "bold"),
+                                f" in {options.workspace.resolve()}"))
     settings = prepare_workspace(options, console)
     store = Store(settings.store_path)
     names = _new_scan_names(settings, options.scans)
@@ -231,6 +236,8 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> bool:
     port = options.port or free_port(settings.status.host)
     app = build_app(settings, host=settings.status.host, retry=partial(retry_run, settings))
     with serve_in_thread(app, settings.status.host, port) as url:
+        # The address as soon as it answers: the page is worth opening while the runs go.
+        console.print(f"status page: {url}", highlight=False, soft_wrap=True)
         edge = EdgeAgent(settings, store=store)
         agent_thread = threading.Thread(target=edge.run_forever, name="agent", daemon=True)
         agent_thread.start()
@@ -255,7 +262,7 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> bool:
                     )):
                         break
                     if time.monotonic() > deadline:
-                        console.print("[red]demo timed out[/]")
+                        console.print(styled("demo timed out", "red"))
                         break
                     time.sleep(0.25)
             if not console.is_terminal:
@@ -263,10 +270,19 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> bool:
             table, ok = summary_table(store, settings, scans, names)
             console.print(table)
             if scans.error:
-                console.print(f"[red]{scans.error}[/]")
+                console.print(styled(scans.error, "red"))
                 ok = False
-            console.print(f"status page: {url}   workspace: {options.workspace}")
-            if not options.exit_when_done:
+            if options.exit_when_done:
+                # The page stops with the demo: the last line says how to see it again.
+                config = options.workspace / CONFIG_NAME
+                console.print(f"workspace: {options.workspace}", highlight=False,
+                              soft_wrap=True)
+                console.print(f"the status page has stopped; to see these runs again: "
+                              f"beamflow serve --config {config}", highlight=False,
+                              soft_wrap=True)
+            else:
+                console.print(f"status page: {url}   workspace: {options.workspace}",
+                              highlight=False, soft_wrap=True)
                 console.print("serving the status page; Ctrl-C to stop")
                 while True:
                     time.sleep(1)

@@ -16,8 +16,9 @@ class ErrorKind(StrEnum):
     FAILED = "failed"  # the job itself failed on good input (e.g. diverged): so would a retry
     TRANSIENT = "transient"  # a network, service or transfer fault, a timeout: worth a retry
     LOST = "lost"  # the process or worker running it ended (killed, out of memory): retry
+    NO_SPACE = "no_space"  # a disk (or quota) filled up: retry once space may have been freed
     CANCELLED = "cancelled"  # someone stopped it
 
     @property
     def worth_retrying(self) -> bool:
-        return self in (ErrorKind.TRANSIENT, ErrorKind.LOST)
+        return self in (ErrorKind.TRANSIENT, ErrorKind.LOST, ErrorKind.NO_SPACE)

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from beamflow.backend import FlowRunInfo
+from beamflow.disk import NO_SPACE_ERRNOS, bytes_text
 from beamflow.error_kinds import ErrorKind
 from beamflow.store import Run
 
@@ -49,8 +50,15 @@ _COMPUTE_KINDS: dict[str, ErrorKind] = {
 }
 # Transfer faults of the user's files that another attempt would meet again; every other
 # fault is retried, as Globus Transfer retries its own (a file renamed by the detector's
-# writer, a network fault, a full disk that someone frees, something in the way).
+# writer, a network fault, something in the way); a full disk (or quota) is a kind of its
+# own: retried after a longer wait, once someone may have freed space.
 _TRANSFER_BAD_INPUT = {"PERMISSION_DENIED"}
+_TRANSFER_NO_SPACE = {"NO_SPACE_LEFT", "QUOTA_EXCEEDED"}
+# An OSError's number, as str(OSError) writes it: "[Errno 28] No space left on device".
+_ERRNO = re.compile(r"^\[Errno (\d+)\] ")
+# Which disk filled, by the step that wrote to it (our flows' step names).
+_DISK_OF_STEP = {"TransferResultsToBeamline": "the beamline's disk"}
+_CLUSTER_DISK = "the cluster's disk"
 # A provider refusing the action's request (not an endpoint that could not take it).
 _REFUSED_REQUEST = {"BadRequest", "UnprocessableEntity", "InvalidRequest", "ValidationError"}
 
@@ -81,8 +89,10 @@ def failure_of(run: Run, info: FlowRunInfo) -> Failure:
         kind, innermost = _kind_and_cause(name, cause)
         head = str(record.get("description") or "failed")
         chain = f"{head}: {name}: {_chain_text(cause)}"
-        return Failure(step=str(record["step"]), kind=kind,
-                       message=user_words(innermost, run), chain=chain[:4000])  # fmt: skip
+        step = str(record["step"])
+        message = (disk_full_words(innermost, step, run) if kind == ErrorKind.NO_SPACE
+                   else user_words(innermost, run))
+        return Failure(step=step, kind=kind, message=message, chain=chain[:4000])
     step = info.error_step
     if step is None:
         failed = [s.name for s in info.steps if s.status in ("FAILED", "CANCELLED")]
@@ -111,8 +121,8 @@ def _kind_and_cause(name: str, cause: Any) -> tuple[ErrorKind, str]:
     details = cause.get("details") if isinstance(cause.get("details"), dict) else cause
     error = details.get("error")
     if isinstance(error, dict) and error.get("type"):  # a compute task's exception
-        kind = _COMPUTE_KINDS.get(str(error["type"]), ErrorKind.FAILED)
-        return kind, str(error.get("message") or error["type"])
+        message = str(error.get("message") or error["type"])
+        return _compute_kind(str(error["type"]), message), message
     exception = details.get("exception")
     tasks = details.get("results") if isinstance(details.get("results"), list) else []
     for task in tasks:  # a task's own exception, where the action status has no summary
@@ -124,18 +134,28 @@ def _kind_and_cause(name: str, cause: Any) -> tuple[ErrorKind, str]:
             return ErrorKind.FAILED, exception.strip()
         kind_name = raised[-1].group(1).rpartition(".")[2]
         message = exception[raised[-1].end():].strip()
-        return _COMPUTE_KINDS.get(kind_name, ErrorKind.FAILED), message or kind_name
+        return _compute_kind(kind_name, message), message or kind_name
     fatal = details.get("fatal_error")
     if not isinstance(fatal, dict) and details.get("nice_status"):  # a Transfer task document
         fatal = {"code": details["nice_status"], "description": details.get("description")}
     if isinstance(fatal, dict):  # a transfer's fault
         code = str(fatal.get("code") or "")
         kind = (ErrorKind.BAD_INPUT if code in _TRANSFER_BAD_INPUT
+                else ErrorKind.NO_SPACE if code in _TRANSFER_NO_SPACE
                 else ErrorKind.CANCELLED if code == "CANCELED" else ErrorKind.TRANSIENT)
         return kind, str(fatal.get("description") or code)
     code = str(details.get("code") or "")
     text = str(details.get("description") or cause.get("display_status") or name)
     return _kind_of_name(name, code), text
+
+
+def _compute_kind(type_name: str, message: str) -> ErrorKind:
+    """The kind of a compute task's exception, by its type; an OSError by its number (a
+    full disk or quota: the kind of its own)."""
+    number = _ERRNO.match(message.strip())
+    if type_name == "OSError" and number and int(number.group(1)) in NO_SPACE_ERRNOS:
+        return ErrorKind.NO_SPACE
+    return _COMPUTE_KINDS.get(type_name, ErrorKind.FAILED)
 
 
 def _kind_of_name(name: str, code: str | None) -> ErrorKind:
@@ -162,6 +182,21 @@ def _chain_text(cause: Any) -> str:
                 return str(details[key])
         return json.dumps(cause, default=str)[:1500]
     return "" if cause is None else str(cause)
+
+
+def disk_full_words(text: str, step: str | None, run: Run) -> str:
+    """A full disk, told for the operator who can free it: which disk (as the machine that
+    filled it names it: a cluster path stays a cluster path, never the user's scan) and,
+    for the scan's transfer, how much the scan needs there."""
+    names = list(_CLASS_NAME.finditer(text))
+    text = _ERRNO.sub("", text[names[-1].end():] if names else text.strip())
+    disk = _DISK_OF_STEP.get(step or "", _CLUSTER_DISK)
+    if not text.startswith(f"{disk} is full"):
+        text = f"{disk} is full: {text}"
+    needed = run.result.get("scan_bytes")
+    if step == "TransferScanToHPC" and isinstance(needed, int):
+        text += f"; the scan needs {bytes_text(needed)} there"
+    return text[:2000]
 
 
 def user_words(text: str, run: Run) -> str:

@@ -123,6 +123,27 @@ def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
     return _finish(job, inputs, start, engine_input, result, t_start)
 
 
+#: What the previews of a run take on disk, about (five PNGs of ~0.1-0.3 MB).
+PREVIEW_BYTES = 2_000_000
+
+
+def written_bytes_estimate(job: ReconstructJob) -> int:
+    """About how many bytes a run of ``job`` writes beside its scan: its checkpoints (those
+    kept, and one being written) and its product, each about one state (the object's layers
+    and the probe modes, complex64, and the positions), and its previews. Read from the scan file's
+    geometry and positions, without its frames."""
+    scan = load_scan(job.scan, max_frames=job.max_frames, allow_partial=True)
+    propagation, _ = _propagation(job, scan)
+    frame = ScanFrame.for_positions(
+        scan.positions_m, scan.planned_positions_m, scan.frame_shape[0], job.object_margin_px,
+        propagation.pixel_size_m or scan.object_pixel_size_m)
+    h, w = frame.object_shape
+    pixels = (job.params.slices * h * w
+              + job.params.probe_modes * scan.frame_shape[0] * scan.frame_shape[1])
+    state = 8 * pixels + 16 * len(scan.planned_positions_m)
+    return state * (job.checkpoint_keep + 2) + PREVIEW_BYTES
+
+
 # --------------------------------------------------------------------------- 1. load
 
 

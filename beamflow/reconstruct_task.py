@@ -4,9 +4,10 @@ for the run directory), report.
 
 The function itself stays a thin, self-contained body (globus-compute ships it alone) that
 imports this module on the endpoint, so the steps are ordinary, testable code here.
-Errors raise ``ValueError`` (bad input: nothing to retry) or ``RuntimeError`` (the
-reconstruction failed), both built-ins so they deserialise anywhere, with the scan and the
-cause in the message.
+Errors raise ``ValueError`` (bad input: nothing to retry), ``RuntimeError`` (the
+reconstruction failed) or ``OSError`` with ``errno.ENOSPC``/``EDQUOT`` (the cluster's disk or
+quota is full: which, and how much the run writes there), all built-ins so they deserialise
+anywhere, with the scan or the disk and the cause in the message.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from beamflow.atomic import atomic_write_json
+from beamflow.disk import bytes_text, free_space, no_space_error
 from beamflow.error_kinds import ErrorKind
 from beamflow.reconstruct_job import ReconstructJob, RunParameters
 from beamflow.validation_text import validation_text
@@ -161,11 +163,32 @@ def _ran(job: ReconstructJob, label: str) -> dict[str, Any]:
         summary = beamflow.reconstruct.run_reconstruction(job, _progress_writer(job.out))
         return summary.model_dump(mode="json")
     except Exception as exc:
+        full = no_space_error(exc)
+        if full is not None:  # the cluster's disk, not the scan: say which, and how much
+            raise OSError(full.errno, _disk_full(job, full)) from None
         # Bad data is the user's to fix (the error says so by its kind); everything else is
         # a failed reconstruction.
         bad_input = getattr(exc, "kind", None) == ErrorKind.BAD_INPUT
         error = ValueError if bad_input else RuntimeError
         raise error(f"scan {label}: reconstruction failed: {type(exc).__name__}: {exc}") from None
+
+
+def _disk_full(job: ReconstructJob, error: OSError) -> str:
+    """Which disk filled (a path on it, as this machine names it), how full it is, and how
+    much the run writes there."""
+    import beamflow.reconstruct
+
+    where = Path(error.filename) if error.filename else job.out
+    text = f"the cluster's disk is full: no space left writing {where}"
+    measured = free_space(where)
+    if measured is not None:
+        text += f" ({bytes_text(measured[1])} free of {bytes_text(measured[2])})"
+    try:
+        needed = beamflow.reconstruct.written_bytes_estimate(job)
+    except Exception:  # noqa: BLE001 - the estimate is a courtesy; the disk is the news
+        return text
+    return (f"{text}; this run writes about {bytes_text(needed)} there: its product and "
+            f"{job.checkpoint_keep} checkpoints, in {job.out} and {job.l2_dir}")
 
 
 def _report(request: TaskRequest, paths: _Paths, device: str, visible: str | None,

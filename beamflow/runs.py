@@ -42,8 +42,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from beamflow.backend import Backend, BackendError, FlowRunInfo, StepInfo
 from beamflow.config import Settings
+from beamflow.disk import tree_bytes
 from beamflow.error_kinds import ErrorKind
 from beamflow.failures import failure_of
+from beamflow.formats import ScanFormatError, find_scan_file
 from beamflow.reconstruct_job import FunctionSummary, RunParameters
 from beamflow.registry import Registry, RegistryError
 from beamflow.store import DuplicateRun, Run, RunStatus, Store, StoreError
@@ -161,9 +163,11 @@ def _collection_path(path: PurePosixPath, root: PurePosixPath, what: str) -> str
 
 
 def scan_location(settings: Settings, scan_path: str | Path) -> Path:
-    """The scan's one path, as every part names it (``scan_path``): absolute, symlinks
-    resolved, checked to exist inside the beamline collection (or it could not be
-    transferred). Checked when a run is created and again when it starts (the files may have
+    """The scan's one path, as every part names it (``scan_path``): its master (or CXI)
+    file, absolute, symlinks resolved, checked to exist inside the beamline collection (or
+    it could not be transferred). A scan directory stands for the one scan file in it, so a
+    scan started as its directory and the same scan found by the agent (as its master file)
+    are one scan. Checked when a run is created and again when it starts (the files may have
     gone in between)."""
     scan = Path(scan_path).expanduser().resolve()
     if not scan.exists():
@@ -174,7 +178,23 @@ def scan_location(settings: Settings, scan_path: str | Path) -> Path:
             f"scan {scan} is outside the beamline collection root {beamline_root} "
             "(beamline.collection_root in beamflow.toml): it cannot be transferred"
         )
+    if scan.is_dir():
+        try:
+            scan = find_scan_file(scan).resolve()
+        except ScanFormatError as exc:  # none, or several: say so before anything is recorded
+            raise RunInputError(str(exc)) from None
+        if not scan.is_relative_to(beamline_root):  # a link out of the collection
+            raise RunInputError(
+                f"scan {scan_path}: its scan file is {scan}, outside the beamline collection "
+                f"root {beamline_root}: it cannot be transferred"
+            )
     return scan
+
+
+def transferred(scan: Path) -> Path:
+    """What a run of ``scan`` (its :func:`scan_location`) moves to the cluster: a master
+    file's directory (its data files sit beside it), else the file itself."""
+    return scan.parent if scan.is_file() and scan.name.endswith(MASTER_SUFFIX) else scan
 
 
 def flow_input_for(
@@ -200,9 +220,8 @@ def flow_input_for(
         raise RunInputError(f"run name {run_name!r}: letters, digits, '_' and '-' only")
     scan = scan_location(settings, scan_path)
     beamline_root = Path(settings.beamline.collection_root).resolve()
-    # A master file links its data files in the same directory: the directory goes.
-    master = scan.is_file() and scan.name.endswith(MASTER_SUFFIX)
-    moved = scan.parent if master else scan
+    moved = transferred(scan)
+    master = moved != scan
     is_dir = moved.is_dir()
     key = scan_key(scan)
 
@@ -329,6 +348,8 @@ def launch_run(settings: Settings, store: Store, backend: Backend, run: Run) -> 
     tags = ["beamflow", _safe(run.scan_name, 100)]
     backend_run_id = backend.start_run(run.flow, body, label=label, tags=tags)
     results_dir = str(Path(settings.beamline.preview_dir).resolve() / run_name)
+    # What the scan takes on the cluster: a full disk there says how much room it needs.
+    scan_bytes = tree_bytes(transferred(Path(run.scan_path)))
     run = store.update_run(
         run.id,
         status=RunStatus.ACTIVE,
@@ -337,7 +358,8 @@ def launch_run(settings: Settings, store: Store, backend: Backend, run: Run) -> 
         error=None,
         error_step=None,
         error_kind=None,
-        result={"run_name": run_name, "results_dir": results_dir, "input": body},
+        result={"run_name": run_name, "results_dir": results_dir, "input": body,
+                "scan_bytes": scan_bytes},
     )
     store.add_event(
         run.id, "RunStarted", f"{run.flow} started on {backend.name} as {backend_run_id}"

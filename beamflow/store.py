@@ -176,6 +176,28 @@ class Step(_Timed):
         return self.finished_at - self.started_at
 
 
+class Attempt(_Timed):
+    """One attempt of a run: the agent retries a run in its own record (``attempt`` goes
+    up), so the run keeps each earlier attempt here, as it ended."""
+
+    run_id: str
+    attempt: int
+    backend_run_id: str | None = None
+    status: RunStatus  # how it ended (FAILED, or CANCELLED when the agent stopped), or stands
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = None
+    error_step: str | None = None
+    error_kind: ErrorKind | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def duration(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return (self.finished_at or time.time()) - self.started_at
+
+
 class Event(_Timed):
     id: int
     run_id: str | None
@@ -188,25 +210,31 @@ class Event(_Timed):
 
 def scan_labels(name: str, paths: Iterable[str]) -> dict[str, str]:
     """Labels for the scans called ``name`` at ``paths``: the name alone when there is one
-    path, else the fewest parent directories that tell them apart, then the name
-    (``a/s1``, ``b/s1``; a directory named like the scan, the usual layout, is skipped)."""
-    paths = sorted(set(paths))
-    if len(paths) <= 1:
-        return {p: name for p in paths}
-    context: dict[str, tuple[str, ...]] = {}
-    for p in paths:
-        parts = [x for x in PurePath(p).parent.parts if x not in ("/", "\\")]
+    scan, else the fewest parent directories that tell them apart, then the name
+    (``a/s1``, ``b/s1``; a directory named like the scan, the usual layout, is skipped).
+    A scan's directory and its master (or CXI) file are one scan, one label (runs recorded
+    before the master file became the one ``scan_path`` name the directory)."""
+    files = (f"{name}_master.h5", f"{name}.cxi")
+    place: dict[str, str] = {}  # each path -> the scan it names (one key per scan)
+    context: dict[str, tuple[str, ...]] = {}  # each scan -> the directories it lies in
+    for p in set(paths):
+        path = PurePath(p)
+        folder = path if path.name == name and not path.suffix else path.parent
+        place[p] = str(folder) if folder != path.parent or path.name in files else p
+        parts = [x for x in folder.parts if x not in ("/", "\\")]
         if parts and parts[-1] == name:
             parts.pop()
-        context[p] = tuple(parts)
-    labels = {p: name for p in paths}
+        context[place[p]] = tuple(parts)
+    if len(context) <= 1:
+        return {p: name for p in place}
+    labels = {scan: name for scan in context}
     for k in range(1, max(len(c) for c in context.values()) + 1):
-        labels = {p: "/".join([*c[-k:], name]) for p, c in context.items()}
-        if len(set(labels.values())) == len(paths):
-            return labels
-    # Still alike (a master file and its directory side by side): the full paths.
-    taken = [labels[p] for p in paths]
-    return {p: (p if taken.count(labels[p]) > 1 else labels[p]) for p in paths}
+        labels = {scan: "/".join([*c[-k:], name]) for scan, c in context.items()}
+        if len(set(labels.values())) == len(context):
+            return {p: labels[place[p]] for p in place}
+    # Still alike (two scans in one directory): each by its own path.
+    taken = list(labels.values())
+    return {p: p if taken.count(labels[place[p]]) > 1 else labels[place[p]] for p in place}
 
 
 # Each entry moves the schema one version forward; never edit a released entry.
@@ -280,6 +308,22 @@ _MIGRATIONS: list[str] = [
         SELECT c.id FROM runs AS c WHERE c.parent_run_id = runs.id
         ORDER BY c.created_at, c.rowid LIMIT 1
     );
+    """,
+    # 3: the earlier attempts of a run the agent retried in its own record.
+    """
+    CREATE TABLE attempts (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        attempt INTEGER NOT NULL,
+        backend_run_id TEXT,
+        status TEXT NOT NULL,
+        started_at REAL,
+        finished_at REAL,
+        error TEXT,
+        error_step TEXT,
+        error_kind TEXT
+    );
+    CREATE INDEX attempts_run ON attempts (run_id, id);
     """,
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -525,6 +569,55 @@ class Store:
             if p not in previews:
                 previews.append(p)
         return self.update_run(run_id, previews=previews)
+
+    # -- attempts ------------------------------------------------------------------------
+    def requeue(
+        self,
+        run_id: str,
+        *,
+        status: RunStatus = RunStatus.FAILED,
+        error: str | None = None,
+        error_step: str | None = None,
+        error_kind: ErrorKind | None = None,
+        next_attempt: bool = True,
+    ) -> Run:
+        """Close the run's current attempt (kept in :meth:`attempts` as it ended: ``status``,
+        the error, its step and kind; those of the run where not given) and put the run back
+        in the queue, as the next attempt (``next_attempt``) or as the same one (an attempt
+        the agent interrupted does not count against the retries). One transaction."""
+        now = time.time()
+        with self._write() as conn:
+            row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"no run with id {run_id!r} in {self.path}")
+            run = self._run(row)
+            kind = error_kind if error_kind is not None else run.error_kind
+            conn.execute(
+                "INSERT INTO attempts (run_id, attempt, backend_run_id, status, started_at, "
+                "finished_at, error, error_step, error_kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run.id, run.attempt, run.backend_run_id, RunStatus(status).value,
+                 run.started_at, run.finished_at or now, error or run.error,
+                 error_step or run.error_step, None if kind is None else ErrorKind(kind).value),
+            )  # fmt: skip
+            conn.execute(
+                "UPDATE runs SET status = ?, attempt = ?, backend_run_id = NULL, "
+                "started_at = NULL, finished_at = NULL, error = NULL, error_step = NULL, "
+                "error_kind = NULL, current_step = NULL, iteration = NULL, updated_at = ? "
+                "WHERE id = ?",
+                (RunStatus.QUEUED.value, run.attempt + (1 if next_attempt else 0), now, run_id),
+            )  # fmt: skip
+            row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return self._run(row)
+
+    def attempts(self, run: Run) -> list[Attempt]:
+        """Every attempt of ``run``, oldest first: those that ended, then the current one
+        (the run as it stands)."""
+        rows = self._connect().execute(
+            "SELECT * FROM attempts WHERE run_id = ? ORDER BY id", (run.id,))
+        ended = [Attempt(**{k: v for k, v in dict(r).items() if k != "id"}) for r in rows]
+        current = Attempt(**run.model_dump(include=set(Attempt.model_fields) - {"run_id"}),
+                          run_id=run.id)
+        return [*ended, current]
 
     # -- steps and events --------------------------------------------------------------
     def record_step(

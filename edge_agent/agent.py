@@ -14,7 +14,8 @@ before it acts on it, keyed so that it cannot be taken twice:
 Killed at any moment and restarted, the agent finds QUEUED runs and starts them, finds
 ACTIVE runs and re-attaches to them by run id; a run whose process died with the agent
 (local backend) is reported lost by the backend and retried, within the retry budget. A
-retry reuses the same run record (``attempt`` goes up), so a scan never gets two runs.
+retry reuses the same run record (``attempt`` goes up; the attempt that failed is kept with
+it), so a scan never gets two runs.
 Stopped cleanly (SIGTERM), the agent puts the runs that live in its own process (local
 backend) back in the queue without using up a retry; runs on Globus go on regardless.
 
@@ -26,8 +27,10 @@ partial run still queued when a later one is queued is superseded (CANCELLED, wi
 
 Following runs: a remote service is polled from ``poll_seconds`` with back-off (×1.5 while
 nothing changes, up to 10 × poll_seconds); a run inside this process is read every 0.1 s.
-Failures are retried (``max_retries``, back-off doubling from ``retry_backoff_seconds``)
-when transient (see :func:`edge_agent.policy.is_transient`); bad input never is.
+Failures are retried (``max_retries``, back-off doubling from ``retry_backoff_seconds``, or
+from ``no_space_backoff_seconds`` for a full disk) when transient (see
+:func:`edge_agent.policy.is_transient`); bad input never is. A retry keeps the run's record;
+each earlier attempt is kept with it (``Store.attempts``: start, end, error and kind).
 
 The agent only touches runs it created (their dedupe key starts with ``agent:``): runs that
 people start by hand (``beamflow runs start``) belong to whoever started them.
@@ -55,6 +58,7 @@ from beamflow import runs as run_path
 from beamflow.agent_state import (
     HEARTBEAT_SECONDS,
     MAX_LISTED,
+    ONCE_PREFIX,
     AgentState,
     SkippedFile,
     WatchedScan,
@@ -102,7 +106,7 @@ class OnceSummary:
 
     def line(self) -> str:
         text = (
-            f"agent --once: {self.processed} processed, {self.waiting} waiting, "
+            f"{ONCE_PREFIX}{self.processed} processed, {self.waiting} waiting, "
             f"{self.skipped} skipped, {self.failed} failed"
         )
         extra = [f"{n} {what}" for n, what in ((self.done_before, "done before"),
@@ -153,10 +157,12 @@ class EdgeAgent:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def prepare(self) -> None:
+    def prepare(self, warm: bool = True) -> None:
         """Make sure the flow and function can be run. On the embedded backend registration
         is local and idempotent, so the agent does it (a fresh `beamflow init` workspace
-        works at once); on Globus it is a deliberate step (`beamflow register`)."""
+        works at once); on Globus it is a deliberate step (`beamflow register`). ``warm``:
+        start the embedded compute engine now, for a daemon whose first scan may come any
+        moment (`--once` starts it with its first run, or never when nothing is ready)."""
         self.root.mkdir(parents=True, exist_ok=True)
         if self.driver.runs_outlive_agent:
             self._retention_timer()
@@ -170,9 +176,9 @@ class EdgeAgent:
                 log.info(f"registered {what}", extra={"fields": {"names": changed}})
         # The embedded backend's compute engine takes seconds to start: start it now, not
         # when the first scan is ready.
-        warm = getattr(self.backend, "warm", None)
-        if warm is not None:
-            warm()
+        start_engine = getattr(self.backend, "warm", None)
+        if warm and start_engine is not None:
+            start_engine()
 
     def _retention_timer(self) -> None:
         """On Globus, a Timer runs the retention flow every retention.every_hours, made by
@@ -230,7 +236,7 @@ class EdgeAgent:
         """
         deadline = None if timeout is None else self.clock() + timeout
         self._mode = "once"
-        self.prepare()
+        self.prepare(warm=False)
         summary = self.once_summary = OnceSummary()
         mine: set[str] = set()
         for path in sorted(find_scans(self.root)):

@@ -32,6 +32,8 @@ _RUNNING = (RunStatus.ACTIVE, RunStatus.INACTIVE)
 _MAX_POLL_SECONDS = 30.0
 _QUEUE_PAGE = 64  # queued runs read per scheduling pass (the queue can hold thousands)
 _LOCAL_POLL = 0.1  # seconds between polls of a run that lives in this process
+INTERRUPTED = ("interrupted: the agent stopped; the run starts again at its next start (no "
+               "retry used)")
 
 
 @dataclass
@@ -304,7 +306,8 @@ class RunDriver:
 
     def _failed_to_start(self, run: Run, exc: BackendError) -> None:
         if exc.transient and run.attempt <= self.policy.max_retries:
-            self._requeue(run, f"could not start: {exc}")
+            self._requeue(run, f"could not start: {exc}", error=str(exc),
+                          error_step=exc.step or "Start", error_kind=exc.kind)
             return
         self._retry_at.pop(run.id, None)
         self.store.update_run(run.id, status=RunStatus.FAILED, error=str(exc),
@@ -312,22 +315,15 @@ class RunDriver:
         self.stats.failed += 1
         log.error("run failed to start", extra={"fields": {"run": run.id, "error": str(exc)}})
 
-    def _requeue(self, run: Run, reason: str) -> None:
-        delay = retry_delay(self.policy.retry_backoff_seconds, run.attempt)
+    def _requeue(self, run: Run, reason: str, **failure) -> None:  # noqa: ANN003
+        """Retry ``run`` in its own record after the back-off; the attempt that failed is
+        kept with the run (its error, step and kind: ``failure``, else the run's)."""
+        kind = failure.get("error_kind", run.error_kind)
+        backoff = (self.policy.no_space_backoff_seconds if kind == ErrorKind.NO_SPACE
+                   else self.policy.retry_backoff_seconds)  # a disk takes a person to free
+        delay = retry_delay(backoff, run.attempt)
         self._retry_at[run.id] = self.clock() + delay
-        self.store.update_run(
-            run.id,
-            status=RunStatus.QUEUED,
-            attempt=run.attempt + 1,
-            backend_run_id=None,
-            started_at=None,
-            finished_at=None,
-            error=None,
-            error_step=None,
-            error_kind=None,
-            current_step=None,
-            iteration=None,
-        )
+        self.store.requeue(run.id, **failure)
         self.store.add_event(
             run.id,
             "RetryScheduled",
@@ -358,10 +354,8 @@ class RunDriver:
             except BackendError as exc:
                 log.warning("cancel on shutdown failed", extra={"fields": {"run": run.id,
                                                                            "error": str(exc)}})
-            self.store.update_run(
-                run.id, status=RunStatus.QUEUED, backend_run_id=None, started_at=None,
-                finished_at=None, current_step=None, iteration=None,
-            )  # fmt: skip
+            self.store.requeue(run.id, status=RunStatus.CANCELLED, next_attempt=False,
+                               error=INTERRUPTED, error_kind=ErrorKind.CANCELLED)
             self.store.add_event(
                 run.id, "Interrupted", "the agent stopped; the run starts again at its next start",
                 level="warning",

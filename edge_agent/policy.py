@@ -31,9 +31,9 @@ def part_of(fraction: float | None) -> str:
 def is_transient(run: Run) -> bool:
     """Faults worth a retry, by the kind stored on the run where the error was understood
     (beamflow.failures): a lost run or worker, a transient transfer, service or network
-    fault, a timeout. Bad input is never retried; a reconstruction that failed on good input
-    (it diverged) is not either: the same input fails again. A failure of no known kind is
-    not retried."""
+    fault, a timeout, a full disk (after a longer wait: agent.no_space_backoff_seconds).
+    Bad input is never retried; a reconstruction that failed on good input (it diverged) is
+    not either: the same input fails again. A failure of no known kind is not retried."""
     return run.error_kind is not None and run.error_kind.worth_retrying
 
 

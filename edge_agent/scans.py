@@ -6,9 +6,10 @@ A scan is ready to read when all of these hold:
   when they are closed, and no hidden temporary file of the scan is left;
 - it has been quiet: no file of the scan changed for ``quiet_seconds``;
 - it opens cleanly as HDF5 and holds the frames the master file promises;
-- a sample of its frames (:data:`SAMPLE_FRAMES`, spread over the scan) holds no NaN, no
-  infinity and no negative count on a valid pixel: a detector that wrote garbage is caught
-  here, in milliseconds, not on the cluster after the transfer.
+- the frames it reads hold no NaN, no infinity and no negative count on a valid pixel: a
+  sample (:data:`SAMPLE_FRAMES`, spread over the scan) and the last frame of every data
+  file (decoded anyway, to check the file is whole). A detector that wrote garbage is caught
+  here, in milliseconds, naming the frame, not on the cluster after the transfer.
 
 Only what lies inside the detector directory is read: a master that is a symbolic link to a
 file outside it is refused without being opened (the agent must not be a way to read
@@ -323,19 +324,22 @@ def _validate(path: Path, frames: int) -> str | None:
 
 
 def _sample_problem(scan: Scan) -> str | None:
-    """The first of :data:`SAMPLE_FRAMES` frames spread over the scan (first and last
-    included) with a NaN, an infinity or a negative count on a valid pixel, named by its
-    file and frame as the reconstruction names it; None if the sample is clean."""
+    """The first frame read at readiness with a NaN, an infinity or a negative count on a
+    valid pixel, named by its file and frame as the reconstruction names it; None if they
+    are clean. The frames read: :data:`SAMPLE_FRAMES` spread over the scan (first and last
+    included), and the last frame of each data file (the reader decodes it anyway, to check
+    the file is whole)."""
     if scan.n_frames == 0:
         return None
-    for index in np.unique(np.linspace(0, scan.n_frames - 1, SAMPLE_FRAMES).round()).astype(int):
+    spread = np.linspace(0, scan.n_frames - 1, SAMPLE_FRAMES).round().astype(int)
+    for index in sorted({*spread.tolist(), *scan.checked_frames}):
         found = invalid_counts(scan.frames(int(index), int(index) + 1)[:, scan.mask])
         if found is None:
             continue
         what = found[0]
         file, key, where = scan.locate(int(index))
         return str(ScanFormatError(file, key, (
-            f"{where}: {what} on a valid detector pixel (found in a sample of the frames "
+            f"{where}: {what} on a valid detector pixel (found when the scan was checked, "
             "before the transfer); mark such pixels invalid in the detector's pixel mask (or "
             "fix the file)"
         )))  # fmt: skip

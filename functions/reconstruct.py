@@ -14,9 +14,10 @@ Every path must resolve (symlinks followed, ``..`` collapsed) inside one of
 endpoint pinned for this worker (``CUDA_VISIBLE_DEVICES``, which the endpoint's
 ``available_accelerators`` sets, on the endpoint and in the local backend's engine alike); the
 function never widens it.
-Errors raise ``ValueError`` (bad input: nothing to retry) or ``RuntimeError`` (the
-reconstruction failed), both built-ins so they deserialise anywhere, with the scan and the
-cause in the message.
+Errors raise ``ValueError`` (bad input: nothing to retry), ``RuntimeError`` (the
+reconstruction failed) or ``OSError`` (a full disk on the cluster, with its number), all
+built-ins so they deserialise anywhere, with the scan or the disk and the cause in the
+message.
 """
 
 from typing import Any

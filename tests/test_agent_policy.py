@@ -426,3 +426,113 @@ def test_polling_backs_off_while_nothing_changes(settings: Settings) -> None:
         step(agent, clock, 1.0)
     # Every second at first, then less and less often (capped at 10× poll_seconds).
     assert 60 <= backend.get_calls <= 100
+
+
+# -- attempts and full disks (issue 36) --------------------------------------------------------
+def test_a_retried_run_lists_every_attempt_with_its_start_end_error_and_kind(
+    settings: Settings,
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from beamflow.status import StatusOptions, create_app
+
+    backend, clock = ScriptedBackend(), Clock()
+    backend.start_faults.append(BackendError("service unavailable", transient=True,
+                                             step="Start"))
+    agent = make_agent(settings, backend, clock)
+    write_scan(settings.beamline.detector_dir, "s1")
+    step(agent, clock, 2.0)  # attempt 1 cannot start
+    step(agent, clock, retry_delay(settings.agent.retry_backoff_seconds, 1) + 0.1)
+    (run,) = runs_of(agent.store)
+    assert (run.status, run.attempt) == (RunStatus.ACTIVE, 2)
+    backend.end(run.backend_run_id, RunStatus.FAILED, "RunLost: the worker ended",
+                "Reconstruct", kind=ErrorKind.LOST)
+    step(agent, clock, 1.5)  # attempt 2 is lost
+    step(agent, clock, retry_delay(settings.agent.retry_backoff_seconds, 2) + 0.5)
+    run = agent.store.require_run(run.id)
+    assert (run.status, run.attempt) == (RunStatus.ACTIVE, 3)
+    second_backend_run = [i for i in backend.runs if i != run.backend_run_id][0]
+    backend.end(run.backend_run_id, RunStatus.SUCCEEDED)
+    step(agent, clock, 1.5)
+    run = agent.store.require_run(run.id)
+    assert run.status == RunStatus.SUCCEEDED and len(runs_of(agent.store)) == 1
+
+    attempts = agent.store.attempts(run)
+    assert [(a.attempt, a.status, a.error_step, a.error_kind) for a in attempts] == [
+        (1, RunStatus.FAILED, "Start", ErrorKind.TRANSIENT),
+        (2, RunStatus.FAILED, "Reconstruct", ErrorKind.LOST),
+        (3, RunStatus.SUCCEEDED, None, None)]
+    assert attempts[0].started_at is None and "service unavailable" in attempts[0].error
+    assert attempts[1].backend_run_id == second_backend_run
+    assert attempts[1].started_at < attempts[1].finished_at <= attempts[2].started_at
+    assert "the worker ended" in attempts[1].error
+
+    config = str(settings.source)
+    shown = CliRunner().invoke(app, ["runs", "show", run.id[:8], "-c", config])
+    assert shown.exit_code == 0, shown.output
+    table = shown.stdout.split("attempts", 1)[1]
+    rows = [line for line in table.splitlines() if line.startswith("│")]
+    assert [row.split("│")[1].strip() for row in rows] == ["1", "2", "3"]
+    assert "Start" in rows[0] and "transient" in rows[0] and "service unavailable" in rows[0]
+    assert "Reconstruct" in rows[1] and "lost" in rows[1] and "FAILED" in rows[1]
+    assert "SUCCEEDED" in rows[2]
+    data = json.loads(CliRunner().invoke(app, ["runs", "show", run.id, "--json", "-c",
+                                                config]).stdout)
+    assert [(a["attempt"], a["status"], a["error_kind"]) for a in data["attempts"]] == [
+        (1, "FAILED", "transient"), (2, "FAILED", "lost"), (3, "SUCCEEDED", None)]
+
+    client = TestClient(create_app(Store(settings.store_path), StatusOptions()),
+                        base_url="http://127.0.0.1:8765")
+    detail = client.get(f"/api/runs/{run.id}").json()
+    assert [(a["attempt"], a["status"], a["error_step_text"], a["error_kind"])
+            for a in detail["attempts"]] == [
+        (1, "FAILED", "Start", "transient"), (2, "FAILED", "Reconstruct", "lost"),
+        (3, "SUCCEEDED", None, None)]
+    page = client.get(f"/runs/{run.id}").text
+    panel = page.split('id="attempts-panel"', 1)[1].split("</section>", 1)[0]
+    assert not panel.startswith(" hidden") and panel.count('<li class="attempt ') == 3
+    assert "service unavailable" in panel and "the worker ended" in panel
+
+
+def test_a_full_disk_is_retried_once_space_may_have_been_freed(settings: Settings) -> None:
+    settings.agent.no_space_backoff_seconds = 100.0
+    backend, clock = ScriptedBackend(), Clock()
+    agent = make_agent(settings, backend, clock)
+    write_scan(settings.beamline.detector_dir, "s1")
+    step(agent, clock, 2.0)
+    (run,) = runs_of(agent.store)
+    backend.end(run.backend_run_id, RunStatus.FAILED, "TransferScanToHPCFailed",
+                output=flow_failure("TransferScanToHPC", "ActionFailedException", {
+                    "fatal_error": {"code": "NO_SPACE_LEFT",
+                                    "description": "/scratch/s1/raw/x.h5: No space left"}}))
+    step(agent, clock, 1.5)
+    run = agent.store.require_run(run.id)
+    assert (run.status, run.attempt) == (RunStatus.QUEUED, 2)
+    (ended,) = agent.store.attempts(run)[:-1]
+    assert ended.error_kind == ErrorKind.NO_SPACE
+    assert ended.error.startswith("the cluster's disk is full: /scratch/s1/raw/x.h5")
+    # Not after the short back-off of a network fault: after the full disk's.
+    step(agent, clock, settings.agent.retry_backoff_seconds + 1)
+    assert agent.store.require_run(run.id).status == RunStatus.QUEUED
+    step(agent, clock, 100.0 - settings.agent.retry_backoff_seconds)
+    assert agent.store.require_run(run.id).status == RunStatus.ACTIVE
+    (event,) = [e for e in agent.store.events(run.id) if e.code == "RetryScheduled"]
+    assert "in 100 s" in event.message
+
+
+def test_an_attempt_cut_short_by_a_clean_stop_is_listed_and_uses_no_retry(
+    settings: Settings,
+) -> None:
+    backend, clock = ScriptedBackend(outlive=False), Clock()
+    agent = make_agent(settings, backend, clock)
+    write_scan(settings.beamline.detector_dir, "s1")
+    step(agent, clock, 2.0)
+    (run,) = runs_of(agent.store)
+    agent.stop()
+    agent._shutdown()
+    run = agent.store.require_run(run.id)
+    (cut, now) = agent.store.attempts(run)
+    assert (cut.attempt, cut.status, cut.error_kind) == (1, RunStatus.CANCELLED,
+                                                         ErrorKind.CANCELLED)
+    assert cut.error.startswith("interrupted: the agent stopped")
+    assert (now.attempt, now.status) == (1, RunStatus.QUEUED)

@@ -175,6 +175,10 @@ def test_once_right_after_a_scan_lands_says_it_is_waiting(workspace: Path) -> No
     assert waiting["scan"] == "fresh" and waiting["reason"].startswith("not quiet yet")
     state = read_state(state_path(settings.state_dir))
     assert state.mode == "once" and not state.running and state.summary == lines[-1]
+    # Nothing to run: no compute engine was started, so none is torn down mid-warm-up
+    # (which once logged a false "compute engine warm-up failed").
+    assert not [entry for entry in logs if "warm" in entry["message"]]
+    assert not (settings.state_dir / "compute-engine").exists()
 
 
 def test_once_counts_processed_failed_and_done_before(workspace: Path) -> None:

@@ -158,7 +158,7 @@ def test_science_knows_nothing_of_flows_globus_or_the_web():
 
 # Leaf utilities: standard library (and pydantic) only, usable from every floor.
 LEAVES = ("beamflow.atomic", "beamflow.validation_text", "beamflow.processes",
-          "beamflow.error_kinds")
+          "beamflow.error_kinds", "beamflow.disk")
 SCIENCE = ("beamflow.ptycho", "beamflow.checkpoint", "beamflow.formats")
 
 

@@ -49,8 +49,17 @@ def test_demo_runs_every_scan_to_success(tmp_path: Path) -> None:
     assert (ws / "state" / "compute-engine").is_dir()  # it did run on the engine
     lines = result.stdout.splitlines()
     # The live table's status line ends the line; the summary's title is a line of its own.
-    assert any(re.fullmatch(r"status page: http://127\.0\.0\.1:\d+", line) for line in lines)
-    assert "summary" in lines and "…" not in result.stdout
+    served = [i for i, line in enumerate(lines)
+              if re.fullmatch(r"status page: http://127\.0\.0\.1:\d+", line)]
+    assert served and "summary" in lines and "…" not in result.stdout
+    # The address as soon as the page listens: before the runs (the live table) ...
+    table = next(i for i, line in enumerate(lines) if "beamflow demo: beamline" in line)
+    assert served[0] < table
+    # ... and, the page stopped with --exit, the last line is how to see the runs again.
+    assert lines[-1] == ("the status page has stopped; to see these runs again: beamflow serve "
+                         f"--config {ws / 'beamflow.toml'}")
+    header = next(line for line in lines[lines.index("summary"):] if "verdict" in line)
+    assert header.index("status") < header.index("verdict") < header.index("iterations")
     settings = load_config(ws / "beamflow.toml")
     store = Store(settings.store_path)
     finals = [r for r in store.list_runs(limit=None) if r.fraction == 1.0]
@@ -58,6 +67,8 @@ def test_demo_runs_every_scan_to_success(tmp_path: Path) -> None:
     for run in finals:
         assert run.status == "SUCCEEDED", run.error
         (row,) = [line for line in lines if run.product in line]  # whole, on its row
+        assert run.verdict in ("trusted", "suspect")
+        assert {"trusted": " trusted ", "suspect": " SUSPECT "}[run.verdict] in row
         # The score against the simulator's truth is kept with the run (for its page).
         truth = run.result["truth"]
         assert 0 < truth["nrmse"] < 0.5 and f"{truth['nrmse']:.3f}" in row

@@ -1,11 +1,13 @@
 """The docs stay true to the code.
 
-- Every `beamflow ...` command in the quickstart's and the deployment guide's code blocks
-  names a real command, uses only options that command has, and its `--help` works.
+- Every `beamflow ...` command in the README's, the quickstart's and the deployment guide's
+  code blocks names a real command, uses only options that command has, and its `--help`
+  works.
 - Every relative link (and image) in README.md and docs/*.md points at an existing file,
   and every `#anchor` at a heading of the linked page.
 - README.md starts with the two commands, `make demo` and `make test`, and the Makefile has
-  both targets.
+  both targets; its first screen shows a first `beamflow reconstruct FILE` and links the
+  deployment guide.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from beamflow.cli import app
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
-COMMAND_DOCS = [DOCS / "quickstart.md", DOCS / "deployment.md"]
+COMMAND_DOCS = [README, DOCS / "quickstart.md", DOCS / "deployment.md"]
 LINKED_DOCS = [README, *sorted(DOCS.glob("*.md"))]
 
 # Code blocks in these languages hold files (configuration, JSON), not commands.
@@ -285,3 +287,25 @@ def test_readme_starts_with_make_demo_and_make_test() -> None:
     makefile = (ROOT / "Makefile").read_text()
     for target in ("demo", "test"):
         assert re.search(rf"^{target}:", makefile, re.MULTILINE), f"Makefile has no {target}:"
+
+
+def test_readmes_first_screen_reconstructs_a_file_and_links_deployment() -> None:
+    """A beamline scientist's first screen (a terminal's 40 lines): a scan of their own
+    reconstructed, and where a facility deployment is described."""
+    first = "\n".join(README.read_text().splitlines()[:40])
+    commands = [args for lang, lines in code_blocks(first) if lang not in NOT_SHELL
+                for args in (shlex.split(line, comments=True) for line in lines) if args]
+    reconstruct = [a for a in commands if Path(a[0]).name == "beamflow" and a[1:2] ==
+                   ["reconstruct"]]
+    assert reconstruct, first
+    assert reconstruct[0][2].endswith(("_master.h5", ".cxi")) and "--out" in reconstruct[0]
+    assert "(docs/deployment.md)" in first
+
+
+# -- `beamflow init`'s next steps --------------------------------------------------------------
+def test_init_suggests_the_quickstarts_first_steps_in_its_order() -> None:
+    from beamflow.cli.workspace import FIRST_STEPS
+
+    quickstart = [" ".join(args) for args in beamflow_commands(DOCS / "quickstart.md")]
+    at = [quickstart.index(command.removeprefix("beamflow ")) for command, _ in FIRST_STEPS]
+    assert at == sorted(at), (at, quickstart)

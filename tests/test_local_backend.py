@@ -170,6 +170,48 @@ def test_cli_end_to_end_previews_arrive_on_the_beamline(
     assert [s.name for s in info.steps] == [s.name for s in steps]
 
 
+class Shared:
+    """The module's backend, for a command that closes the one it opens: it stays open."""
+
+    def __init__(self, backend) -> None:  # noqa: ANN001
+        self._backend = backend
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self._backend, name)
+
+    def close(self) -> None:
+        pass
+
+
+def test_runs_start_wait_tells_the_verdict_and_strict_exits_2_on_suspect(
+    workspace: Path, backend, store: Store, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+) -> None:
+    """A near-field scan reconstructed as far field: the flow succeeds, the result is
+    suspect, and the terminal says so (the page says "do not trust"; so must the CLI)."""
+    from beamflow.simulate import simulate_scan
+
+    simulate_scan(workspace / "beamline/detector", "nf", positions=40, probe_size=32,
+                  propagation="near-field")
+    monkeypatch.setattr(runs, "get_backend", lambda settings: Shared(backend))
+    params = [f"--param={k}={v}" for k, v in {**FAST, "propagation": "far-field"}.items()]
+    result = CliRunner().invoke(app, [
+        "runs", "start", str(workspace / "beamline/detector/nf"), "--wait", "--strict", *params,
+        "--config", str(workspace / "beamflow.toml")])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("run ") and "  SUCCEEDED  nf" in lines[0]
+    run = store.require_run(lines[0].split()[1])
+    assert run.verdict == "suspect" and len(run.verdict_reasons) > 1
+    assert lines[1] == f"  verdict   SUSPECT: {run.verdict_reasons[0]}"
+    assert "try --propagation near-field" in lines[1]
+    more = len(run.verdict_reasons) - 1
+    assert lines[2] == (f"            ({more} more reason{'s' if more > 1 else ''}: "
+                        f"`beamflow runs show {run.id[:8]}`)")
+    listed = CliRunner().invoke(app, ["runs", "list", "--scan", "/nf/", "--config",
+                                      str(workspace / "beamflow.toml")])  # fmt: skip
+    assert "SUSPECT" in listed.stdout
+
+
 def _broken_scan(workspace: Path, name: str) -> Path:
     scan = workspace / "beamline/detector" / name
     scan.mkdir()
@@ -198,7 +240,8 @@ def test_a_corrupt_scan_fails_with_its_cause_first_in_the_users_path(
     assert "TransferResultsToBeamline" not in statuses
     # The step and the whole chain stay in the run's details and its events.
     chain = run.result["failure"]["chain"]
-    hpc_copy = str(Path(settings.hpc.scratch_dir) / runs.scan_key(scan.resolve()) / "raw")
+    key = runs.scan_key(runs.scan_location(settings, scan))
+    hpc_copy = str(Path(settings.hpc.scratch_dir) / key / "raw")
     assert "ScanFormatError" in chain and "ValueError" in chain and hpc_copy in chain
     (ended,) = [e for e in store.events(run.id) if e.code == "RunFailed"]
     assert "Reconstruct" in ended.message and "ScanFormatError" in ended.message
@@ -224,7 +267,7 @@ def test_a_failing_transfer_names_the_step(
     scan.mkdir()
     (scan / "s2_master.h5").write_bytes(b"x")
     # Something in the way on the HPC side: the raw directory is a file.
-    work = Path(settings.hpc.scratch_dir) / runs.scan_key(scan.resolve())
+    work = Path(settings.hpc.scratch_dir) / runs.scan_key(runs.scan_location(settings, scan))
     work.mkdir(parents=True)
     (work / "raw").write_bytes(b"in the way")
     run = runs.follow_run(
@@ -400,8 +443,8 @@ def test_kill_9_of_the_worker_fails_the_run_cleanly_and_one_retry_resumes(
     run = wait_for_iteration(store, backend, run, 5)
     # The kill comes after this run committed a checkpoint (they are written beside the
     # iterations, within a time budget), so what the retry resumes from is this run's.
-    latest = (Path(settings.hpc.scratch_dir) / runs.scan_key(scan.resolve()) / "checkpoints"
-              / "LATEST.json")
+    work = Path(settings.hpc.scratch_dir) / runs.scan_key(runs.scan_location(settings, scan))
+    latest = work / "checkpoints" / "LATEST.json"
     deadline = time.monotonic() + 60
     while not (latest.exists() and json.loads(latest.read_text())["time"] > run.started_at):
         assert time.monotonic() < deadline, "no checkpoint committed"

@@ -443,7 +443,10 @@ def test_a_write_error_mid_pipeline_fails_the_task_and_leaves_no_partial_files(
     )
     assert details["status"] == "FAILED"
     assert details["fatal_error"]["code"] == "NO_SPACE_LEFT"
-    assert "f07.bin" in details["fatal_error"]["description"]
+    # The file as it is called once copied, and the room left on its disk.
+    assert details["fatal_error"]["description"].startswith(
+        f"{dst / 'scan' / 'f07.bin'}: No space left on device (")
+    assert PARTIAL_MARK not in details["fatal_error"]["description"]
     assert_only_whole_files(src, dst)  # those verified before the failure landed whole
 
 

@@ -455,3 +455,43 @@ def test_a_sample_that_fills_the_field_is_not_normalised_and_says_why(tmp_path, 
     assert "not normalised: " in title
     assert level.reason in title
     assert "amplitude" in _texts(figures[0])
+
+
+# -- long titles -------------------------------------------------------------------------------
+LONG_TITLE = "petra_nearfield_siemens_star_000121 · lsqml · iteration 1000"
+RENDERERS = {
+    "object_phase": lambda title: V.render_object_phase(_object(), PX, title=title, suspect=True),
+    "object_amplitude": lambda title: V.render_object_amplitude(_object(), PX, title=title,
+                                                                suspect=True),
+    "probe": lambda title: V.render_probe(_probe(1), PX, title=title, suspect=True),
+    "convergence": lambda title: V.render_convergence(np.geomspace(1, 0.01, 30), title=title,
+                                                      suspect=True),
+}
+
+
+def _rgb(png: bytes) -> np.ndarray:
+    import io
+
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
+
+
+@pytest.mark.parametrize("name", RENDERERS)
+def test_a_long_suspect_title_wraps_inside_the_figure_above_the_image(name: str) -> None:
+    from PIL import Image
+
+    short, long = (RENDERERS[name](t) for t in ("s1 · rpie · iteration 10", LONG_TITLE))
+    # The whole title is in the file's text chunk, however it is drawn.
+    import io
+
+    assert LONG_TITLE in Image.open(io.BytesIO(long)).text["Title"]
+    a, b = _rgb(short), _rgb(long)
+    # Never cut at the edges: no title-red ink in the outermost columns ...
+    red = (b[..., 0] > b[..., 1] + 60) & (b[..., 0] > b[..., 2] + 60)
+    assert not red[:, :4].any() and not red[:, -4:].any(), name
+    # ... the figure grew by the lines the wrapping added, at the top only ...
+    assert b.shape[1] == a.shape[1] and b.shape[0] > a.shape[0], (a.shape, b.shape)
+    # ... and everything under the title is drawn as with a short one (not overdrawn).
+    below = int(a.shape[0] * 0.8)
+    assert np.abs(a[-below:] - b[-below:]).max() <= 2, name

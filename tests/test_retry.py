@@ -61,6 +61,7 @@ def settings(tmp_path: Path) -> Settings:
 def failed_run(settings: Settings, store: Store, kind: ErrorKind, name: str = "s1") -> Run:
     scan = Path(settings.beamline.detector_dir) / name
     scan.mkdir(parents=True)
+    (scan / f"{name}_master.h5").write_bytes(b"")  # a scan directory (never read here)
     run = runs.create_scan_run(settings, store, runs.RunRequest(scan_path=scan))
     return store.update_run(run.id, status=RunStatus.FAILED, error_step="Reconstruct",
                             error="the worker ended", error_kind=kind)  # fmt: skip

@@ -54,6 +54,7 @@ def settings(tmp_path: Path) -> Settings:
 def started(settings: Settings, backend: OneRunBackend):  # noqa: ANN201
     scan = Path(settings.beamline.detector_dir) / "s1"
     scan.mkdir(parents=True)
+    (scan / "s1_master.h5").write_bytes(b"")  # a scan directory (never read here)
     store = Store(settings.store_path)
     run = runs.start_scan_run(settings, store, backend, runs.RunRequest(scan_path=scan))
     assert run.status == RunStatus.ACTIVE

@@ -172,3 +172,49 @@ def test_a_scan_outside_the_beamline_collection_is_refused_before_a_run_is_queue
     with pytest.raises(RunInputError, match="outside the beamline collection root"):
         create_scan_run(settings, store, RunRequest(scan_path=outside))
     assert len(store.list_runs()) == before
+
+
+def test_one_scan_has_one_path_however_it_was_named(workspace) -> None:
+    """A scan started as its directory, as its master file, through a symbolic link, and
+    found by the agent: one scan_path (its master file), one name on the runs page."""
+    from edge_agent.scans import find_scans
+
+    ws, store, runs = workspace
+    settings = load_config(ws / "beamflow.toml")
+    master = Path(runs["day2"].scan_path)
+    (settings.beamline.detector_dir / "latest").symlink_to(master.parent)
+    (found,) = [p for p in find_scans(settings.beamline.detector_dir) if p.parent.name == NAME
+                and p.parent.parent.name == "day2"]
+    made = [create_scan_run(settings, store, RunRequest(scan_path=p)) for p in (
+        master.parent, master, settings.beamline.detector_dir / "latest", found)]
+    assert {r.scan_path for r in made} == {str(master)}
+    assert {r.scan_name for r in made} == {NAME}
+    names = store.display_names(store.list_runs(limit=None))
+    assert {names[r.id] for r in [*made, runs["day2"]]} == {f"day2/{NAME}"}
+
+
+def test_a_directory_that_is_not_one_scan_is_refused_naming_why(workspace) -> None:
+    from beamflow.runs import RunInputError
+
+    ws, store, runs = workspace
+    settings = load_config(ws / "beamflow.toml")
+    before = len(store.list_runs())
+    empty = settings.beamline.detector_dir / "empty"
+    empty.mkdir()
+    with pytest.raises(RunInputError, match=rf"^{empty}: directory holds no \*_master.h5 or "):
+        create_scan_run(settings, store, RunRequest(scan_path=empty))
+    two = settings.beamline.detector_dir / "day1"
+    master = write_scan(two / "other")
+    master.rename(two / NAME / "other_master.h5")
+    with pytest.raises(RunInputError, match="holds several scans"):
+        create_scan_run(settings, store, RunRequest(scan_path=two / NAME))
+    assert len(store.list_runs()) == before
+
+
+def test_a_runs_recorded_directory_and_its_master_file_are_one_scan() -> None:
+    """Runs recorded before the master file became every scan's one path name its
+    directory: the two are labelled alike, never told apart by full paths."""
+    assert scan_labels("s", ["/d/a/s", "/d/a/s/s_master.h5"]) == {
+        "/d/a/s": "s", "/d/a/s/s_master.h5": "s"}
+    assert scan_labels("s", ["/d/a/s", "/d/a/s/s_master.h5", "/d/b/s/s_master.h5"]) == {
+        "/d/a/s": "a/s", "/d/a/s/s_master.h5": "a/s", "/d/b/s/s_master.h5": "b/s"}

@@ -67,8 +67,10 @@ def test_a_stopped_a_hung_and_a_garbled_agent(settings: Settings) -> None:
     write_state(path, state.model_copy(update={"running": False, "mode": "once",
                                                "summary": "agent --once: 1 processed"}))
     stopped = client.get("/api/agent").json()
-    assert stopped["state"] == "stopped" and stopped["headline"].endswith(
-        ": agent --once: 1 processed")
+    assert stopped["state"] == "stopped"
+    # Plain words (the panel shows text, not Markdown): no backticks, the summary once.
+    assert stopped["headline"].startswith("beamflow agent --once ended at ")
+    assert stopped["headline"].endswith(": 1 processed") and "`" not in stopped["headline"]
     Path(path).write_text("{not json")
     garbled = client.get("/api/agent").json()
     assert garbled["state"] == "unreadable" and str(path) in garbled["headline"]

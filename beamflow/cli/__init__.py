@@ -35,11 +35,11 @@ from beamflow.cli import (
     services,
     workspace,
 )
-from beamflow.cli.common import HELP, console
+from beamflow.cli.common import HELP, App, console
 
 __all__ = ["app", "main"]
 
-app = typer.Typer(
+app = App(
     name="beamflow",
     help="Turn a ptychography beamline into a live analysis instrument.",
     add_completion=False,

@@ -23,10 +23,12 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from typer.core import TyperGroup
+from rich.text import Text
+from typer.core import TyperCommand, TyperGroup
 
 from beamflow.backend import Backend, BackendError
 from beamflow.config import CONFIG_NAME, USER_CONFIG, ConfigError, Settings, load_config
+from beamflow.console import make_console
 from beamflow.store import Run, Store
 
 
@@ -54,22 +56,61 @@ class WholeSummaries(TyperGroup):
                 formatter.write_dl(rows)
 
 
+def argument_name(param: click.Parameter) -> str:
+    """An argument as usage lines name it: in capitals (``SCAN``), ``[SCAN]`` when it may be
+    left out, ``CHECKPOINTS...`` when it takes several."""
+    name = param.metavar or (param.name or "").upper()
+    if param.nargs != 1:
+        name += "..."
+    return name if param.required else f"[{name}]"
+
+
+#: The option sections of a command's help, in this order (an option's ``rich_help_panel``
+#: names its section; the general options, --config and --help, come last, as "Options").
+HELP_PANELS = ("Input and geometry", "Algorithm", "Probe", "Output", "Options")
+
+
+class Command(TyperCommand):
+    """A command whose help names its arguments as users write them (``SCAN``, not
+    ``{scan}``) and groups its options in sections (:data:`HELP_PANELS`)."""
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        return pieces + [argument_name(p) for p in self.get_params(ctx)
+                         if p.param_type_name == "argument"]
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        arguments: list[tuple[str, str]] = []
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                arguments.append((argument_name(param).strip("[]."), record[1]))
+            else:
+                panel = getattr(param, "rich_help_panel", None) or "Options"
+                sections.setdefault(panel, []).append(record)
+        if arguments:
+            with formatter.section("Arguments"):
+                formatter.write_dl(arguments)
+        order = {name: i for i, name in enumerate(HELP_PANELS)}
+        for panel in sorted(sections, key=lambda p: order.get(p, len(HELP_PANELS) - 1.5)):
+            with formatter.section(panel):
+                formatter.write_dl(sections[panel])
+
+
+class App(typer.Typer):
+    """The command groups of the CLI: their commands are :class:`Command`."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("cls", Command)
+        return super().command(*args, **kwargs)
+
+
 # Plain (click) help, not rich panels: rich cuts option names ("--checkpoint-e…") to fit
 # its table at 80 columns; click prints them whole and wraps the descriptions.
 HELP: dict[str, Any] = {"no_args_is_help": True, "rich_markup_mode": None, "cls": WholeSummaries}
-
-# Where the output is not a terminal (a pipe, a log file, a CI job) lines are never
-# wrapped or cut at 80 columns: names and paths stay whole, one per line, for grep and for
-# people reading logs. A terminal wraps what does not fit (tables fold, never "…").
-_WIDE = 10_000
-
-
-def make_console(stderr: bool = False) -> Console:
-    console = Console(stderr=stderr)
-    if console.is_terminal:
-        return console
-    return Console(stderr=stderr, width=_WIDE, soft_wrap=True)
-
 
 def data_table(title: str | None = None) -> Table:
     """A table whose cells wrap (fold) instead of ending in "…"."""
@@ -92,13 +133,15 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    """Print a clear error (no traceback) and leave with ``code``."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print a clear error (no traceback), as written, and leave with ``code``."""
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False,
+                      soft_wrap=True)
     raise typer.Exit(code)
 
 
 def warn(message: str) -> None:
-    err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(Text.assemble(("warning:", "yellow"), " ", message), highlight=False,
+                      soft_wrap=True)
 
 
 def settings_from(config: Path | None, *, workspace: bool = False) -> Settings:
@@ -111,13 +154,17 @@ def settings_from(config: Path | None, *, workspace: bool = False) -> Settings:
         fail(str(exc))
     if workspace:
         require_workspace(settings)
+        here = Path.cwd() / CONFIG_NAME
+        if settings.source is not None and settings.source.resolve() != here.resolve():
+            # A configuration found elsewhere than here (the user's) is named, once.
+            err_console.print(Text(f"config: {settings.source}", style="dim"), highlight=False,
+                              soft_wrap=True)
     return settings
 
 
 def require_workspace(settings: Settings) -> None:
     """Refuse to keep state where no configuration says to: with no beamflow.toml found
-    (and no BEAMFLOW_STATE_DIR), a command would silently create ./state wherever it is run.
-    A configuration found elsewhere than here (the user's) is named, on stderr."""
+    (and no BEAMFLOW_STATE_DIR), a command would silently create ./state wherever it is run."""
     if settings.source is None:
         if "BEAMFLOW_STATE_DIR" in os.environ:
             return
@@ -127,9 +174,6 @@ def require_workspace(settings: Settings) -> None:
             f"{Path.cwd() / 'state'}; create one with `beamflow init DIR` and run it there, "
             "or pass --config FILE"
         )
-    here = Path.cwd() / CONFIG_NAME
-    if settings.source.resolve() != here.resolve():
-        err_console.print(f"[dim]config: {settings.source}[/]", highlight=False, soft_wrap=True)
 
 
 def open_store(settings: Settings) -> Store:
@@ -174,7 +218,7 @@ class RunProgress:
         self._bar: Progress | None = None
         if self.console.is_terminal:
             self._bar = Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(),
                 TextColumn("iteration {task.completed:.0f}/{task.total:.0f}"),
                 TimeElapsedColumn(), console=self.console, transient=True,
             )  # fmt: skip

@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.text import Text
 
 from beamflow.backend import BackendError
 from beamflow.cli.common import (
     HELP,
+    App,
     ConfigOption,
     JsonOption,
     console,
@@ -21,8 +23,9 @@ from beamflow.cli.common import (
     settings_from,
     warn,
 )
+from beamflow.console import styled
 
-app = typer.Typer(help="Validate and try flow definitions (offline; --remote asks Globus).",
+app = App(help="Validate and try flow definitions (offline; --remote asks Globus).",
                   **HELP)
 
 FlowFile = Annotated[
@@ -116,7 +119,8 @@ def flows_run(
         print(json.dumps(result.model_dump(mode="json")))
     else:
         style = {"SUCCEEDED": "green", "FAILED": "red"}.get(result.status, "yellow")
-        console.print(f"status  [{style}]{result.status}[/]  run {result.run_id}")
+        console.print(Text.assemble("status  ", styled(result.status, style),
+                                    f"  run {result.run_id}"))
         if result.error:
             console.print(
                 f"error   {result.error['state_name']}: {result.error['Error']}: "

@@ -12,10 +12,12 @@ import time
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.text import Text
 
 from beamflow.backend import BackendError
 from beamflow.cli.common import ConfigOption, JsonOption, console, fail, settings_from, warn
 from beamflow.config import Settings
+from beamflow.console import styled
 
 if TYPE_CHECKING:
     from beamflow.globus import GlobusAuth
@@ -45,11 +47,13 @@ def login(
         except BackendError as exc:
             fail(str(exc))
         if auth.is_service:
-            console.print(f"[green]tokens obtained[/] for client {settings.globus.client_id}")
+            console.print(Text.assemble(styled("tokens obtained", "green"),
+                                        f" for client {settings.globus.client_id}"))
         elif not ran:
             console.print("already logged in with every consent needed (--force to redo)")
         else:
-            console.print(f"[green]logged in[/]; tokens stored in {auth.token_path}")
+            console.print(Text.assemble(styled("logged in", "green"),
+                                        f"; tokens stored in {auth.token_path}"))
 
 
 def logout(config: ConfigOption = None) -> None:
@@ -80,7 +84,7 @@ def whoami(as_json: JsonOption = False, config: ConfigOption = None) -> None:
     if as_json:
         print(json.dumps({**info, "tokens": [t.__dict__ for t in tokens]}))
         return
-    console.print(f"[bold]{info.get('name') or info.get('preferred_username')}[/]")
+    console.print(styled(str(info.get("name") or info.get("preferred_username")), "bold"))
     console.print(f"  username  {info.get('preferred_username', '-')}")
     console.print(f"  email     {info.get('email') or '-'}")
     console.print(f"  identity  {info.get('sub')}")
@@ -147,16 +151,17 @@ def doctor(
         print(json.dumps([c.model_dump() for c in checks]))
     else:
         mark = {
-            "ok": "[green]  ok[/]",
-            "warn": "[yellow]warn[/]",
-            "fail": "[red]FAIL[/]",
-            "skip": "[dim]skip[/]",
+            "ok": styled("  ok", "green"),
+            "warn": styled("warn", "yellow"),
+            "fail": styled("FAIL", "red"),
+            "skip": styled("skip", "dim"),
         }
         for c in checks:
-            console.print(f"{mark[c.outcome]}  {c.name}: {c.detail}", highlight=False)
+            console.print(Text.assemble(mark[c.outcome], f"  {c.name}: {c.detail}"),
+                          highlight=False)
             if c.fix and c.outcome in ("fail", "warn"):
                 console.print(f"      fix: {c.fix}", highlight=False)
         summary = f"{len(failed)} problem(s)" if failed else "everything needed is in place"
-        console.print(("[red]" if failed else "[green]") + summary + "[/]")
+        console.print(styled(summary, "red" if failed else "green"))
     if failed:
         raise typer.Exit(1)

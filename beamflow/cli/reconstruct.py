@@ -23,13 +23,42 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
-from beamflow.cli.common import ConfigOption, console, err_console, fail, settings_from
-from beamflow.config import ENGINE_SETTINGS, RENAMED_SETTINGS, Reconstruction
+from beamflow.cli.common import ConfigOption, console, err_console, fail, settings_from, warn
+from beamflow.config import (
+    ENGINE_SETTINGS,
+    NO_ITERATIONS,
+    RECONSTRUCTION_DEFAULTS,
+    RENAMED_SETTINGS,
+    Reconstruction,
+)
+from beamflow.console import styled, verdict_text
 from beamflow.validation_text import validation_text
 
 if TYPE_CHECKING:
     from beamflow.reconstruct_job import ReconstructSummary
+
+
+# The sections of `beamflow reconstruct --help` (beamflow.cli.common.HELP_PANELS).
+INPUT, ALGORITHM, PROBE, OUTPUT = "Input and geometry", "Algorithm", "Probe", "Output"
+#: The engine settings outside the Algorithm section.
+ENGINE_PANELS = {
+    "position_correction": INPUT, "position_correction_start": INPUT,
+    "position_step_limit_px": INPUT, "slices": INPUT, "slice_spacing_m": INPUT,
+    "probe_modes": PROBE, "probe_update_start": PROBE, "orthogonalize_every": PROBE,
+    "center_probe": PROBE, "opr_modes": PROBE, "opr_weight_smoothing": PROBE,
+}
+
+
+def _config_default(name: str) -> str:
+    """Where an option's value comes from when it is not given: ``[reconstruction]`` of
+    beamflow.toml, else the built-in default."""
+    value = getattr(RECONSTRUCTION_DEFAULTS, name)
+    if isinstance(value, bool):
+        value = "on" if value else "off"
+    shown = "unset" if value is None else value
+    return f"[default: config {name}, else {shown}]"
 
 
 def reconstruct(
@@ -37,48 +66,72 @@ def reconstruct(
         Path, typer.Argument(help="Detector master file, scan directory or .cxi file.")
     ],
     out: Annotated[
-        Path, typer.Option("--out", "-o", help="Output directory (product, previews, checkpoints).")
+        Path, typer.Option("--out", "-o", help="Output directory (product, previews, checkpoints).",
+                           rich_help_panel=OUTPUT)
     ] = ...,  # type: ignore[assignment]
     probe: Annotated[
-        Path | None, typer.Option(help="Initial probe: .npy (complex) or a product .h5.")
+        Path | None, typer.Option(help="Initial probe: .npy (complex) or a product .h5 "
+                                       "[default: from the scan's optics, else its data].",
+                                  rich_help_panel=PROBE)
     ] = None,
-    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: config).")] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(help=f"auto, cpu or cuda {_config_default('device')}.",
+                     rich_help_panel=ALGORITHM),
+    ] = None,
     propagation: Annotated[
         str | None,
-        typer.Option(help="far-field or near-field (default: the scan file's, else config, "
-                          "else far-field)."),
+        typer.Option(help="far-field or near-field [default: the scan file's, else config "
+                          "propagation, else far-field].", rich_help_panel=INPUT),
     ] = None,
     focus_distance: Annotated[
         float | None,
         typer.Option(min=0.0, help="Near field, cone beam: focus-to-sample distance z1 in "
-                                   "metres (Fresnel scaling; default: scan file, config)."),
+                                   "metres, for the Fresnel scaling [default: the scan file's, "
+                                   "else config focus_distance_m, else a parallel beam].",
+                     rich_help_panel=INPUT),
     ] = None,
     checkpoint_every: Annotated[
-        int | None, typer.Option(min=0, help="Checkpoint to DIR/checkpoints every N iterations.")
+        int | None,
+        typer.Option(min=0, help="Checkpoint to DIR/checkpoints every N iterations (0: at the "
+                                 f"end) {_config_default('checkpoint_every')}.",
+                     rich_help_panel=OUTPUT),
     ] = None,
     checkpoint_seconds: Annotated[
-        float | None, typer.Option(min=0.001, help="... and/or every S seconds.")
+        float | None, typer.Option(min=0.001, help="... and/or every S seconds.",
+                                   rich_help_panel=OUTPUT)
     ] = None,
     l1_dir: Annotated[
         Path | None,
-        typer.Option(help="Node-local dir for frequent L1 checkpoints (or hpc.node_local_dir, "
-                          "$BEAMFLOW_CHECKPOINT_L1_DIR)."),
+        typer.Option(help="Node-local dir for frequent L1 checkpoints [default: "
+                          "hpc.node_local_dir, else $BEAMFLOW_CHECKPOINT_L1_DIR, else none].",
+                     rich_help_panel=OUTPUT),
     ] = None,
     resume: Annotated[
-        bool, typer.Option(help="Continue from a compatible checkpoint in DIR if there is one.")
+        bool, typer.Option(help="Continue from a compatible checkpoint in DIR if there is one.",
+                           rich_help_panel=OUTPUT)
     ] = True,
-    max_frames: Annotated[int | None, typer.Option(min=1, help="Use at most N frames.")] = None,
+    max_frames: Annotated[
+        int | None, typer.Option(min=1, help="Use at most N frames [default: all].",
+                                 rich_help_panel=INPUT)
+    ] = None,
     allow_partial: Annotated[
-        bool, typer.Option(help="Use the frames written so far of a scan still being acquired.")
+        bool, typer.Option(help="Use the frames written so far of a scan still being acquired.",
+                           rich_help_panel=INPUT)
     ] = False,
     preview_every: Annotated[
-        int | None, typer.Option(min=0, help="Refresh previews every N iterations (0: at end).")
+        int | None,
+        typer.Option(min=0, help="Refresh previews every N iterations (0: at the end) "
+                                 f"{_config_default('preview_every')}.", rich_help_panel=OUTPUT),
     ] = None,
     strict: Annotated[
         bool, typer.Option("--strict", help="Exit with status 2 when the result is suspect "
-                                            "(the product is still written).")
+                                            "(the product is still written).",
+                           rich_help_panel=OUTPUT)
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line (summary).")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON line (summary).", rich_help_panel=OUTPUT)
+    ] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "WARNING",
     config: ConfigOption = None,
     **engine: Any,
@@ -102,6 +155,8 @@ def reconstruct(
     # The engine's settings: those given here, else [reconstruction]'s.
     given = {name: value.value if isinstance(value, enum.Enum) else value
              for name, value in engine.items() if value is not None}
+    if given.get("iterations") == 0:  # the engine's limit is 0; a job's is 1
+        fail(f"--iterations 0: {NO_ITERATIONS}", code=2)
     try:
         job = ReconstructJob(
             scan=scan, out=out, **{**rc.engine_settings(), **given}, probe=probe,
@@ -118,7 +173,7 @@ def reconstruct(
         fail(f"invalid reconstruction settings: {validation_text(exc, skip=['params'])}", code=2)
 
     bar = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn(),
         console=err_console, disable=as_json, transient=False,
     )  # fmt: skip
@@ -155,7 +210,8 @@ def _print_summary(scan: Path, summary: ReconstructSummary) -> None:
 
     spi = summary.seconds_per_iteration
     resumed = summary.resumed_from_iteration
-    console.print(f"[green]reconstructed[/] {scan} ({summary.n_frames} frames) on {summary.device}")
+    console.print(Text.assemble(styled("reconstructed", "green"),
+                                f" {scan} ({summary.n_frames} frames) on {summary.device}"))
     console.print(f"  iterations  {summary.iterations}"
                   + (f" (resumed from {resumed})" if resumed is not None else "")
                   + (f", {spi * 1e3:.1f} ms each" if spi else ""))
@@ -165,18 +221,19 @@ def _print_summary(scan: Path, summary: ReconstructSummary) -> None:
                   f"{length_text(summary.object_pixel_size_m)}")
     for note in summary.notes:
         if note not in summary.verdict_reasons:  # a suspect result lists it below
-            console.print(f"  [yellow]note[/]        {note}", highlight=False)
+            console.print(Text.assemble("  ", styled("note", "yellow"), f"        {note}"),
+                          highlight=False)
     if summary.verdict == "trusted":
-        console.print("  verdict     [green]trusted[/]")
+        console.print(Text.assemble("  verdict     ", verdict_text("trusted")))
     else:
-        console.print("  verdict     [bold red]SUSPECT[/]")
+        console.print(Text.assemble("  verdict     ", verdict_text("suspect")))
         for reason in summary.verdict_reasons:
             console.print(f"    - {reason}", highlight=False)
     console.print(f"  product     {summary.product}")
     for p in summary.previews:
         console.print(f"  preview     {p}")
     for e in summary.checkpoint_errors[:3]:
-        err_console.print(f"[yellow]warning:[/] {e}", highlight=False)
+        warn(e)
 
 
 # --------------------------------------------------------------------------- engine options
@@ -191,7 +248,8 @@ def _engine_option(name: str, field: FieldInfo) -> inspect.Parameter:
             get_origin(kind) is not Literal:
         kind = next(a for a in get_args(kind) if a is not type(None))
     about = (field.description or "").replace("None:", "unset:")
-    options: dict[str, Any] = {"help": f"{about} [config: {name}]"}
+    options: dict[str, Any] = {"help": f"{about} {_config_default(name)}",
+                               "rich_help_panel": ENGINE_PANELS.get(name, ALGORITHM)}
     decls = [flag, *(f"--{old}" for old, new in RENAMED_SETTINGS.items() if new == name)]
     if get_origin(kind) is Literal:  # typer's choices are an Enum's values
         kind = enum.Enum(name, [(str(v), str(v)) for v in get_args(kind)], type=str)

@@ -10,6 +10,7 @@ import typer
 from beamflow.backend import BackendError
 from beamflow.cli.common import (
     HELP,
+    App,
     ConfigOption,
     err_console,
     fail,
@@ -17,7 +18,7 @@ from beamflow.cli.common import (
     settings_from,
 )
 
-app = typer.Typer(help="Register compute functions and flows (idempotent).", **HELP)
+app = App(help="Register compute functions and flows (idempotent).", **HELP)
 
 BackendChoice = Annotated[
     str | None, typer.Option("--backend", help="local or globus (default: the configured one).")
@@ -35,7 +36,7 @@ def _register(
 ) -> None:
     if backend_name not in (None, "local", "globus"):
         fail(f"--backend must be 'local' or 'globus', not {backend_name!r}", code=2)
-    settings = settings_from(config)
+    settings = settings_from(config, workspace=True)
     backend = open_backend(settings, backend_name)
     try:
         register = backend.register_functions if kind == "functions" else backend.register_flows

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 from beamflow.backend import Backend, BackendError
 from beamflow.cli.common import (
     HELP,
+    App,
     ConfigOption,
     JsonOption,
     RunProgress,
@@ -25,14 +26,15 @@ from beamflow.cli.common import (
     open_backend,
     open_store,
     settings_from,
+    warn,
 )
 from beamflow.config import Settings
-from beamflow.console import styled_status
+from beamflow.console import styled, styled_status, verdict_text
 from beamflow.error_kinds import ErrorKind
 from beamflow.failures import Failure
 from beamflow.store import Run, RunStatus, Store
 
-app = typer.Typer(help="List, inspect, start, retry and cancel runs.", **HELP)
+app = App(help="List, inspect, start, retry and cancel runs.", **HELP)
 
 
 @app.command("list")
@@ -50,7 +52,7 @@ def runs_list(
     """Runs, newest first."""
     if status is not None and status.upper() not in RunStatus.__members__:
         fail(f"--status must be one of {', '.join(RunStatus)}, not {status!r}", code=2)
-    store = open_store(settings_from(config))
+    store = open_store(settings_from(config, workspace=True))
     runs = store.list_runs(status=status, scan=scan, limit=limit)
     names = store.display_names(runs)
     if as_json:
@@ -58,15 +60,17 @@ def runs_list(
                           for r in runs]))  # fmt: skip
         return
     table = data_table(f"runs ({store.count_runs(status=status, scan=scan)} in all)")
-    for column in ("id", "scan", "status", "step", "created", "duration", "scan path", "error"):
+    for column in ("id", "scan", "status", "verdict", "step", "created", "duration", "scan path",
+                   "error"):
         table.add_column(column, overflow="fold")
     for r in runs:
         table.add_row(
             r.id[:8],
             names[r.id],
             styled_status(r.status),
+            verdict_text(r.verdict),
             r.current_step or "-",
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at)),
+            _clock(r.created_at),
             duration(r.duration),
             r.scan_path,
             r.error or "",
@@ -99,7 +103,7 @@ def _refreshed(settings: Settings, store: Store, run: Run) -> Run:
         finally:
             backend.close()
     except BackendError as exc:
-        err_console.print(f"[yellow]warning:[/] could not refresh from {run.backend}: {exc}")
+        warn(f"could not refresh from {run.backend}: {exc}")
         return run
 
 
@@ -113,22 +117,25 @@ def runs_show(
 
     An unfinished run is brought up to date from its backend first (nobody else may be
     following it, e.g. a Globus run started with `runs start` without --wait)."""
-    settings = settings_from(config)
+    settings = settings_from(config, workspace=True)
     store = open_store(settings)
     run = _find_run(store, run_id)
     if not run.status.finished and run.backend_run_id and run.backend == settings.backend:
         run = _refreshed(settings, store, run)
     steps = store.steps(run.id)
+    attempts = store.attempts(run)
     name = store.display_names([run])[run.id]
     if as_json:
         data = {**run.model_dump(mode="json"), "display_name": name}
         data["steps"] = [s.model_dump(mode="json") for s in steps]
+        data["attempts"] = [a.model_dump(mode="json") for a in attempts]
         print(json.dumps(data))
         return
     out = {"highlight": False, "soft_wrap": True}  # names and paths stay whole
-    console.print(f"[bold]{escape(name)}[/]  run {run.id}", **out)
-    console.print(f"  scan      {escape(run.scan_path)}", **out)
-    console.print(f"  status    {styled_status(run.status)}", **out)
+    console.print(Text.assemble((name, "bold"), f"  run {run.id}"), **out)
+    console.print(f"  scan      {run.scan_path}", **out)
+    console.print(Text.assemble("  status    ", styled_status(run.status)), **out)
+    _print_verdict(run, every_reason=True)
     console.print(f"  flow      {run.flow} on {run.backend}", **out)
     console.print(f"  duration  {duration(run.duration)}", **out)
     if run.iteration is not None:
@@ -137,23 +144,22 @@ def runs_show(
     if run.truth_nrmse is not None:
         truth = run.result.get("truth") or {}
         console.print(f"  vs truth  NRMSE {run.truth_nrmse:.3f} (complex, against "
-                      f"{escape(str(truth.get('ground_truth', 'the ground truth')))})", **out)
+                      f"{truth.get('ground_truth', 'the ground truth')})", **out)
     if run.error:
-        console.print(f"  error     [red]{escape(run.error)}[/]", **out)
+        console.print(Text.assemble("  error     ", styled(run.error, "red")), **out)
         kind = run.error_kind or "unknown kind"
-        console.print(f"  failed in {escape(run.error_step or 'an unknown step')} ({kind})",
-                      **out)
+        console.print(f"  failed in {run.error_step or 'an unknown step'} ({kind})", **out)
         if "failure" in run.result:  # the whole chain, as the backend told it
             failure = Failure.model_validate(run.result["failure"])
-            console.print(f"  chain     {escape(failure.chain)}", **out)
+            console.print(f"  chain     {failure.chain}", **out)
         if run.retried_by:
             console.print(f"  retried   as run {run.retried_by}", **out)
         elif run.error_kind == ErrorKind.BAD_INPUT:
             console.print("  retry     would not help: the input is at fault", **out)
     if run.product:
-        console.print(f"  product   {escape(run.product)}", **out)
+        console.print(f"  product   {run.product}", **out)
     for p in run.previews:
-        console.print(f"  preview   {escape(p)}", **out)
+        console.print(f"  preview   {p}", **out)
     if steps:
         table = data_table("steps")
         for column in ("step", "status", "duration"):
@@ -161,6 +167,39 @@ def runs_show(
         for s in steps:
             table.add_row(s.name, s.status, duration(s.duration))
         console.print(table)
+    if len(attempts) > 1:  # retried in its own record: how each attempt ended
+        table = data_table("attempts")
+        for column in ("#", "started", "ended", "status", "step", "kind", "error"):
+            table.add_column(column, overflow="fold")
+        for a in attempts:
+            table.add_row(str(a.attempt), _clock(a.started_at), _clock(a.finished_at),
+                          styled_status(a.status), a.error_step or "-", a.error_kind or "-",
+                          a.error or "")  # fmt: skip
+        console.print(table)
+
+
+def _clock(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _print_verdict(run: Run, *, every_reason: bool) -> None:
+    """The verdict line of a run that has one: ``trusted``, or ``SUSPECT`` and its first
+    reason (``every_reason``: each on a line of its own; else how to see the others)."""
+    if run.verdict is None:
+        return
+    out = {"highlight": False, "soft_wrap": True}
+    reasons = run.verdict_reasons
+    line = Text.assemble("  verdict   ", verdict_text(run.verdict))
+    if run.verdict == "suspect" and reasons:
+        line.append(f": {reasons[0]}")
+    console.print(line, **out)
+    if every_reason:
+        for reason in reasons[1:]:
+            console.print(f"            {reason}", **out)
+    elif len(reasons) > 1:
+        more = len(reasons) - 1
+        console.print(f"            ({more} more reason{'s' if more > 1 else ''}: "
+                      f"`beamflow runs show {run.id[:8]}`)", **out)
 
 
 ParamOption = Annotated[
@@ -171,6 +210,12 @@ ParamOption = Annotated[
 ]
 WaitOption = Annotated[
     bool, typer.Option("--wait/--no-wait", help="Follow the run until it ends; exit 1 if it fails.")
+]
+_STRICT_NEEDS_WAIT = "--strict needs --wait: the verdict comes when the run has ended"
+StrictOption = Annotated[
+    bool,
+    typer.Option("--strict", help="With --wait: exit with status 2 when the run succeeded but "
+                                  "its result is suspect (as `beamflow reconstruct --strict`)."),
 ]
 
 
@@ -190,15 +235,18 @@ def _follow(settings: Settings, store: Store, backend: Backend, run: Run) -> Run
             raise typer.Exit(130) from None
 
 
-def _report(store: Store, run: Run, as_json: bool) -> None:
-    """Print how the run ended (or stands); exit 1 if it failed."""
+def _report(store: Store, run: Run, as_json: bool, strict: bool = False) -> None:
+    """Print how the run ended (or stands); exit 1 if it failed, 2 if ``strict`` and its
+    result is suspect."""
     if as_json:
         data = run.model_dump(mode="json")
         data["steps"] = [s.model_dump(mode="json") for s in store.steps(run.id)]
         print(json.dumps(data))
     else:
         out = {"highlight": False, "soft_wrap": True}  # paths stay whole, one per line
-        console.print(f"run {run.id}  {styled_status(run.status)}  {run.scan_name}", **out)
+        console.print(Text.assemble(f"run {run.id}  ", styled_status(run.status),
+                                    f"  {run.scan_name}"), **out)
+        _print_verdict(run, every_reason=False)
         if run.backend_run_id:
             console.print(f"  {run.backend} run  {run.backend_run_id}", **out)
         for s in store.steps(run.id):
@@ -210,12 +258,15 @@ def _report(store: Store, run: Run, as_json: bool) -> None:
     if run.status == RunStatus.FAILED:
         fail(f"{run.error} (run {run.id} failed in {run.error_step or 'an unknown step'}; "
              f"`beamflow runs show {run.id[:8]}` has the details)")
+    if strict and run.verdict == "suspect":
+        raise typer.Exit(2)
 
 
 @app.command("start")
 def runs_start(
     scan: Annotated[Path, typer.Argument(help="Scan directory, *_master.h5 or .cxi file.")],
     wait: WaitOption = False,
+    strict: StrictOption = False,
     param: ParamOption = None,
     flow: Annotated[
         str, typer.Option(help="ptycho_reconstruct, or ptycho_shared_fs (no transfers).")
@@ -235,7 +286,7 @@ def runs_start(
     """Start one flow run of SCAN through the configured backend and record it."""
     from beamflow.runs import RunInputError, RunRequest, parse_param, run_direct, start_scan_run
 
-    settings = settings_from(config)
+    settings = settings_from(config, workspace=True)
     try:
         params = dict(parse_param(p) for p in param or [])
     except RunInputError as exc:
@@ -243,6 +294,8 @@ def runs_start(
     if direct and settings.backend != "globus":
         fail("--direct submits to a Globus Compute endpoint: it needs backend = \"globus\" "
              "(the local backend runs the function in-process anyway)", code=2)  # fmt: skip
+    if strict and not (wait or direct or settings.backend == "local"):
+        fail(_STRICT_NEEDS_WAIT, code=2)
     request = RunRequest(scan_path=scan, params=params, label=label, flow=flow)
     store = open_store(settings)
     backend = open_backend(settings)
@@ -252,7 +305,7 @@ def runs_start(
                 run = run_direct(settings, store, backend, request)
             except RunInputError as exc:
                 fail(str(exc))
-            _report(store, run, as_json)
+            _report(store, run, as_json, strict)
             return
         try:
             run = start_scan_run(settings, store, backend, request)
@@ -269,7 +322,7 @@ def runs_start(
             wait = True
         if wait:
             run = _follow(settings, store, backend, run)
-        _report(store, run, as_json)
+        _report(store, run, as_json, strict)
     finally:
         backend.close()
 
@@ -278,6 +331,7 @@ def runs_start(
 def runs_retry(
     run_id: Annotated[str, typer.Argument(help="A failed or cancelled run (id or prefix).")],
     wait: WaitOption = False,
+    strict: StrictOption = False,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -285,7 +339,9 @@ def runs_retry(
     the scan's checkpoints)."""
     from beamflow.runs import RunInputError, retry_run
 
-    settings = settings_from(config)
+    settings = settings_from(config, workspace=True)
+    if strict and not (wait or settings.backend == "local"):
+        fail(_STRICT_NEEDS_WAIT, code=2)
     store = open_store(settings)
     old = _find_run(store, run_id)
     backend = open_backend(settings)
@@ -297,7 +353,7 @@ def runs_retry(
         err_console.print(f"run {run.id} retries {old.id} (attempt {run.attempt})")
         if run.status != RunStatus.FAILED and (wait or backend.name == "local"):
             run = _follow(settings, store, backend, run)
-        _report(store, run, as_json)
+        _report(store, run, as_json, strict)
     finally:
         backend.close()
 
@@ -313,7 +369,7 @@ def runs_cancel(
     """Cancel a queued or running run."""
     from beamflow.runs import cancel_run, follow_run
 
-    settings = settings_from(config)
+    settings = settings_from(config, workspace=True)
     store = open_store(settings)
     run = _find_run(store, run_id)
     if run.status.finished:

@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from beamflow.cli.common import ConfigOption, console, fail, settings_from
 from beamflow.config import RECONSTRUCTION_DEFAULTS
+from beamflow.console import styled
 
 
 def agent(
@@ -81,7 +83,8 @@ def serve(
     except StatusConfigError as exc:
         fail(str(exc))
     shown = f"[{host}]" if ":" in host else host
-    console.print(f"[green]status page:[/] http://{shown}:{port}/  (store {settings.store_path})")
+    console.print(Text.assemble(styled("status page:", "green"),
+                                f" http://{shown}:{port}/  (store {settings.store_path})"))
     if not is_loopback(host):
         console.print(
             "  anyone who reaches it may view runs (status.public_viewing); actions need the "

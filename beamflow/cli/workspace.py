@@ -6,13 +6,31 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.text import Text
 
 from beamflow.cli.common import ConfigOption, console, err_console, fail, settings_from
 from beamflow.config import CONFIG_NAME, globus_workspace_toml, local_workspace_toml
+from beamflow.console import styled
 
 # `simulate --probe-drift` at most --probe-size / this: the beam stays well inside its window.
 DRIFT_PER_PROBE = 8
+
+
+#: What `beamflow init` suggests next: the first steps of docs/quickstart.md, in its order
+#: (tests/test_docs.py holds them to it).
+FIRST_STEPS = [
+    ("beamflow simulate --name scan_001 --positions 200", "# a scan, as a detector writes it"),
+    ("beamflow agent --once", "# reconstructs every scan that is ready"),
+    ("beamflow runs list", "# the runs, with their verdict"),
+    ("beamflow serve", "# the status page, http://127.0.0.1:8765/"),
+]
 
 
 def init(
@@ -39,16 +57,16 @@ def init(
     target.write_text(text)
     if backend == "local":
         settings_from(target)  # what init writes must load
-    console.print(f"[green]workspace ready:[/] {directory.resolve()}")
+    console.print(Text.assemble(styled("workspace ready:", "green"), f" {directory.resolve()}"))
     console.print(f"  config      {target}")
     console.print(f"  detector    {directory / 'beamline/detector'}  (the agent watches this)")
     console.print(f"  previews    {directory / 'beamline/previews'}")
     if backend == "globus":
         console.print("  next: fill in the ids marked FILL, then `beamflow login`.")
     else:
-        console.print(
-            f"  next: cd {directory} && beamflow register functions && beamflow register flows"
-        )
+        console.print("  next (docs/quickstart.md, \"Step by step\"):")
+        for command, why in [(f"cd {directory}", ""), *FIRST_STEPS]:
+            console.print(f"    {command:<52}{why}".rstrip(), highlight=False, soft_wrap=True)
 
 
 def render_endpoint(
@@ -158,7 +176,8 @@ def simulate(
     if out_dir is None:
         out_dir = settings_from(config).beamline.detector_dir
     with Progress(
-        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.description}", markup=False, style="progress.description"),
+        BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), console=err_console, transient=False,
     ) as bar:  # fmt: skip
         task = bar.add_task(f"simulating {name}", total=positions)
@@ -173,7 +192,7 @@ def simulate(
             )  # fmt: skip
         except (FileExistsError, ValueError, OSError) as exc:
             fail(str(exc))
-    console.print(f"[green]scan written:[/] {master}")
+    console.print(Text.assemble(styled("scan written:", "green"), f" {master}"))
     console.print(f"  ground truth  {master.parent / 'ground_truth.h5'}")
     if probe_drift:
         console.print(f"  probe drift   a {probe_drift:g} px loop along the scan: reconstruct "

@@ -440,6 +440,7 @@ def read_detector_scan(
         expected_frames=header.expected,
         _read=frames.read,
         _locate=frames.locate,
+        checked_frames=tuple(end for end in frames.last_frames if end < n_use),
         optics=header.optics,
         propagation=header.propagation,
         focus_distance_m=header.focus_distance,
@@ -493,6 +494,11 @@ class _Frames:
     @property
     def total(self) -> int:
         return sum(count for _, _, _, count in self.segments)
+
+    @property
+    def last_frames(self) -> list[int]:
+        """The scan index of each data file's last frame (decoded when the file was found)."""
+        return [first + count - 1 for _, _, first, count in self.segments]
 
     def read(self, start: int, stop: int) -> np.ndarray:
         out = np.empty((stop - start, *self.shape), dtype=np.float32)

@@ -88,6 +88,9 @@ class Scan:
     #: where frame i (0-based, of this scan) is stored: (file, dataset, "frame k of the
     #: file" in the file's own numbering); None: in ``source`` at index i
     _locate: Callable[[int], tuple[Path, str, str]] | None = field(default=None, repr=False)
+    #: frames the reader decoded to check the files (the last of each data file), which a
+    #: check of the frame values can look at for little more
+    checked_frames: tuple[int, ...] = ()
     optics: ZonePlateOptics | None = None
     #: what the scan file says of the propagation regime ("far-field" / "near-field") and
     #: of a cone beam's focus-to-sample distance z1 [m]; None where it says nothing

@@ -479,6 +479,8 @@ class ComputeEngine:
             for _ in range(self.capacity):
                 self._hand(engine, function, (), {}, None, uuid.uuid4())
         except Exception as exc:  # noqa: BLE001 - only a warm-up: the real task will tell
+            if self._closed:  # closed while warming up (nothing to do): nothing failed
+                return
             log.warning("compute engine warm-up failed: %s", exc)
 
     # -- tasks -------------------------------------------------------------------------------

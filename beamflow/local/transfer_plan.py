@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from beamflow.disk import NO_SPACE_ERRNOS, bytes_text, free_space
 from beamflow.local.actions import iso_time
 from beamflow.local.collection_paths import inside
 
@@ -45,7 +46,9 @@ def check_cancel(cancel: threading.Event) -> None:
 
 
 def os_fault(exc: OSError, path: Path) -> TransferFault:
-    """An OS error as the Transfer fault a user reads (disk full, quota, permission, ...)."""
+    """An OS error as the Transfer fault a user reads (disk full, quota, permission, ...),
+    naming the file as it is called once copied (not its hidden temporary name); a full disk
+    says how much room is left on it."""
     code = {
         errno.ENOSPC: "NO_SPACE_LEFT",
         errno.EDQUOT: "QUOTA_EXCEEDED",
@@ -53,7 +56,13 @@ def os_fault(exc: OSError, path: Path) -> TransferFault:
         errno.EPERM: "PERMISSION_DENIED",
         errno.ENOENT: "FILE_NOT_FOUND",
     }.get(exc.errno or 0, "IO_ERROR")
-    return TransferFault(code, f"{path}: {exc.strerror or exc}", path)
+    if PARTIAL_MARK in path.name:
+        path = path.with_name(path.name[1:].split(PARTIAL_MARK)[0])
+    text = f"{path}: {exc.strerror or exc}"
+    measured = free_space(path) if exc.errno in NO_SPACE_ERRNOS else None
+    if measured is not None:
+        text += f" ({bytes_text(measured[1])} free of {bytes_text(measured[2])})"
+    return TransferFault(code, text, path)
 
 
 @dataclass

@@ -275,6 +275,76 @@ def _title_colour(suspect: bool) -> str:
     return _SUSPECT_COLOUR if suspect else "black"
 
 
+_TITLE_SIZE = 10  # points
+_TITLE_WIDTH = 0.96  # of the figure's width: a title line never reaches its edges
+
+
+def _wrapped(text: str, width_px: float, measure, separators=(" · ", " ")) -> list[str]:  # noqa: ANN001
+    """The lines of ``text``, each at most ``width_px`` wide as ``measure`` (text -> pixels)
+    finds it: broken between the parts of a title (``scan · algorithm · iteration``) where
+    that is enough, else between words, else between characters."""
+    lines: list[str] = []
+    for paragraph in text.split("\n"):
+        if measure(paragraph) <= width_px or len(paragraph) <= 1:
+            lines.append(paragraph)
+        elif separators:
+            sep, finer = separators[0], separators[1:]
+            line = ""
+            for part in paragraph.split(sep):
+                joined = f"{line}{sep}{part}" if line else part
+                if line and measure(joined) > width_px:
+                    # The line so far, broken finer where it must be; its last piece
+                    # carries on with this part if they fit together.
+                    *full, tail = _wrapped(line + sep.rstrip(), width_px, measure, finer)
+                    lines += full
+                    joined = f"{tail} {part.lstrip()}"
+                    if measure(joined) > width_px:
+                        lines.append(tail)
+                        joined = part
+                line = joined
+            lines += _wrapped(line, width_px, measure, finer)
+        else:  # one word wider than the figure: cut it
+            cut = len(paragraph) - 1
+            while cut > 1 and measure(paragraph[:cut]) > width_px:
+                cut -= 1
+            lines += [paragraph[:cut], *_wrapped(paragraph[cut:], width_px, measure, ())]
+    return lines
+
+
+def _place_title(fig: Figure, text: str, suspect: bool, ax=None) -> None:  # noqa: ANN001
+    """Title the figure (or ``ax``, when given) with ``text``, each line wrapped to the
+    figure's width. Call it once the axes are placed: the figure grows at the top by the
+    lines the wrapping added, the axes keeping their place in inches, so a long title (a
+    long scan name, a suspect result's mark) is never cut at the edges nor drawn over the
+    image."""
+    from matplotlib.font_manager import FontProperties
+
+    renderer = fig.canvas.get_renderer()
+    font = FontProperties(size=_TITLE_SIZE)
+
+    def measure(line: str) -> float:
+        return renderer.get_text_width_height_descent(line, font, ismath=False)[0]
+
+    # Centred on the figure, or on the axes: as wide as the nearer edge allows.
+    centre = 0.5 if ax is None else ax.get_position().x0 + ax.get_position().width / 2
+    room = 2 * min(centre, 1 - centre) * _TITLE_WIDTH * fig.get_figwidth() * fig.dpi
+    lines = _wrapped(text, room, measure)
+    added = len(lines) - len(text.split("\n"))
+    if added > 0:
+        width, height = fig.get_size_inches()
+        grown = height + added * _TITLE_SIZE * 1.2 / 72  # matplotlib's line spacing: 1.2
+        for axes in fig.axes:
+            x0, y0, w, h = axes.get_position().bounds
+            axes.set_position((x0, y0 * height / grown, w, h * height / grown))
+        fig.set_size_inches(width, grown)
+    shown = "\n".join(lines)
+    if ax is None:
+        fig.suptitle(shown, fontsize=_TITLE_SIZE, y=1 - 0.07 / fig.get_figheight(),
+                     color=_title_colour(suspect))
+    else:
+        ax.set_title(shown, fontsize=_TITLE_SIZE, color=_title_colour(suspect))
+
+
 def _draw_scale_bar(ax, shape: tuple[int, int], pixel_size_m: float) -> None:
     """White bar with a dark outline and label in the lower right corner of an image axis."""
     from matplotlib import patheffects
@@ -311,12 +381,12 @@ def _image_axes(fig: Figure, title: str, shape: tuple[int, int], suspect: bool =
         w, h = box_h * fh / fw * aspect, box_h
     left, bottom = 0.03 + (box_w - w) / 2, 0.04 + (box_h - h) / 2
     ax = fig.add_axes((left, bottom, w, h))
-    # Centred on the figure, not the axes: the colorbar makes the axes sit left of centre
-    # and a long title would be clipped at the left edge.
-    fig.suptitle(title, fontsize=10, y=0.985, color=_title_colour(suspect))
     ax.set_xticks([])
     ax.set_yticks([])
     cax = fig.add_axes((left + w + 0.02, bottom, 0.03, h))
+    # Centred on the figure, not the axes: the colorbar makes the axes sit left of centre
+    # and a long title would be clipped at the left edge.
+    _place_title(fig, title, suspect)
     return ax, cax
 
 
@@ -727,7 +797,7 @@ def render_probe(
     more = f" (first {k} of {p.shape[0]})" if p.shape[0] > k else ""
     text = (f"{headline(title, suspect)}\nProbe modes{more}: hue = phase, brightness = "
             "amplitude").strip()
-    fig.suptitle(text, fontsize=10, color=_title_colour(suspect))
+    _place_title(fig, text, suspect)
     return _png_bytes(fig, text)
 
 
@@ -760,7 +830,7 @@ def render_convergence(
     label = f"{headline(title, suspect)}\nConvergence".strip()
     if dropped:
         label += f" ({dropped} non-finite/non-positive values not shown)"
-    ax.set_title(label, fontsize=10, color=_title_colour(suspect))
+    _place_title(fig, label, suspect, ax)
     ax.set_xlabel("iteration")
     ax.set_ylabel("amplitude misfit (loss)")
     description = ""

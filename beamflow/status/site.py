@@ -79,7 +79,8 @@ class RunsPage(BaseModel):
 
 
 class RunDetail(BaseModel):
-    """``/api/runs/{id}``: a run with its steps, previews, parameters and recent events."""
+    """``/api/runs/{id}``: a run with its steps, previews, parameters, recent events and
+    attempts."""
 
     run: views.RunView
     extras: RunExtras
@@ -89,6 +90,7 @@ class RunDetail(BaseModel):
     result: dict[str, Any]
     product_url: str | None
     events: list[views.EventView]
+    attempts: list[views.AttemptView]  # oldest first; more than one: retried in this record
     can_retry: bool
 
 
@@ -117,6 +119,7 @@ class Site:
             trim_blocks=True,
             lstrip_blocks=True,
         )
+        self.env.filters["clock"] = views.format_time  # Unix seconds -> local wall clock
         static_version = _static_version()
         self.env.globals.update(
             static=lambda name: f"/static/{name}?v={static_version}",
@@ -191,5 +194,6 @@ class Site:
             result=run.result,
             product_url=f"/files/{run.id}/product" if run.product else None,
             events=[views.EventView.of(e) for e in reversed(store.events(run.id, limit=50))],
+            attempts=[views.AttemptView.of(a) for a in store.attempts(run)],
             can_retry=run.status in RETRYABLE and self.retry is not None,
         )

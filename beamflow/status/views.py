@@ -15,8 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_serializer
 
+from beamflow.agent_state import ONCE_PREFIX, AgentStateError, read_state
 from beamflow.ptycho.state import settings_that_apply
-from beamflow.store import Event, Run, RunStatus, Step
+from beamflow.store import Attempt, Event, Run, RunStatus, Step
 
 # Icon ids in static/icons.svg. Every status has an icon and a word, never colour alone.
 STATUS_ICON: dict[str, str] = {
@@ -229,6 +230,33 @@ class StepView(_View):
         )
 
 
+class AttemptView(_View):
+    """One attempt of a run (:meth:`beamflow.store.Store.attempts`), as the run page lists
+    them: when it started and ended, how, and why."""
+
+    attempt: int
+    status: RunStatus
+    status_label: str
+    started_at: float | None
+    finished_at: float | None
+    duration_text: str
+    error: str | None
+    error_step: str | None
+    error_step_text: str | None
+    error_kind: str | None
+
+    @classmethod
+    def of(cls, attempt: Attempt) -> AttemptView:
+        return cls(
+            attempt=attempt.attempt, status=attempt.status,
+            status_label=STATUS_LABEL[attempt.status], started_at=attempt.started_at,
+            finished_at=attempt.finished_at, duration_text=format_duration(attempt.duration),
+            error=attempt.error, error_step=attempt.error_step,
+            error_step_text=step_label(attempt.error_step) if attempt.error_step else None,
+            error_kind=attempt.error_kind.value if attempt.error_kind else None,
+        )  # fmt: skip
+
+
 class EventView(_View):
     time: float
     time_text: str
@@ -366,8 +394,6 @@ class AgentView(BaseModel):
 
     @classmethod
     def of(cls, path: Path | None, now: float | None = None) -> AgentView:
-        from beamflow.agent_state import AgentStateError, read_state
-
         if path is None:
             return cls(available=False, state="none", headline="No agent state directory "
                        "is configured for this page.")
@@ -389,7 +415,9 @@ class AgentView(BaseModel):
             headline = f"Watching {state.watching} ({state.backend} backend)"
         else:
             kind = "stopped"
-            headline = (f"Last `agent --once` at {when}: {state.summary}" if state.summary
+            # Plain words: the panel shows text, not Markdown.
+            headline = (f"beamflow agent --once ended at {when}: "
+                        f"{state.summary.removeprefix(ONCE_PREFIX)}" if state.summary
                         else f"Stopped at {when}: no agent is watching {state.watching}")
         return cls(
             available=True, state=kind, headline=headline, watching=state.watching,

@@ -454,6 +454,30 @@
       document.getElementById("events-empty").hidden = events.length > 0;
     }
 
+    function renderAttempts(attempts) {
+      document.getElementById("attempts-panel").hidden = attempts.length < 2;
+      document.getElementById("attempts").replaceChildren(...attempts.map((a) => {
+        const li = el("li", "attempt s-" + a.status);
+        const head = el("div", "attempt-head");
+        const status = el("span", "attempt-status");
+        status.append(icon(ICON[a.status] || "queued"), a.status_label);
+        head.append(el("b", null, "Attempt " + a.attempt), status,
+          el("span", "attempt-dur", a.duration_text));
+        const times = el("div", "attempt-times");
+        times.append(el("time", null, localTime(a.started_at)), " → ",
+          el("time", null, localTime(a.finished_at)));
+        li.append(head, times);
+        if (a.error) {
+          const why = el("p", "attempt-error");
+          if (a.error_step_text) why.append(el("span", "attempt-step", "in " + a.error_step_text), " ");
+          if (a.error_kind) why.append(el("span", "kind", a.error_kind), " ");
+          why.append(el("span", "attempt-msg", a.error));
+          li.appendChild(why);
+        }
+        return li;
+      }));
+    }
+
     function render(d) {
       const r = d.run;
       finished = r.finished;
@@ -523,6 +547,7 @@
       renderSteps(d.steps);
       renderPreviews(d.previews, r.display_name || r.scan_name);
       renderEvents(d.events);
+      renderAttempts(d.attempts);
     }
 
     placeBars(document);
