@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 import flows
 from beamflow.cli import app
+from beamflow.cli.reconstruct import ENGINE_FLAGS
 from beamflow.config import (
     ENGINE_SETTINGS,
     ConfigError,
@@ -65,7 +66,8 @@ def test_every_setting_has_the_engine_name_everywhere():
     for name in ENGINE_SETTINGS:
         assert name in config_keys, f"[reconstruction] lacks {name}"
         assert name in RunParameters.model_fields, f"run parameters lack {name}"
-        assert "--" + name.replace("_", "-") in options, f"reconstruct lacks --{name}"
+        flag = ENGINE_FLAGS.get(name, "--" + name.replace("_", "-"))
+        assert flag in options, f"reconstruct lacks {flag}"
         for flow in FLOWS:
             section = flows.load_schema(flow)["properties"]["reconstruction"]
             assert name in section["properties"], f"{flow}.schema.json lacks {name}"
@@ -171,7 +173,8 @@ def test_the_cli_takes_the_config_and_its_options_override_it(tmp_path, captured
          "--orthogonalize-every", "3", "--position-correction-start", "9",
          "--position-step-limit-px", "0.25", "--probe-modes", "3", "--iterations", "4",
          "--seed", "2", "--momentum", "0.7", "--probe-momentum", "0.3", "--momentum-every",
-         "2", "--opr-modes", "3", "--opr-weight-smoothing", "0.1")
+         "2", "--opr-modes", "3", "--opr-weight-smoothing", "0.1", "--slices", "3",
+         "--slice-spacing", "1e-4,2e-4", "--layer-regularization", "0.1")
     assert captured["job"].params.model_dump(include=set(ENGINE_SETTINGS)) == {
         "algorithm": "rpie", "iterations": 4, "batch_size": 6, "batch_selection": "random",
         "probe_modes": 3, "alpha": 0.3, "beta": 0.4, "probe_update_start": 2,
@@ -179,7 +182,8 @@ def test_the_cli_takes_the_config_and_its_options_override_it(tmp_path, captured
         "position_correction_start": 9, "position_step_limit_px": 0.25,
         "noise_model": "gaussian", "orthogonalize_every": 3, "center_probe": False, "seed": 2,
         "momentum": 0.7, "probe_momentum": 0.3, "momentum_every": 2, "opr_modes": 3,
-        "opr_weight_smoothing": 0.1}
+        "opr_weight_smoothing": 0.1, "slices": 3, "slice_spacing_m": [1e-4, 2e-4],
+        "layer_regularization": 0.1}
 
 
 def test_the_cli_refuses_what_the_engine_refuses(tmp_path):

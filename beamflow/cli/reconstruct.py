@@ -48,7 +48,11 @@ ENGINE_PANELS = {
     "position_step_limit_px": INPUT, "slices": INPUT, "slice_spacing_m": INPUT,
     "probe_modes": PROBE, "probe_update_start": PROBE, "orthogonalize_every": PROBE,
     "center_probe": PROBE, "opr_modes": PROBE, "opr_weight_smoothing": PROBE,
+    "layer_regularization": INPUT,
 }
+#: Engine settings whose option is not ``--NAME``: the layers' spacing is given as one value
+#: or a comma-separated list of metres (``--slice-spacing 4e-4``, ``--slice-spacing 1e-4,2e-4``).
+ENGINE_FLAGS = {"slice_spacing_m": "--slice-spacing"}
 
 
 def _config_default(name: str) -> str:
@@ -242,14 +246,18 @@ def _print_summary(scan: Path, summary: ReconstructSummary) -> None:
 def _engine_option(name: str, field: FieldInfo) -> inspect.Parameter:
     """``--NAME`` for one engine setting, from its field: the type, the choices, the limits
     and the help; None (the default) leaves it to [reconstruction]."""
-    flag = "--" + name.replace("_", "-")
+    flag = ENGINE_FLAGS.get(name, "--" + name.replace("_", "-"))
     kind = field.annotation
     if isinstance(kind, types.UnionType) or get_origin(kind) is not None and \
             get_origin(kind) is not Literal:
         kind = next(a for a in get_args(kind) if a is not type(None))
+    if name in ENGINE_FLAGS:  # read by the engine's own parser (ReconParams)
+        kind = str
     about = (field.description or "").replace("None:", "unset:")
     options: dict[str, Any] = {"help": f"{about} {_config_default(name)}",
                                "rich_help_panel": ENGINE_PANELS.get(name, ALGORITHM)}
+    if name in ENGINE_FLAGS:
+        options["metavar"] = "METRES[,METRES...]"
     decls = [flag, *(f"--{old}" for old, new in RENAMED_SETTINGS.items() if new == name)]
     if get_origin(kind) is Literal:  # typer's choices are an Enum's values
         kind = enum.Enum(name, [(str(v), str(v)) for v in get_args(kind)], type=str)

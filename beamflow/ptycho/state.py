@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .forward.propagation import Propagation
 from .forward.slices import slice_spacings
@@ -197,6 +197,20 @@ class ReconParams(BaseModel):
                 "difference map updates from all positions at once (use 'auto' or 'all')"
             )
         return self
+
+    @field_validator("slice_spacing_m", mode="before")
+    @classmethod
+    def _spacing_from_text(cls, value: Any) -> Any:
+        """``"4e-4"`` or ``"1e-4,2e-4"`` (a command line's or a KEY=VALUE's form) as numbers."""
+        if not isinstance(value, str):
+            return value
+        parts = [p.strip() for p in value.split(",")]
+        try:
+            numbers = [float(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"slice spacing {value!r} is not a number of metres or "
+                             "comma-separated numbers of metres") from None
+        return numbers[0] if len(numbers) == 1 else numbers
 
     def _check_multislice(self) -> None:
         if self.algorithm == "dm":
