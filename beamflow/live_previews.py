@@ -73,11 +73,13 @@ class LivePreviews:
                scan_extent_px: Sequence[int] | None = None,
                positions_px: np.ndarray | None = None,
                noise_floor: float | None = None,
-               opr_weights: np.ndarray | None = None) -> None:
+               opr_weights: np.ndarray | None = None,
+               spacings_m: Sequence[float] = ()) -> None:
         """Hand over a state to draw (the arrays are written out at once; no wait).
 
         ``pixel_size_m``, ``scan_extent_px``, ``title``, ``positions_px`` (the probe
-        windows' corners, for the illuminated region) and ``noise_floor`` are those of
+        windows' corners, for the illuminated region), ``noise_floor`` and ``spacings_m`` (a
+        thick sample's layers) are those of
         :func:`beamflow.ptycho.previews.write_previews`; ``opr_weights`` (N, K), the
         variable probe's weights, adds ``probe_variation.png``
         (:func:`beamflow.ptycho.opr_previews.write_opr_preview`).
@@ -102,7 +104,8 @@ class LivePreviews:
         self._pending = {"title": title, "pixel_size_m": float(pixel_size_m),
                          "scan_extent_px": None if scan_extent_px is None
                          else [int(v) for v in scan_extent_px],
-                         "noise_floor": None if floor is None else float(floor)}
+                         "noise_floor": None if floor is None else float(floor),
+                         "spacings_m": [float(v) for v in spacings_m]}
         self._collect(0.0)
         self._send_pending()
 
@@ -221,7 +224,8 @@ def main(argv: Sequence[str]) -> None:
             files = write_previews(out_dir, obj, probe, request["pixel_size_m"], losses,
                                    scan_extent_px=request["scan_extent_px"],
                                    title=request["title"], positions_px=corners,
-                                   noise_floor=request.get("noise_floor"))
+                                   noise_floor=request.get("noise_floor"),
+                                   spacings_m=request.get("spacings_m") or ())
             if weights.size:
                 files[PROBE_VARIATION_NAME] = write_opr_preview(out_dir, weights, probe,
                                                                 title=request["title"])

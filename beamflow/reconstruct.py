@@ -57,6 +57,7 @@ from beamflow.live_previews import LivePreviews
 from beamflow.ptycho.arrays import array_backend
 from beamflow.ptycho.engine import Reconstructor, initial_state, mean_pattern
 from beamflow.ptycho.forward.propagation import Propagation, near_field_geometry
+from beamflow.ptycho.forward.slices import slice_spacings
 from beamflow.ptycho.scan_geometry import ScanFrame, scan_extent
 from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
 from beamflow.ptycho.verdict import DataRegime, Verdict, judge, measure_data, regime_findings
@@ -444,7 +445,8 @@ def _iterate(job: ReconstructJob, inputs: _Inputs, start: _Start, given: _Engine
                         inputs.title(state.iteration), frame.pixel_size_m,
                         scan_extent_px=given.extent, positions_px=state.positions_px,
                         noise_floor=given.regime.noise_floor,
-                        opr_weights=state.extras.get("opr_weights"))
+                        opr_weights=state.extras.get("opr_weights"),
+                        spacings_m=inputs.params.slice_spacings)
 
     try:
         # The engine turns the frames into amplitudes in place (on the GPU it copies them
@@ -583,7 +585,8 @@ def _final_previews(job: ReconstructJob, inputs: _Inputs, frame: ScanFrame,
             job.out / "previews", final.object, final.probe, frame.pixel_size_m,
             final.loss_history, scan_extent_px=given.extent,
             title=inputs.title(final.iteration), positions_px=final.positions_px,
-            noise_floor=given.regime.noise_floor, suspect=suspect)
+            noise_floor=given.regime.noise_floor, suspect=suspect,
+            spacings_m=inputs.params.slice_spacings)
         if "opr_weights" in final.extras:  # the variable probe: its weights along the scan
             from beamflow.ptycho.opr_previews import write_opr_preview
             from beamflow.ptycho.previews import headline
@@ -617,6 +620,7 @@ def _write_product(job: ReconstructJob, inputs: _Inputs, start: _Start, final: R
         probe_pixel_width_m=frame.pixel_size_m,
         probe_pixel_height_m=frame.pixel_size_m,
         object=final.object,
+        object_layer_spacing_m=np.asarray(inputs.params.slice_spacings, np.float64),
         object_center_x_m=centre_x,
         object_center_y_m=centre_y,
         object_pixel_width_m=frame.pixel_size_m,
@@ -651,9 +655,12 @@ def previews_from_checkpoint(checkpoint_dirs: Path | list[Path], out_dir: Path
     if ck is None:
         return None
     frame = frame_of(ck)
+    params = (ck.meta.get("state") or {}).get("params") or {}
+    layers = int(params.get("slices") or 1)
+    spacings = slice_spacings(layers, params.get("slice_spacing_m")) if layers > 1 else ()
     return write_previews(
         out_dir, ck.arrays["object"], ck.arrays["probe"], frame.pixel_size_m,
         ck.arrays.get("loss_history", np.zeros(0)),
         scan_extent_px=scan_extent(ck.arrays["positions_px"], frame.frame_size),
         title=f"{ck.meta.get('job', {}).get('scan_name', '')} · iteration {ck.iteration}",
-        positions_px=ck.arrays["positions_px"])
+        positions_px=ck.arrays["positions_px"], spacings_m=spacings)

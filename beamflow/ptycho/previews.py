@@ -889,6 +889,7 @@ def write_previews(
     phase_mode: Literal["wrapped", "unwrapped"] = "wrapped",
     noise_floor: float | None = None,
     suspect: bool = False,
+    spacings_m: Sequence[float] = (),
 ) -> dict[str, Path]:
     """Render and atomically write the previews (:data:`PREVIEW_NAMES`) into ``out_dir``.
 
@@ -896,7 +897,9 @@ def write_previews(
         out_dir: directory for ``object_phase.png``, ``object_phase_full.png``,
             ``object_amplitude.png``, ``probe.png`` and ``convergence.png`` (created if
             needed).
-        obj: complex object ``[H, W]`` (or ``[1, H, W]``).
+        obj: complex object ``[H, W]`` (or ``[1, H, W]``), or ``[S, H, W]`` layers of a
+            thick sample: the images show their projection (product), and
+            ``object_layers.png`` each layer (:mod:`.layer_previews`).
         probe: complex probe ``[M, M]``, ``[K, M, M]`` (or ``[1, K, M, M]``).
         pixel_size_m: object pixel size, for the scale bars.
         loss_history: 1-D losses per iteration, or ``[N, 2]`` rows of (iteration, loss).
@@ -911,9 +914,11 @@ def write_previews(
         noise_floor: the data's Poisson noise floor, drawn dashed on the convergence plot.
         suspect: the verdict on the result is *suspect*: every title starts with SUSPECT
             (in red).
+        spacings_m: the layers' spacings, for the layers' depths in their preview.
 
     Returns:
-        ``{name: Path}`` for every name in :data:`PREVIEW_NAMES`.
+        ``{name: Path}`` for every name in :data:`PREVIEW_NAMES` (and ``object_layers``
+        for layers).
 
     Raises:
         PreviewError: non-finite object or probe, or arrays of the wrong rank; nothing is
@@ -922,6 +927,10 @@ def write_previews(
     # Checked before the illuminated region is summed from it: a NaN probe must be reported
     # as such, not as an empty region.
     _check_finite(_probe_modes(probe), "probe")
+    layers = np.asarray(obj)
+    if layers.ndim == 3 and layers.shape[0] > 1:
+        _check_finite(layers, "object")
+        obj = np.prod(layers, axis=0)
     illuminated = None
     shape = np.shape(obj)[-2:]
     if positions_px is not None and np.size(positions_px) > 0 and len(shape) == 2:
@@ -936,6 +945,12 @@ def write_previews(
         "convergence": render_convergence(loss_history, title=title, noise_floor=noise_floor,
                                           suspect=suspect),
     }
+    if layers.ndim == 3 and layers.shape[0] > 1:
+        from .layer_previews import LAYERS_NAME, render_object_layers  # noqa: PLC0415 (a cycle)
+
+        images[LAYERS_NAME] = render_object_layers(
+            layers, pixel_size_m, spacings_m=spacings_m, scan_extent_px=scan_extent_px,
+            illuminated=illuminated, title=title, suspect=suspect)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return {name: write_png_atomic(out / f"{name}.png", data) for name, data in images.items()}
