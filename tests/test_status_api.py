@@ -626,7 +626,8 @@ def test_public_viewing_is_an_explicit_opt_in(store: Store, previews: Path) -> N
     [("object_phase.png", "object_phase"), ("object_phase_full.png", "object_phase_full"),
      ("scan01_obj_amp.png", "object_amplitude"),
      ("probe_phase.png", "probe"), ("convergence.png", "convergence"),
-     ("loss.png", "convergence"), ("sample.png", "other")],
+     ("loss.png", "convergence"), ("object_layers.png", "object_layers"),
+     ("sample.png", "other")],
 )
 def test_preview_kinds(name: str, kind: str) -> None:
     assert preview_kind(name)[0] == kind

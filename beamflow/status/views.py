@@ -57,6 +57,8 @@ _KINDS: list[tuple[str, tuple[str, ...], str]] = [
     # (see previews_of), a figure of its own only when there is no windowed one.
     (FULL_PHASE, (), "Object phase, full range"),
     ("object_amplitude", ("amplitude", "amp", "modulus", "abs"), "Object amplitude"),
+    # A thick sample's layers, each on its own (the images above show their product).
+    ("object_layers", ("layers",), "Object layers"),
     ("probe", ("probe",), "Probe"),
     ("convergence", ("convergence", "loss", "losses", "error", "errors"), "Convergence"),
 ]
