@@ -495,3 +495,23 @@ def test_a_long_suspect_title_wraps_inside_the_figure_above_the_image(name: str)
     # ... and everything under the title is drawn as with a short one (not overdrawn).
     below = int(a.shape[0] * 0.8)
     assert np.abs(a[-below:] - b[-below:]).max() <= 2, name
+
+
+def test_layers_are_drawn_each_and_their_projection_in_the_others(tmp_path):
+    """A thick sample's (S, H, W) layers: object_layers.png shows each layer (titled with its
+    depth), and the object images are the projection's — as if the product had been given."""
+    rng = np.random.default_rng(4)
+    layers = np.exp(0.4j * rng.standard_normal((3, 80, 90))).astype(np.complex64)
+    probe = np.exp(-((np.mgrid[:24, :24] - 12) ** 2).sum(0) / 40).astype(np.complex64)
+    pos = rng.uniform(0, 50, (30, 2))
+    layered = V.write_previews(tmp_path / "l", layers, probe, 5e-8, [0.1, 0.05],
+                                      positions_px=pos, spacings_m=[4e-4, 4e-4])
+    product = V.write_previews(tmp_path / "p", np.prod(layers, axis=0), probe, 5e-8,
+                                      [0.1, 0.05], positions_px=pos)
+    assert set(layered) == set(product) | {"object_layers"}
+    for name in V.PREVIEW_NAMES:
+        assert layered[name].read_bytes() == product[name].read_bytes(), name
+    text = layered["object_layers"].read_bytes()
+    assert b"Object layers" in text
+    with pytest.raises(V.PreviewError):
+        V.render_object_layers(layers[:1], 5e-8)

@@ -24,6 +24,9 @@ Five images a beamline scientist reads at a glance (:data:`PREVIEW_NAMES`):
 * ``convergence.png`` — the loss against iteration, logarithmic y with labelled ticks, and
   the data's Poisson noise floor as a dashed line when it is given.
 
+A thick sample's layers add ``object_layers.png`` (each layer's phase, with its depth; the
+five above show their product, the projection, which the data determine on their own).
+
 A suspect result's previews (``write_previews(suspect=True)``) say SUSPECT at the start of
 every title, in red. Every PNG carries its title (and what else the reader should know of
 it) in its ``Title``/``Description`` text chunks.
@@ -77,6 +80,7 @@ from .arrays import dct2
 from .metrics import fit_phase_ramp, illumination_mask
 
 __all__ = [
+    "LAYERS_NAME",
     "PREVIEW_NAMES",
     "SUSPECT_MARK",
     "ObjectView",
@@ -91,6 +95,7 @@ __all__ = [
     "object_rgb",
     "object_view",
     "phase_image",
+    "render_object_layers",
     "render_convergence",
     "render_object_amplitude",
     "render_object_phase",
@@ -867,6 +872,49 @@ def render_convergence(
 # --------------------------------------------------------------------------- writing
 
 
+# --------------------------------------------------------------------------- layers
+
+#: A thick sample's preview: each layer's phase (the other previews show their product).
+LAYERS_NAME = "object_layers"
+
+
+def render_object_layers(layers: ArrayLike, pixel_size_m: float, *,
+                         spacings_m: Sequence[float] = (),
+                         scan_extent_px: Sequence[int] | None = None,
+                         illuminated: ArrayLike | None = None, title: str = "",
+                         suspect: bool = False) -> bytes:
+    """PNG bytes of each layer's phase, entrance layer first, in one row (two for more than
+    four layers); ``spacings_m`` label the panels with each layer's depth."""
+    stack = np.asarray(layers)
+    if stack.ndim != 3 or stack.shape[0] < 2:
+        raise PreviewError(f"object layers: expected [S ≥ 2, H, W], got shape {stack.shape}")
+    s = stack.shape[0]
+    depths = np.concatenate([[0.0], np.cumsum(spacings_m)]) if len(spacings_m) == s - 1 \
+        else None
+    cols = s if s <= 4 else -(-s // 2)
+    rows = -(-s // cols)
+    fig = _new_figure((2.6 * cols + 0.4, 2.7 * rows + 0.7))
+    top = 1.0 - 0.7 / fig.get_size_inches()[1]
+    for k in range(s):
+        img = phase_image(stack[k], scan_extent_px=scan_extent_px, illuminated=illuminated)
+        r, c = divmod(k, cols)
+        w, h = 0.9 / cols, 0.86 * top / rows
+        ax = fig.add_axes((0.05 + c / cols * 0.95, top - (r + 1) * top / rows + 0.04,
+                           w * 0.9, h * 0.85))
+        ax.imshow(object_rgb(img.phase, img.window, "viridis", img.view.inside),
+                  interpolation="nearest")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        depth = "" if depths is None else f", z = {depths[k] * 1e6:.4g} µm"
+        ax.set_title(f"layer {k + 1}{depth}\nphase {img.window[0]:.2f}…{img.window[1]:.2f} rad",
+                     fontsize=8)
+        _draw_scale_bar(ax, img.phase.shape, pixel_size_m * img.view.factor)
+    text = f"{headline(title, suspect)}\nObject layers: phase of each (ramp removed)".strip()
+    _place_title(fig, text, suspect)
+    return _png_bytes(fig, text, "the phase of each object layer of a multislice "
+                                 "reconstruction; the other previews show their product")
+
+
 def write_png_atomic(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically: a temporary file beside it, then rename.
 
@@ -899,7 +947,7 @@ def write_previews(
             needed).
         obj: complex object ``[H, W]`` (or ``[1, H, W]``), or ``[S, H, W]`` layers of a
             thick sample: the images show their projection (product), and
-            ``object_layers.png`` each layer (:mod:`.layer_previews`).
+            ``object_layers.png`` each layer (:func:`render_object_layers`).
         probe: complex probe ``[M, M]``, ``[K, M, M]`` (or ``[1, K, M, M]``).
         pixel_size_m: object pixel size, for the scale bars.
         loss_history: 1-D losses per iteration, or ``[N, 2]`` rows of (iteration, loss).
@@ -946,8 +994,6 @@ def write_previews(
                                           suspect=suspect),
     }
     if layers.ndim == 3 and layers.shape[0] > 1:
-        from .layer_previews import LAYERS_NAME, render_object_layers  # noqa: PLC0415 (a cycle)
-
         images[LAYERS_NAME] = render_object_layers(
             layers, pixel_size_m, spacings_m=spacings_m, scan_extent_px=scan_extent_px,
             illuminated=illuminated, title=title, suspect=suspect)
