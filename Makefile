@@ -53,9 +53,12 @@ slurm:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# The tests in parallel (tests/conftest.py: two workers per CPU, as most tests wait), each
+# module's tests on one worker in their order; the slowest 15 and the suite's time against
+# its budget, 5 minutes on an idle 2-CPU machine (docs/dev/TESTING.md).
 test: $(STAMP) browser slurm
 	$(BIN)/ruff check .
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto --dist loadfile --durations 15 --suite-budget 300
 
 # Simulated beamline, edge agent, local flows, reconstruction and the status page, live;
 # serves the page until Ctrl-C. DEMO_ARGS="--exit" returns when the runs are done.
