@@ -58,7 +58,7 @@ lint: $(STAMP)
 # its budget, 5 minutes on an idle 2-CPU machine (docs/dev/TESTING.md).
 test: $(STAMP) browser slurm
 	$(BIN)/ruff check .
-	$(BIN)/pytest -n auto --dist loadfile --durations 15 --suite-budget 300
+	$(BIN)/pytest -n auto --dist loadfile --no-loadscope-reorder --durations 15 --suite-budget 300
 
 # Simulated beamline, edge agent, local flows, reconstruction and the status page, live;
 # serves the page until Ctrl-C. DEMO_ARGS="--exit" returns when the runs are done.
