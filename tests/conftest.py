@@ -128,6 +128,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if busy_now is None or state["busy"] is None:
         other = None
         verdict = "not judged: no /proc/stat to tell other work"
+    elif cpus < 2:
+        other = None
+        verdict = "not judged: the budget is for 2 CPUs or more"
     else:
         other = max(0.0, busy_now - state["busy"] - ours)
         # Other work worth a tenth of the machine or more: the time says little of the suite.
