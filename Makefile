@@ -6,6 +6,8 @@ STAMP  := $(VENV)/.installed
 
 DIST_DIR ?= dist
 CONSTRAINTS := deploy/constraints-worker.txt
+# The CuPy whose headers the kernel tests compile against: the GPU machine's version.
+CUPY_HEADERS := 14.2.0
 
 .PHONY: demo test lint bench browser slurm dist constraints clean
 
@@ -19,6 +21,11 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	# scikit-image, and its own pins are not ours, hence --no-deps.
 	$(BIN)/python -m pip install -q --no-deps ptychodus==1.7.0
 	$(BIN)/python -m pip install -q scikit-image
+	# CuPy's C++ headers, for NVRTC (the [dev] extra) to compile the element-wise kernels'
+	# bodies on any machine (tests/test_gpu_kernels.py). Beside the venv's site-packages, not
+	# in it: CuPy stays unimportable, so the suite runs as on a host without a card.
+	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/cupy-headers \
+		cupy-cuda12x==$(CUPY_HEADERS)
 	touch $@
 
 # Debian's Chromium for the real-browser tests of the status page (never a browser download).
@@ -46,9 +53,12 @@ slurm:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# The tests in parallel (tests/conftest.py: two workers per CPU, as most tests wait), each
+# module's tests on one worker in their order; the slowest 15 and the suite's time against
+# its budget, 5 minutes on an idle 2-CPU machine (docs/dev/TESTING.md).
 test: $(STAMP) browser slurm
 	$(BIN)/ruff check .
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto --dist loadfile --no-loadscope-reorder --durations 15 --suite-budget 300
 
 # Simulated beamline, edge agent, local flows, reconstruction and the status page, live;
 # serves the page until Ctrl-C. DEMO_ARGS="--exit" returns when the runs are done.

@@ -116,7 +116,15 @@ def _set(body: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     return body
 
 
-_DELETE = object()
+class _Deleted:
+    """The key is removed. Its repr names it in the test ids, the same in every process
+    (the parallel workers must collect the same ids)."""
+
+    def __repr__(self) -> str:
+        return "<deleted>"
+
+
+_DELETE = _Deleted()
 BAD = [
     ("surprise", "extra top-level key"),
     ("beamline.surprise", "extra nested key"),

@@ -316,6 +316,9 @@ def parse_error(text: str, code: str | None = None) -> dict[str, Any]:
 class ComputeEngine:
     """One ``GlobusComputeEngine`` on this machine: started once, shared by every task."""
 
+    # How long the processes of an engine being shut down get to exit before SIGKILL.
+    SHUTDOWN_GRACE_S = 10.0
+
     def __init__(
         self,
         engine: Any,
@@ -664,7 +667,7 @@ class ComputeEngine:
         if thread.is_alive():
             log.warning("compute engine: shutdown still running after %.0f s", timeout)
         left = self.processes()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + self.SHUTDOWN_GRACE_S
         while left and time.monotonic() < deadline:
             time.sleep(0.1)
             left = self.processes()
