@@ -99,7 +99,7 @@ class Algorithm:
         self.opr: VariableProbe | None = None
         if params.opr_modes:
             self.opr = VariableProbe(core, params.opr_modes, params.opr_weight_smoothing,
-                                     params.seed)
+                                     params.seed, params.probe_update_start)
 
     @classmethod
     def device_bytes(cls, params: Any, n: int, k: int, m: int) -> int:
@@ -245,7 +245,7 @@ class Algorithm:
                 gy, gx = sw.grads
                 sums.steps.append(position_steps(
                     pd, core.object_patches(c, gy), core.object_patches(c, gx), chi, xp))
-            if self.opr is not None and sw.update_probe:
+            if self.opr is not None and sw.update_probe and self.opr.learns(sw.it):
                 sums.opr_steps.append(self.opr.chunk_steps(c, oj, chi))
             self.chunk_update(sw, sums, c, pd, oj, big, chi)
         return sums
