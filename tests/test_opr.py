@@ -194,7 +194,7 @@ def test_simulated_fly_scan_drifts_smoothly(tmp_path: Path):
 def test_verdict_flags_modes_that_absorb_a_varying_probe(stable):
     """Measured (100 iterations): stable beam, 2 modes: 0.9 % of the power beyond the first,
     misfit 1.7x the floor; drift 0.6 px, 2 modes: 7.2 %, 14x (NRMSE 0.053, was trusted);
-    the same with opr_modes=5: NRMSE 0.030, 5.4x, no minor modes."""
+    the same with opr_modes=5: NRMSE 0.032, 5.7x, no minor modes."""
 
     def verdict(scan, **kw):
         gt, frames = scan
