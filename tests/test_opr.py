@@ -29,7 +29,7 @@ from beamflow.ptycho import (
     initial_state,
 )
 from beamflow.ptycho.metrics import compare, illumination_mask
-from beamflow.ptycho.opr import ptychodus_probes
+from beamflow.ptycho.opr import LEARNING_DELAY, ptychodus_probes
 from beamflow.ptycho.opr_previews import write_opr_preview
 from beamflow.ptycho.propagation import Propagation
 from beamflow.ptycho.verdict import judge, measure_data
@@ -96,11 +96,13 @@ def test_opr_resume_is_bit_identical(drifting):
     gt, frames = drifting
     data = PtychoData(intensities=frames, positions_px=gt.positions_px,
                       object_shape=gt.object.shape, mask=gt.mask)
-    params = ReconParams(iterations=6, algorithm="rpie", opr_modes=3)
+    # Across the iteration where the weights start learning (LEARNING_DELAY).
+    params = ReconParams(iterations=LEARNING_DELAY + 6, algorithm="rpie", opr_modes=3)
     with Reconstructor(data, initial_state(data, params, probe=gt.probe), "cpu") as rec:
         straight = rec.run()
     with Reconstructor(data, initial_state(data, params, probe=gt.probe), "cpu") as rec:
-        part = rec.run(3)
+        part = rec.run(LEARNING_DELAY + 3)
+    assert np.abs(part.extras["opr_weights"][:, 1:]).max() > 0
     arrays = {k: np.array(v, copy=True) for k, v in part.to_host_arrays().items()}
     restored = ReconState.from_arrays(arrays, json.loads(json.dumps(part.meta())))
     np.testing.assert_array_equal(restored.extras["opr_weights"], part.extras["opr_weights"])
