@@ -29,6 +29,7 @@ from counting_cupy import COUNTS, counting_backend, counting_modules
 from test_ptycho_engine import data_of, simulate
 
 from beamflow.ptycho import ReconParams, Reconstructor, initial_state
+from beamflow.ptycho import opr as opr_module
 from beamflow.ptycho.accumulators import ObjectSteps
 from beamflow.ptycho.arrays import ArrayBackend
 from beamflow.ptycho.forward import Waves
@@ -38,6 +39,9 @@ from beamflow.ptycho.forward import Waves
 def device(monkeypatch: pytest.MonkeyPatch) -> ArrayBackend:
     for name, mod in counting_modules().items():
         monkeypatch.setitem(sys.modules, name, mod)
+    # The variable probe learns from the first iteration, so that what it does on the device
+    # is counted (the counts are per iteration, whatever the schedule).
+    monkeypatch.setattr(opr_module, "LEARNING_DELAY", 0)
     return counting_backend()
 
 

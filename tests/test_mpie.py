@@ -5,7 +5,7 @@ Measured on the simulator's near-field cone-beam scan (seed 1, complex NRMSE ove
 well-lit region after removing the global phase and ramp):
 
 * 100 positions of 64x64 (docs/reconstruction.md): rPIE 0.128 @200, 0.089 @500;
-  mPIE 0.037 @200, 0.013 @500.
+  mPIE 0.030 @200, 0.012 @500 (0.037 and 0.013 with the probe's momentum at the old 0.5).
 * 49 positions of 32x32 (this test, ~5 s on one core): rPIE 0.037 @200, 0.0064 @500;
   mPIE 0.0045 @100, 0.0052 @200 (at the noise floor).
 """

@@ -18,6 +18,7 @@ from reference_kernels import ReferenceKernels
 from test_ptycho_engine import DEVICE_SETUP_IDS, DEVICE_SETUPS, data_of, simulate
 
 from beamflow.ptycho import ReconParams, Reconstructor, array_backend, initial_state
+from beamflow.ptycho import opr as opr_module
 from beamflow.ptycho.arrays import ArrayBackend, ArrayBackendError
 
 
@@ -36,7 +37,9 @@ def _fake_cupy() -> types.SimpleNamespace:
 
 @pytest.fixture
 def device(monkeypatch: pytest.MonkeyPatch) -> ArrayBackend:
-    """An ArrayBackend that takes the GPU branches, on numpy."""
+    """An ArrayBackend that takes the GPU branches, on numpy. The variable probe learns from
+    the first iteration, so that its device path runs within the short runs compared here."""
+    monkeypatch.setattr(opr_module, "LEARNING_DELAY", 0)
 
     def fft2(a, axes=(-2, -1), overwrite_x=False, norm="backward"):
         return scipy.fft.fft2(a, axes=axes, overwrite_x=overwrite_x, norm=norm, workers=1)

@@ -7,6 +7,7 @@ import pytest
 from test_ptycho_engine import DEVICE_SETUP_IDS, DEVICE_SETUPS, data_of, nrmse, region, simulate
 
 from beamflow.ptycho import ReconParams, Reconstructor, array_backend, initial_state
+from beamflow.ptycho import opr as opr_module
 from beamflow.ptycho.arrays import cuda_available
 
 pytestmark = [
@@ -16,7 +17,8 @@ pytestmark = [
 
 
 @pytest.mark.parametrize("extra", DEVICE_SETUPS, ids=DEVICE_SETUP_IDS)
-def test_cuda_matches_numpy(extra):
+def test_cuda_matches_numpy(extra, monkeypatch):
+    monkeypatch.setattr(opr_module, "LEARNING_DELAY", 0)  # OPR learns within the 6 iterations
     sim = simulate()
     data = data_of(sim)
     params = ReconParams(iterations=6, **extra)

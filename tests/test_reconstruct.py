@@ -14,6 +14,7 @@ from beamflow.checkpoint import IncompatibleCheckpoint, list_checkpoints, load_l
 from beamflow.formats import ScanFormatError, read_product
 from beamflow.ground_truth import read_ground_truth, score_product
 from beamflow.live_previews import LivePreviews
+from beamflow.ptycho import opr as opr_module
 from beamflow.ptycho import previews as previews_module
 from beamflow.ptycho.arrays import cpu_ffts
 from beamflow.ptycho.previews import PREVIEW_NAMES
@@ -264,6 +265,7 @@ def test_live_previews_show_the_variable_probes_weights(
         return submit(self, *args, **kwargs)
 
     monkeypatch.setattr(LivePreviews, "submit", recorded)
+    monkeypatch.setattr(opr_module, "LEARNING_DELAY", 0)  # the weights change from the start
     run_reconstruction(job(scan, tmp_path, iterations=6, preview_every=2,
                            preview_min_seconds=0, checkpoint_every=0,
                            params={"algorithm": "rpie", "opr_modes": 2}))

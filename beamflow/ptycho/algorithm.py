@@ -105,7 +105,7 @@ class Algorithm:
         self.opr: VariableProbe | None = None
         if params.opr_modes:
             self.opr = VariableProbe(core, params.opr_modes, params.opr_weight_smoothing,
-                                     params.seed)
+                                     params.seed, params.probe_update_start)
 
     @classmethod
     def device_bytes(cls, params: Any, n: int, k: int, m: int) -> int:
@@ -250,7 +250,7 @@ class Algorithm:
             chis = model.backward(w, chi, c)
             if sw.grads is not None:
                 sums.steps.append(model.position_steps(w, chis, sw.grads, c))
-            if self.opr is not None and sw.update_probe:
+            if self.opr is not None and sw.update_probe and self.opr.learns(sw.it):
                 sums.opr_steps.append(self.opr.chunk_steps(c, w.patches[0], chis[0]))
             self.chunk_update(sw, sums, c, w, chis)
         return sums

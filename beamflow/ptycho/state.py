@@ -128,7 +128,9 @@ class ReconParams(BaseModel):
         None, ge=0.0, lt=1.0,
         description="mpie: the object's momentum η (friction of the heavy-ball velocity); "
         "None: 0.9, or 0.7 with several layers.")
-    probe_momentum: float = Field(0.5, ge=0.0, lt=1.0, description="mpie: the probe's η.")
+    # The probe's η as the object's: with less, a probe guess far from the beam lags the
+    # accelerated object (docs/reconstruction.md, mPIE; tests/test_unseen_scans.py).
+    probe_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="mpie: the probe's η.")
     momentum_every: int = Field(
         8, ge=1, le=1024, description="mpie: apply the momentum every N batches.")
     opr_modes: int = Field(
