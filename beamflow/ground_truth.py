@@ -23,7 +23,7 @@ from beamflow.formats._h5 import atomic_h5
 from beamflow.formats.eiger import MASTER_SUFFIX
 from beamflow.ptycho.forward.propagation import Propagation, near_field_geometry
 from beamflow.ptycho.forward.slices import separation_frequency
-from beamflow.ptycho.metrics import Comparison, compare, fourier_shift, illumination_mask
+from beamflow.ptycho.quality.metrics import Comparison, compare, fourier_shift, illumination_mask
 
 GROUND_TRUTH = "ground_truth.h5"
 
@@ -213,7 +213,7 @@ def _truth_on_grid(product: Product, gt: GroundTruth) -> tuple[np.ndarray, np.nd
     probe centre, at object pixel ``(p − centre)/Δx + shape/2``. The simulator's truth puts the
     top-left corner of position j at ``positions_px[j]``. The mean offset between the two
     frames maps the truth onto the reconstruction's grid (whole pixels; the sub-pixel rest and
-    the ambiguities of ptychography are removed by :func:`beamflow.ptycho.metrics.compare`).
+    the ambiguities of ptychography are removed by :func:`beamflow.ptycho.quality.metrics.compare`).
     """
     dx = product.object_pixel_width_m
     if not math.isclose(dx, gt.object_pixel_size_m, rel_tol=1e-3):
@@ -257,11 +257,11 @@ class LayerScores:
 
     Attributes:
         projection_nrmse: complex NRMSE of the product of the layers against the truth's
-            (:func:`beamflow.ptycho.metrics.compare`).
+            (:func:`beamflow.ptycho.quality.metrics.compare`).
         layer_nrmse: per layer, the NRMSE above the frequency its spacing separates (NaN
             where no sampled frequency lies above it).
         cutoff_cycles_per_px: per layer, that frequency f_s in cycles per pixel.
-        projection: the projection's :class:`~beamflow.ptycho.metrics.Comparison`.
+        projection: the projection's :class:`~beamflow.ptycho.quality.metrics.Comparison`.
     """
 
     projection_nrmse: float
@@ -296,7 +296,7 @@ def score_layers(
     """Score the layers of a multislice reconstruction (S, H, W) against the truth's.
 
     (a) **Projection**: complex NRMSE of ``Π_s R_s`` against ``Π_s T_s`` after registration,
-    ramp and global-factor removal (:func:`beamflow.ptycho.metrics.compare`).
+    ramp and global-factor removal (:func:`beamflow.ptycho.quality.metrics.compare`).
 
     (b) **Each layer above the frequency its spacing separates.** Content at spatial frequency
     f can move from one layer to the next without changing the data unless propagation over

@@ -80,9 +80,9 @@ class LivePreviews:
         ``pixel_size_m``, ``scan_extent_px``, ``title``, ``positions_px`` (the probe
         windows' corners, for the illuminated region), ``noise_floor`` and ``spacings_m`` (a
         thick sample's layers) are those of
-        :func:`beamflow.ptycho.previews.write_previews`; ``opr_weights`` (N, K), the
+        :func:`beamflow.ptycho.quality.previews.write_previews`; ``opr_weights`` (N, K), the
         variable probe's weights, adds ``probe_variation.png``
-        (:func:`beamflow.ptycho.opr_previews.write_opr_preview`).
+        (:func:`beamflow.ptycho.quality.opr_previews.write_opr_preview`).
         """
         if self._proc is None and self._starts >= self.MAX_STARTS:
             return  # no helper any more: live previews are off for this job
@@ -212,8 +212,8 @@ def main(argv: Sequence[str]) -> None:
     with contextlib.suppress(OSError):
         os.nice(10)
     # matplotlib: here, not in the job
-    from beamflow.ptycho.opr_previews import PROBE_VARIATION_NAME, write_opr_preview  # noqa: PLC0415
-    from beamflow.ptycho.previews import write_previews  # noqa: PLC0415
+    from beamflow.ptycho.quality.opr_previews import PROBE_VARIATION_NAME, write_opr_preview  # noqa: PLC0415
+    from beamflow.ptycho.quality.previews import write_previews  # noqa: PLC0415
 
     for line in sys.stdin:
         request = json.loads(line)

@@ -58,9 +58,15 @@ from beamflow.ptycho.arrays import array_backend
 from beamflow.ptycho.engine import Reconstructor, initial_state, mean_pattern
 from beamflow.ptycho.forward.propagation import Propagation, near_field_geometry
 from beamflow.ptycho.forward.slices import slice_spacings
+from beamflow.ptycho.quality.verdict import (
+    DataRegime,
+    Verdict,
+    judge,
+    measure_data,
+    regime_findings,
+)
 from beamflow.ptycho.scan_geometry import ScanFrame, scan_extent
 from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
-from beamflow.ptycho.verdict import DataRegime, Verdict, judge, measure_data, regime_findings
 from beamflow.reconstruct_job import (
     PROBE_FROM_DATA,
     PROBE_FROM_FILE,
@@ -578,7 +584,7 @@ def _final_previews(job: ReconstructJob, inputs: _Inputs, frame: ScanFrame,
                     given: _EngineInput, final: ReconState, suspect: bool) -> dict[str, Path]:
     """The previews of the final state, marked SUSPECT when the verdict is (none of a
     diverged state: it is reported instead)."""
-    from beamflow.ptycho.previews import write_previews
+    from beamflow.ptycho.quality.previews import write_previews
 
     try:
         previews = write_previews(
@@ -588,8 +594,8 @@ def _final_previews(job: ReconstructJob, inputs: _Inputs, frame: ScanFrame,
             noise_floor=given.regime.noise_floor, suspect=suspect,
             spacings_m=inputs.params.slice_spacings)
         if "opr_weights" in final.extras:  # the variable probe: its weights along the scan
-            from beamflow.ptycho.opr_previews import write_opr_preview
-            from beamflow.ptycho.previews import headline
+            from beamflow.ptycho.quality.opr_previews import write_opr_preview
+            from beamflow.ptycho.quality.previews import headline
 
             path = write_opr_preview(job.out / "previews", final.extras["opr_weights"],
                                      final.probe,
@@ -649,7 +655,7 @@ def previews_from_checkpoint(checkpoint_dirs: Path | list[Path], out_dir: Path
 
     Returns the written files, or None when no checkpoint verifies yet.
     """
-    from beamflow.ptycho.previews import write_previews
+    from beamflow.ptycho.quality.previews import write_previews
 
     ck = load_latest(checkpoint_dirs)
     if ck is None:

@@ -63,7 +63,7 @@ from beamflow.formats import Product, load_scan
 from beamflow.ground_truth import read_ground_truth, score_product
 from beamflow.ptycho.arrays import array_backend, cpu_count
 from beamflow.ptycho.engine import Reconstructor, initial_state
-from beamflow.ptycho.metrics import compare
+from beamflow.ptycho.quality.metrics import compare
 from beamflow.ptycho.scan_geometry import ScanFrame
 from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
 from beamflow.reconstruct import _read_frames, run_reconstruction
@@ -479,7 +479,7 @@ def _bench_memory_one(args, root: Path, n_positions: int) -> None:
     obj_mb = frame.object_shape[0] * frame.object_shape[1] * 8 / 2**20
     probe_mb = scan.frame_shape[0] ** 2 * 8 / 2**20
     base_mb, _, _ = _peak_rss_mb("-", ["import beamflow.cli, beamflow.reconstruct, "
-                                    "beamflow.ptycho.engine, beamflow.ptycho.previews, "
+                                    "beamflow.ptycho.engine, beamflow.ptycho.quality.previews, "
                                     "matplotlib.figure"])
     peak_mb, children_mb, res = _peak_rss_mb("beamflow.cli", [
         "reconstruct", str(master), "--out", str(root / f"mem_out{n_positions}"), "--device", "cpu",

@@ -75,7 +75,7 @@ the middle of CuPy's 5-10 µs on a current CPU — measure it on the GPU host an
 kernel there), ``launch_ratio`` that over ``floor_seconds``: above 1 the case is
 launch-bound before it is memory-bound. The stand-in runs the iteration's arithmetic in
 numpy on one thread (seconds at 4000 × 128², minutes at 10000 × 256²); ``--no-launches``
-skips it. The fused kernels (``beamflow/ptycho/kernels.py``) run there as their numpy
+skips it. The fused kernels (``beamflow/ptycho/gpu/kernels.py``) run there as their numpy
 references (``tests/reference_kernels.py``), each counted as the one launch it is on CuPy
 (the modulus kernel two: it and its sum). What it counts differs from CuPy in small ways:
 CuPy's allocations (``zeros``) are not counted and its ``broadcast_to`` (a view) is.
@@ -147,7 +147,7 @@ from beamflow.ptycho import (  # noqa: E402
     array_backend,
     initial_state,
 )
-from beamflow.ptycho.metrics import compare, illumination_mask  # noqa: E402
+from beamflow.ptycho.quality.metrics import compare, illumination_mask  # noqa: E402
 
 CASES = {"400x64": (400, 64), "4000x128": (4000, 128), "10000x256": (10000, 256)}
 QUICK = ("400x64",)

@@ -19,7 +19,7 @@ What it does:
    probe guess, written to ``benchmarks/results/ptychi/data.npz``.
 3. Runs ``ptychi_runner.py`` in the peer venv (Pty-Chi's rPIE and LSQ-ML, CPU, same iteration
    count and batch size), then beamflow's engine in this process.
-4. Scores every object with ``beamflow.ptycho.metrics.compare`` against the true object over
+4. Scores every object with ``beamflow.ptycho.quality.metrics.compare`` against the true object over
    the well-illuminated region (summed true-probe intensity ≥ 30 % of its maximum), and
    prints one JSON line per result (``engine``, ``algorithm``, ``seconds_per_iteration`` —
    wall clock: iterations 2..N are split into ``--blocks`` blocks and this is the median of
@@ -153,7 +153,7 @@ def probe_guess(
 ) -> tuple[np.ndarray, float]:
     """The true probe defocused until its NRMSE (after the optimal complex scalar) is
     ``target_nrmse`` — a realistic "wrong focus" starting guess. Bisection on Δz."""
-    from beamflow.ptycho.metrics import compare
+    from beamflow.ptycho.quality.metrics import compare
 
     def err(dz: float) -> float:
         return compare(
@@ -173,8 +173,8 @@ def probe_guess(
 
 
 def make_data(args) -> dict:
-    from beamflow.ptycho.metrics import compare, illumination_mask
     from beamflow.ptycho.probe import mean_counts_per_frame, scale_probe
+    from beamflow.ptycho.quality.metrics import compare, illumination_mask
     from beamflow.simulate import detector_frames, make_ground_truth
 
     gt = make_ground_truth(
@@ -375,7 +375,7 @@ def main() -> None:
     if args.setup_only:
         return
     from beamflow.ground_truth import score_layers
-    from beamflow.ptycho.metrics import compare
+    from beamflow.ptycho.quality.metrics import compare
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     log(f"simulating {args.positions} positions of {args.probe_size} px, {args.photons:g} photons")

@@ -1,4 +1,4 @@
-"""The fused GPU kernels of :mod:`beamflow.ptycho.kernels` in numpy, for the GPU code path
+"""The fused GPU kernels of :mod:`beamflow.ptycho.gpu.kernels` in numpy, for the GPU code path
 run without a GPU (``tests/counting_cupy.py``, ``tests/test_ptycho_device_paths.py``).
 
 Each computes what its kernel computes, written as the engine's array code writes it (the
@@ -27,7 +27,7 @@ def _ramps(e: np.ndarray) -> np.ndarray:
 
 
 class ReferenceKernels:
-    """:class:`beamflow.ptycho.kernels.GpuKernels`' methods on numpy arrays."""
+    """:class:`beamflow.ptycho.gpu.kernels.GpuKernels`' methods on numpy arrays."""
 
     def ramp_product(self, e: np.ndarray, a: np.ndarray, out: np.ndarray | None = None,
                      conj: bool = False) -> np.ndarray:

@@ -25,7 +25,7 @@ differ in everything but the physics:
 
 Every scan returns a :class:`Scan` with the Poisson-noisy frames, the true positions (top-left
 corners in object pixels, as the engine takes them), the truth on the engine's grid and the
-project's own score (:func:`beamflow.ptycho.metrics.compare` over the well-lit region, as
+project's own score (:func:`beamflow.ptycho.quality.metrics.compare` over the well-lit region, as
 :func:`beamflow.ground_truth.score_product` does).
 """
 
@@ -38,7 +38,7 @@ import numpy as np
 
 from beamflow.ptycho import PtychoData
 from beamflow.ptycho.forward.propagation import Propagation
-from beamflow.ptycho.metrics import compare, illumination_mask
+from beamflow.ptycho.quality.metrics import compare, illumination_mask
 
 SUPERSAMPLE = 4
 MARGIN_PX = 4

@@ -1,4 +1,4 @@
-"""The bookkeeping of beamflow.ptycho.graphs, on a stand-in for CuPy's streams and graphs
+"""The bookkeeping of beamflow.ptycho.gpu.graphs, on a stand-in for CuPy's streams and graphs
 (the card itself: tests/test_ptycho_engine_gpu.py::test_cuda_graphs_replay_the_batches_...).
 
 A batch is run as it is the first time (plans, kernels and pools made outside a capture),
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from beamflow.ptycho.graphs import MAX_GRAPHS, BatchGraphs
+from beamflow.ptycho.gpu.graphs import MAX_GRAPHS, BatchGraphs
 
 
 class _Graph:

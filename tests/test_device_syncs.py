@@ -29,8 +29,8 @@ from counting_cupy import COUNTS, counting_backend, counting_modules
 from test_ptycho_engine import data_of, simulate
 
 from beamflow.ptycho import ReconParams, Reconstructor, initial_state
-from beamflow.ptycho import opr as opr_module
 from beamflow.ptycho.accumulators import ObjectSteps
+from beamflow.ptycho.algorithms import opr as opr_module
 from beamflow.ptycho.arrays import ArrayBackend
 from beamflow.ptycho.forward import Waves
 
@@ -408,7 +408,7 @@ def test_a_gpu_backend_without_its_kernels_is_refused():
 
 
 class _Graphs:
-    """Stands in for :class:`~beamflow.ptycho.graphs.BatchGraphs` on the counting stand-in:
+    """Stands in for :class:`~beamflow.ptycho.gpu.graphs.BatchGraphs` on the counting stand-in:
     runs each batch's body as a capture would record it, and counts what the body does."""
 
     enabled = True

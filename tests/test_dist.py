@@ -63,6 +63,9 @@ def test_the_wheel_holds_the_code_the_flows_and_the_function(dist: Path) -> None
     assert "edge_agent/agent.py" in names and "beamflow/cli/__init__.py" in names
     assert any(n.startswith("beamflow/status/static/") for n in names)
     assert any(n.startswith("beamflow/status/templates/") for n in names)
+    # the GPU's kernels are CUDA sources read as package data
+    cuda = Path(__file__).parents[1] / "beamflow/ptycho/gpu/cuda"
+    assert {f"beamflow/ptycho/gpu/cuda/{p.name}" for p in cuda.iterdir()} <= names
     with zipfile.ZipFile(wheel) as z:
         meta = email.message_from_bytes(z.read(f"beamflow-{__version__}.dist-info/METADATA"))
         entry_points = z.read(f"beamflow-{__version__}.dist-info/entry_points.txt").decode()

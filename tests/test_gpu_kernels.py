@@ -1,6 +1,6 @@
 """The fused GPU kernels' CUDA source, checked without a GPU.
 
-:mod:`beamflow.ptycho.kernels` holds raw CUDA C for the heaviest steps of a sweep. A card is
+:mod:`beamflow.ptycho.gpu.kernels` holds raw CUDA C for the heaviest steps of a sweep. A card is
 lent to few sessions, so the source is checked here on every machine:
 
 * run on the CPU: the kernel compiled as C++ by the machine's compiler beside a small
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from beamflow.ptycho.kernels import (
+from beamflow.ptycho.gpu.kernels import (
     APPLY_STEP_SOURCE,
     EXIT_WAVE_SOURCE,
     INTENSITY_SUM_SOURCE,
@@ -563,7 +563,7 @@ def test_step_lengths_kernel_solves_as_the_array_code(cpu_kernels, both, tot):
 def test_a_raw_kernel_refuses_to_write_a_strided_or_mistyped_array():
     """A raw kernel writes through the array's pointer: a strided view (or a copy made
     contiguous for it) would lose the writes, so the wrappers refuse such outputs."""
-    from beamflow.ptycho.kernels import _written
+    from beamflow.ptycho.gpu.kernels import _written
 
     ok = np.zeros((4, 6), np.complex64)
     assert _written(ok, np.complex64) is ok
@@ -649,7 +649,7 @@ class _RecordingCupy:
 
 
 def _elementwise_kernels() -> dict[str, tuple[str, str, str]]:
-    from beamflow.ptycho.kernels import GpuKernels
+    from beamflow.ptycho.gpu.kernels import GpuKernels
 
     cp = _RecordingCupy()
     GpuKernels(cp)

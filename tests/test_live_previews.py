@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from beamflow.live_previews import BUNDLE, LivePreviews
-from beamflow.ptycho.previews import PREVIEW_NAMES
+from beamflow.ptycho.quality.previews import PREVIEW_NAMES
 
 PNG = b"\x89PNG\r\n\x1a\n"
 FILES = set(PREVIEW_NAMES)

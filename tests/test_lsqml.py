@@ -1,4 +1,4 @@
-"""LSQ-ML's step lengths on a plain far-field scan (beamflow/ptycho/lsqml.py).
+"""LSQ-ML's step lengths on a plain far-field scan (beamflow/ptycho/algorithms/lsqml.py).
 
 The batch's step pair (β_O, β_P) is the least-squares solution of the positions' 2×2 systems
 summed over the batch. The mean of each position's own solution, which it replaced, is ~3x
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from beamflow.ptycho import PtychoData, ReconParams, Reconstructor, array_backend, initial_state
-from beamflow.ptycho.metrics import compare, illumination_mask
+from beamflow.ptycho.quality.metrics import compare, illumination_mask
 from beamflow.simulate import detector_frames, make_ground_truth
 
 ITERATIONS = 30

@@ -1,5 +1,5 @@
-"""mPIE (momentum-accelerated rPIE, beamflow/ptycho/mpie.py): near field converges in fewer
-iterations, and the momentum is part of the checkpointed state.
+"""mPIE (momentum-accelerated rPIE, beamflow/ptycho/algorithms/mpie.py): near field converges
+in fewer iterations, and the momentum is part of the checkpointed state.
 
 Measured on the simulator's near-field cone-beam scan (seed 1, complex NRMSE over the
 well-lit region after removing the global phase and ramp):
@@ -19,7 +19,7 @@ import pytest
 from test_ptycho_engine import data_of, simulate
 
 from beamflow.ptycho import (
-    ALGORITHMS,
+    CATALOG,
     PtychoData,
     ReconParams,
     ReconState,
@@ -27,7 +27,8 @@ from beamflow.ptycho import (
     array_backend,
     initial_state,
 )
-from beamflow.ptycho.metrics import compare, illumination_mask
+from beamflow.ptycho.algorithms.catalog import algorithm_class
+from beamflow.ptycho.quality.metrics import compare, illumination_mask
 from beamflow.simulate import detector_frames, make_near_field_ground_truth
 
 
@@ -55,7 +56,7 @@ def _nrmse_after(near, algorithm: str, checkpoints: list[int]) -> list[float]:
 
 
 def test_mpie_is_registered():
-    assert ALGORITHMS["mpie"].name == "mpie"
+    assert algorithm_class("mpie").name == "mpie" and CATALOG["mpie"].momentum
     assert ReconParams(algorithm="mpie").alpha_value == ReconParams(algorithm="rpie").alpha_value
 
 

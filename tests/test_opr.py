@@ -1,7 +1,7 @@
-"""The variable probe (orthogonal probe relaxation, beamflow/ptycho/opr.py): on a fly scan
-whose beam drifts along acquisition order, OPR recovers the object as well as one probe does
-on a stable beam; the eigen-probes and weights survive checkpoints and reach the product file
-in Ptychodus's layout; the preview shows the weights along the scan.
+"""The variable probe (orthogonal probe relaxation, beamflow/ptycho/algorithms/opr.py): on a
+fly scan whose beam drifts along acquisition order, OPR recovers the object as well as one
+probe does on a stable beam; the eigen-probes and weights survive checkpoints and reach the
+product file in Ptychodus's layout; the preview shows the weights along the scan.
 
 Measured (simulator, seed 2, 1e6 photons, beam drifting in a loop of 0.3 px radius over 64
 positions of 32x32; complex NRMSE over the well-lit region, 300 iterations, from the optics'
@@ -28,11 +28,11 @@ from beamflow.ptycho import (
     array_backend,
     initial_state,
 )
+from beamflow.ptycho.algorithms.opr import LEARNING_DELAY, ptychodus_probes
 from beamflow.ptycho.forward.propagation import Propagation
-from beamflow.ptycho.metrics import compare, illumination_mask
-from beamflow.ptycho.opr import LEARNING_DELAY, ptychodus_probes
-from beamflow.ptycho.opr_previews import write_opr_preview
-from beamflow.ptycho.verdict import judge, measure_data
+from beamflow.ptycho.quality.metrics import compare, illumination_mask
+from beamflow.ptycho.quality.opr_previews import write_opr_preview
+from beamflow.ptycho.quality.verdict import judge, measure_data
 from beamflow.simulate import detector_frames, fly_scan_drift, make_ground_truth, simulate_scan
 
 DRIFT_PX = 0.3

@@ -18,7 +18,7 @@ from reference_kernels import ReferenceKernels
 from test_ptycho_engine import DEVICE_SETUP_IDS, DEVICE_SETUPS, data_of, simulate
 
 from beamflow.ptycho import ReconParams, Reconstructor, array_backend, initial_state
-from beamflow.ptycho import opr as opr_module
+from beamflow.ptycho.algorithms import opr as opr_module
 from beamflow.ptycho.arrays import ArrayBackend, ArrayBackendError
 
 

@@ -23,8 +23,8 @@ from beamflow.ptycho import (
     array_backend,
     initial_state,
 )
+from beamflow.ptycho.algorithms.batches import overlap_neighbours, sparse_batches
 from beamflow.ptycho.arrays import cpu_ffts
-from beamflow.ptycho.batches import overlap_neighbours, sparse_batches
 from beamflow.ptycho.engine import counter_rng
 from beamflow.ptycho.forward import Waves
 from beamflow.ptycho.modes import orthogonalize_modes
@@ -471,7 +471,7 @@ def test_sparse_batches_colour_greedily_in_a_random_order(scan, monkeypatch, col
     """The sets are the greedy colouring of the windows in the iteration's random order
     (each window takes the smallest colour none of its coloured neighbours has), however
     many colours the table holds: with 3 columns most windows find theirs the slow way."""
-    from beamflow.ptycho import batches as batches_mod
+    from beamflow.ptycho.algorithms import batches as batches_mod
 
     monkeypatch.setattr(batches_mod, "COLOUR_COLUMNS", columns)
     corner = np.rint(scan["positions"]).astype(np.int64)
@@ -606,7 +606,7 @@ def test_reconstruction_modules_do_not_import_scipy_fft():
     import sys
 
     code = ("import sys, beamflow.cli, beamflow.reconstruct, beamflow.ptycho.engine, "
-            "beamflow.ptycho.previews; print(sorted(m for m in sys.modules "
+            "beamflow.ptycho.quality.previews; print(sorted(m for m in sys.modules "
             "if m.startswith(('scipy.fft', 'scipy.special'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()

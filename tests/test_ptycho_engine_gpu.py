@@ -7,7 +7,7 @@ import pytest
 from test_ptycho_engine import DEVICE_SETUP_IDS, DEVICE_SETUPS, data_of, nrmse, region, simulate
 
 from beamflow.ptycho import ReconParams, Reconstructor, array_backend, initial_state
-from beamflow.ptycho import opr as opr_module
+from beamflow.ptycho.algorithms import opr as opr_module
 from beamflow.ptycho.arrays import cuda_available
 
 pytestmark = [
@@ -176,7 +176,7 @@ def test_position_sum_kernel_sums_the_array_codes_terms(ramps):
 @pytest.mark.parametrize("upd_obj, upd_probe", [(True, True), (True, False), (False, True)])
 def test_step_systems_kernel_sums_what_the_array_code_sums(upd_obj, upd_probe):
     """LSQ-ML's step-length systems on the card against numpy's array code."""
-    from beamflow.ptycho.lsqml import _systems
+    from beamflow.ptycho.algorithms.lsqml import _systems
 
     backend = array_backend("cuda")
     rng = np.random.default_rng(11)
@@ -255,7 +255,7 @@ def test_preconditioned_step_kernel_matches_the_array_code():
 def test_step_lengths_kernel_matches_the_array_code(both):
     import types
 
-    from beamflow.ptycho.lsqml import LSQML
+    from beamflow.ptycho.algorithms.lsqml import LSQML
 
     backend = array_backend("cuda")
     tot = np.array([4.0, 1.0, 3.0, 2.0, -1.5])

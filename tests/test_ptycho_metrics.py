@@ -1,11 +1,11 @@
-"""Tests for beamflow.ptycho.metrics: registration, ramp removal, NRMSE, FRC."""
+"""Tests for beamflow.ptycho.quality.metrics: registration, ramp removal, NRMSE, FRC."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from beamflow.ptycho import metrics as M
+from beamflow.ptycho.quality import metrics as M
 
 N = 96
 

@@ -1,4 +1,4 @@
-"""Tests for beamflow.ptycho.previews: PNG files, atomic writes, scale bars, bad input."""
+"""Tests for beamflow.ptycho.quality.previews: PNG files, atomic writes, scale bars, bad input."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from beamflow.ptycho import previews as V
+from beamflow.ptycho.quality import previews as V
 
 PX = 12.5e-9
 

@@ -1,4 +1,4 @@
-"""The algorithms' one sweep (beamflow/ptycho/algorithm.py): the loss sequences it gives are
+"""The algorithms' one sweep (beamflow/ptycho/algorithms/base.py): the loss sequences it gives are
 pinned, and a new algorithm needs only its update.
 
 The pinned losses were measured before the sweep was shared (each algorithm with its own
@@ -16,7 +16,7 @@ import pytest
 from test_ptycho_engine import data_of, simulate
 
 from beamflow.ptycho import ReconParams, Reconstructor, array_backend, initial_state
-from beamflow.ptycho.algorithm import Algorithm, PartSums, Sweep
+from beamflow.ptycho.algorithms.base import Algorithm, PartSums, Sweep
 
 PINNED = {
     "rpie": ({"algorithm": "rpie"},

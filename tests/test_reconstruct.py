@@ -14,10 +14,10 @@ from beamflow.checkpoint import IncompatibleCheckpoint, list_checkpoints, load_l
 from beamflow.formats import ScanFormatError, read_product
 from beamflow.ground_truth import read_ground_truth, score_product
 from beamflow.live_previews import LivePreviews
-from beamflow.ptycho import opr as opr_module
-from beamflow.ptycho import previews as previews_module
+from beamflow.ptycho.algorithms import opr as opr_module
 from beamflow.ptycho.arrays import cpu_ffts
-from beamflow.ptycho.previews import PREVIEW_NAMES
+from beamflow.ptycho.quality import previews as previews_module
+from beamflow.ptycho.quality.previews import PREVIEW_NAMES
 from beamflow.reconstruct import run_reconstruction
 from beamflow.reconstruct_job import ReconstructJob
 from beamflow.simulate import simulate_scan

@@ -10,7 +10,7 @@ import pytest
 from beamflow.formats import Product
 from beamflow.ground_truth import LayerScores, score_layers, score_product, score_product_layers
 from beamflow.ptycho.forward.slices import separation_frequency
-from beamflow.ptycho.metrics import illumination_mask
+from beamflow.ptycho.quality.metrics import illumination_mask
 from beamflow.simulate import make_ground_truth
 
 

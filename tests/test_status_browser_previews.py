@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from browser_kit import BROWSER_MARKS, CHROMIUM, FLAGS
 
-from beamflow.ptycho.previews import PREVIEW_NAMES, write_previews
+from beamflow.ptycho.quality.previews import PREVIEW_NAMES, write_previews
 from beamflow.status import StatusOptions, create_app
 from beamflow.status.server import serve_in_thread
 from beamflow.store import RunStatus, Store

@@ -6,7 +6,7 @@ zone plate with Zernike aberrations, a pinhole), cells and nano-particles, conce
 jittered rasters and a fly scan's snake, near-field holograms propagated without wrapping
 round, fly scans whose beam drifts in focus and flux. Every reconstruction starts from the
 probe guessed from the data, as a job without a probe file or optics does, and is scored by
-the project's own measure (complex NRMSE over the well-lit region, beamflow.ptycho.metrics).
+the project's own measure (complex NRMSE over the well-lit region, beamflow.ptycho.quality.metrics).
 
 Measured at these settings (one thread; benchmarks/bench_unseen.py has the larger scans and
 the old defaults beside the new, docs/reconstruction.md the table):
@@ -27,7 +27,7 @@ import pytest
 import sim_kit
 
 from beamflow.ptycho import ReconParams, ReconState, Reconstructor, array_backend, initial_state
-from beamflow.ptycho import opr as opr_module
+from beamflow.ptycho.algorithms import opr as opr_module
 
 
 def _reconstruct(scan: sim_kit.Scan, iterations: int, probe: np.ndarray | None = None,

@@ -20,7 +20,7 @@ model sees).
 Coordinates: probe positions and the object centre share one frame, metres (x = columns,
 y = rows); ``center_*_m`` is the position of the object array's centre in that frame.
 
-A variable probe (orthogonal probe relaxation, :mod:`beamflow.ptycho.opr`) is stored as
+A variable probe (orthogonal probe relaxation, :mod:`beamflow.ptycho.algorithms.opr`) is stored as
 Ptychodus's ``ProbeSequence`` reads it: ``probe`` is (C, K, M, M) with [0] the shared modes
 and [c, 0] the eigen-probes of the first mode (the rest zero), and ``opr_weights`` (N, C)
 float64 makes position j's first mode Σ_c w_jc·probe[c, 0].
@@ -79,7 +79,7 @@ class Product(BaseModel):
     #: the propagation model of the reconstruction and a cone beam's focus distance z1 (m)
     propagation: Literal["far-field", "near-field"] = "far-field"
     focus_distance_m: float | None = Field(default=None, gt=0)
-    #: trust in the result (beamflow.ptycho.verdict): "trusted" / "suspect", and why
+    #: trust in the result (beamflow.ptycho.quality.verdict): "trusted" / "suspect", and why
     verdict: Literal["trusted", "suspect"] | None = None
     verdict_reasons: list[str] = Field(default_factory=list)
     #: a variable probe (orthogonal probe relaxation): eigen-probes U_1.. (K−1, M, M) of the

@@ -5,17 +5,22 @@ Public API::
     from beamflow.ptycho import (ReconParams, PtychoData, ReconState, Reconstructor,
                                  initial_state, array_backend, ArrayBackend)
 
-Algorithms: ePIE, rPIE, DM, LSQ-ML (Gaussian/Poisson), all with mini-batches, mixed-state
-probe modes, exact sub-pixel positions, position correction and update schedules, on numpy
-(scipy.fft threads) or cupy. It imports nothing else of beamflow.
+Algorithms (:mod:`.algorithms`): ePIE, rPIE, mPIE, DM and LSQ-ML (Gaussian or Poisson), all
+with mini-batches, mixed-state probe modes, exact sub-pixel positions, position correction
+and update schedules; a variable probe (rPIE, mPIE, LSQ-ML); thin samples or thick ones as
+layers (:mod:`.forward`); on numpy (FFTW or pocketfft threads) or CuPy (:mod:`.gpu`); the
+verdict, metrics and previews of a result (:mod:`.quality`). The package depends on no other
+part of beamflow (numpy, scipy, pydantic and, for the previews, matplotlib; CuPy when a GPU
+is used).
 """
 
+from .algorithms.catalog import CATALOG
 from .arrays import ArrayBackend, ArrayBackendError, array_backend
-from .engine import ALGORITHMS, Reconstructor, StateView, initial_state, probe_from_data
+from .engine import Reconstructor, StateView, initial_state, probe_from_data
 from .state import PtychoData, ReconParams, ReconState
 
 __all__ = [
-    "ALGORITHMS",
+    "CATALOG",
     "ArrayBackend",
     "ArrayBackendError",
     "PtychoData",

@@ -29,15 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from .algorithm import Algorithm
+from .algorithms.base import Algorithm
+from .algorithms.catalog import algorithm_class
 from .arrays import ArrayBackend, HostCopy, array_backend
 from .core import Core
-from .dm import DM
-from .epie import EPIE
 from .forward.propagation import Propagation
-from .lsqml import LSQML
 from .modes import make_modes, orthogonalize_modes
-from .mpie import MPIE
 from .positions import remove_drift
 from .probe import (
     mean_counts_per_frame,
@@ -45,14 +42,11 @@ from .probe import (
     probe_from_hologram,
     scale_probe,
 )
-from .rpie import RPIE
 from .state import PtychoData, ReconParams, ReconState
 
-__all__ = ["ALGORITHMS", "PendingSnapshot", "Reconstructor", "StateView", "initial_state",
+__all__ = ["PendingSnapshot", "Reconstructor", "StateView", "initial_state",
            "mean_pattern", "probe_from_data", "scale_probe", "counter_rng"]
 
-ALGORITHMS: dict[str, type[Algorithm]] = {"epie": EPIE, "rpie": RPIE, "mpie": MPIE, "dm": DM,
-                                         "lsqml": LSQML}
 
 # Stream offset for the RNG used by initial_state (so it never collides with iterations').
 _INIT_STREAM = 2**62
@@ -247,7 +241,7 @@ class Reconstructor:
         self.backend = backend
         # Re-validate: model_copy(update=...) skips pydantic's checks.
         self.params = ReconParams.model_validate(state.params.model_dump())
-        algorithm = ALGORITHMS[self.params.algorithm]
+        algorithm = algorithm_class(self.params.algorithm)
         reserved = algorithm.device_bytes(self.params, n, self.params.probe_modes,
                                           data.frame_size)
         self.core = Core(data, state, backend, consume=consume_data, reserved_bytes=reserved)

@@ -21,40 +21,14 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .algorithms.catalog import CATALOG, AlgorithmName
 from .forward.propagation import Propagation
 from .forward.slices import slice_spacings
 
 __all__ = ["ReconParams", "settings_that_apply", "PtychoData", "ReconState",
-           "ALGORITHM_DEFAULTS", "OPR_ALGORITHMS", "STATE_FORMAT"]
+           "STATE_FORMAT"]
 
 STATE_FORMAT = "beamflow.ptycho.state/1"
-
-#: The algorithms that model a variable probe (``opr_modes``).
-OPR_ALGORITHMS = ("rpie", "mpie", "lsqml")
-
-Algorithm = Literal["epie", "rpie", "mpie", "dm", "lsqml"]
-
-# Per-algorithm meaning and default of alpha/beta, batch size and batch selection.
-# (alpha, beta, batch_size, batch_selection, allowed alpha range, allowed beta range)
-ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
-    # ePIE: object and probe step sizes (Maiden & Rodenburg 2009).
-    "epie": {"alpha": 1.0, "beta": 1.0, "batch_size": None, "batch_selection": "sparse",
-             "alpha_range": (0.0, 2.0), "beta_range": (0.0, 2.0)},
-    # rPIE: object / probe regularisation weights of the max-denominator (Maiden et al. 2017).
-    "rpie": {"alpha": 0.1, "beta": 0.1, "batch_size": 32, "batch_selection": "random",
-             "alpha_range": (0.0, 1.0), "beta_range": (0.0, 1.0)},
-    # mPIE: rPIE's weights, plus momentum (Maiden et al. 2017, section 4); near field needs
-    # the object's low frequencies, which rPIE moves slowly, so alpha is rPIE's.
-    "mpie": {"alpha": 0.1, "beta": 0.1, "batch_size": 32, "batch_selection": "random",
-             "alpha_range": (0.0, 1.0), "beta_range": (0.0, 1.0)},
-    # DM: object / probe Tikhonov weights, as fractions of the largest denominator.
-    "dm": {"alpha": 1e-2, "beta": 1e-2, "batch_size": None, "batch_selection": "all",
-           "alpha_range": (0.0, 1.0), "beta_range": (0.0, 1.0)},
-    # LSQ-ML: preconditioner regularisation (fraction of max illumination) and the damping
-    # of the least-squares step lengths (Odstrčil et al. 2018).
-    "lsqml": {"alpha": 0.1, "beta": 0.9, "batch_size": 32, "batch_selection": "random",
-              "alpha_range": (0.0, 1.0), "beta_range": (0.0, 1.0), "large_scan_batch": 256},
-}
 
 # A far-field scan of at least this many batches of an algorithm's ``large_scan_batch``
 # takes that batch by default (ReconParams.batch_size_for).
@@ -88,7 +62,7 @@ class ReconParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    algorithm: Algorithm = Field(
+    algorithm: AlgorithmName = Field(
         "rpie", description="The algorithm: rpie, epie, mpie, dm or lsqml.")
     iterations: int = Field(100, ge=0, le=1_000_000, description="Target total iteration count.")
     batch_size: int | None = Field(
@@ -162,41 +136,42 @@ class ReconParams(BaseModel):
 
     @model_validator(mode="after")
     def _check_algorithm_values(self) -> ReconParams:
-        d = ALGORITHM_DEFAULTS[self.algorithm]
+        d = CATALOG[self.algorithm]
         for name in ("alpha", "beta"):
             value = getattr(self, name)
             if value is None:
                 continue
-            lo, hi = d[f"{name}_range"]
+            lo, hi = getattr(d, f"{name}_range")
             if not (math.isfinite(value) and lo < value <= hi):
                 raise ValueError(
                     f"{name}={value} is out of range for algorithm '{self.algorithm}': "
                     f"expected {lo} < {name} <= {hi}"
                 )
-        if self.noise_model == "poisson" and self.algorithm != "lsqml":
+        if self.noise_model == "poisson" and not d.poisson:
             raise ValueError(
-                f"noise_model='poisson' is only implemented by algorithm 'lsqml', "
-                f"not '{self.algorithm}'"
+                f"noise_model='poisson' is only implemented by algorithm "
+                f"{_names(lambda t: t.poisson)}, not '{self.algorithm}'"
             )
         if self.propagation.near_field and self.center_probe:
             raise ValueError(
                 "center_probe=True does not apply to near-field propagation: the probe's "
                 "place relative to the detector is part of the hologram"
             )
-        if self.opr_modes and self.algorithm not in OPR_ALGORITHMS:
+        if self.opr_modes and not d.variable_probe:
             raise ValueError(
                 f"opr_modes={self.opr_modes} (variable probe) is implemented by "
-                f"{', '.join(OPR_ALGORITHMS)}, not '{self.algorithm}'"
+                f"{_names(lambda t: t.variable_probe)}, not '{self.algorithm}'"
             )
         if self.slices > 1:
             self._check_multislice()
         elif isinstance(self.slice_spacing_m, list) and len(self.slice_spacing_m) > 0:
             raise ValueError(f"slice_spacing_m has {len(self.slice_spacing_m)} values but "
                              "slices=1 has no gaps between layers")
-        if self.algorithm == "dm" and self.batch_selection not in ("auto", "all"):
+        if d.global_update and self.batch_selection not in ("auto", "all"):
             raise ValueError(
-                f"batch_selection='{self.batch_selection}' does not apply to 'dm': the "
-                "difference map updates from all positions at once (use 'auto' or 'all')"
+                f"batch_selection='{self.batch_selection}' does not apply to "
+                f"'{self.algorithm}': it updates from all positions at once (use 'auto' or "
+                "'all')"
             )
         return self
 
@@ -215,10 +190,10 @@ class ReconParams(BaseModel):
         return numbers[0] if len(numbers) == 1 else numbers
 
     def _check_multislice(self) -> None:
-        if self.algorithm == "dm":
+        if not CATALOG[self.algorithm].layers:
             raise ValueError(
-                f"algorithm 'dm' does not model thick samples (slices={self.slices}): use "
-                "rpie, mpie, epie or lsqml")
+                f"algorithm '{self.algorithm}' does not model thick samples "
+                f"(slices={self.slices}): use {_names(lambda t: t.layers)}")
         slice_spacings(self.slices, self.slice_spacing_m)  # raises with the reason
 
     # -- resolved values ------------------------------------------------------------------
@@ -232,13 +207,13 @@ class ReconParams(BaseModel):
     @property
     def alpha_value(self) -> float:
         """``alpha`` or the algorithm's default."""
-        return float(ALGORITHM_DEFAULTS[self.algorithm]["alpha"] if self.alpha is None
+        return float(CATALOG[self.algorithm].alpha if self.alpha is None
                      else self.alpha)
 
     @property
     def beta_value(self) -> float:
         """``beta`` or the algorithm's default."""
-        return float(ALGORITHM_DEFAULTS[self.algorithm]["beta"] if self.beta is None
+        return float(CATALOG[self.algorithm].beta if self.beta is None
                      else self.beta)
 
     @property
@@ -256,7 +231,7 @@ class ReconParams(BaseModel):
     def centering(self) -> bool:
         """``center_probe`` with ``None`` resolved for the algorithm."""
         if self.center_probe is None:
-            return self.algorithm == "dm" and not self.propagation.near_field
+            return CATALOG[self.algorithm].centres_probe and not self.propagation.near_field
         return bool(self.center_probe)
 
     @property
@@ -264,7 +239,7 @@ class ReconParams(BaseModel):
         """Batch selection with ``"auto"`` resolved for the algorithm."""
         if self.batch_selection != "auto":
             return self.batch_selection
-        return str(ALGORITHM_DEFAULTS[self.algorithm]["batch_selection"])
+        return CATALOG[self.algorithm].batch_selection
 
     def batch_size_for(self, n_positions: int) -> int:
         """Batch size with ``None`` resolved (DM and 'all': every position).
@@ -289,9 +264,9 @@ class ReconParams(BaseModel):
             return max(1, n_positions)
         b = self.batch_size
         if b is None:
-            defaults = ALGORITHM_DEFAULTS[self.algorithm]
-            b = defaults["batch_size"]
-            large = defaults.get("large_scan_batch")
+            traits = CATALOG[self.algorithm]
+            b = traits.batch_size
+            large = traits.large_scan_batch
             if (large is not None and n_positions >= LARGE_SCAN_BATCHES * large
                     and not self.propagation.near_field):
                 b = large
@@ -301,6 +276,12 @@ class ReconParams(BaseModel):
         return max(1, min(int(b or n_positions), n_positions))
 
 
+def _names(has: Any) -> str:
+    """The algorithms with a trait, for a message: ``'rpie', 'mpie' or 'lsqml'``."""
+    names = [f"'{n}'" for n, t in CATALOG.items() if has(t)]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 def settings_that_apply(settings: dict[str, Any]) -> set[str]:
     """The names in ``settings`` (ReconParams' fields as a plain dict, e.g. a run's recorded
     parameters) that change what the engine does with the others as given: mPIE's momenta
@@ -308,15 +289,16 @@ def settings_that_apply(settings: dict[str, Any]) -> set[str]:
     correction's start and step limit only with it on, the noise model only for lsqml,
     orthogonalisation only with several probe modes, the layers' spacing and regulariser only
     with several layers."""
-    algorithm = settings.get("algorithm")
+    traits = CATALOG.get(str(settings.get("algorithm")))
+    momentum = traits is not None and traits.momentum
     needs = {
-        "momentum": algorithm == "mpie",
-        "probe_momentum": algorithm == "mpie",
-        "momentum_every": algorithm == "mpie",
+        "momentum": momentum,
+        "probe_momentum": momentum,
+        "momentum_every": momentum,
         "opr_weight_smoothing": bool(settings.get("opr_modes")),
         "position_correction_start": bool(settings.get("position_correction")),
         "position_step_limit_px": bool(settings.get("position_correction")),
-        "noise_model": algorithm == "lsqml",
+        "noise_model": traits is not None and traits.poisson,
         "orthogonalize_every": (settings.get("probe_modes") or 1) > 1,
         "slice_spacing_m": (settings.get("slices") or 1) > 1,
         "layer_regularization": (settings.get("slices") or 1) > 1,

@@ -52,15 +52,17 @@ with it on a card.
 * :meth:`GpuKernels.modulus` — the one-mode modulus projection: |Ψ|, the residual, its square
   for the loss and the correction (seven passes) as one kernel and one sum.
 
-This module does not import CuPy: :func:`~.arrays.array_backend` hands it the module. The
-raw kernels' sources are plain CUDA C (no CuPy headers), so ``tests/test_gpu_kernels.py``
-runs them on machines without a GPU — compiled as C++ beside a stand-in for CUDA's
-built-ins, every thread in turn, against the array code — and compiles them with NVRTC
-where it is installed.
+This module does not import CuPy: :func:`~beamflow.ptycho.arrays.array_backend` hands it the
+module. The raw kernels' sources are plain CUDA C in ``cuda/*.cu`` (shared device functions
+in ``*.cuh``, prepended where a kernel uses them), read as package data; no CuPy headers, so
+``tests/test_gpu_kernels.py`` runs them on machines without a GPU — compiled as C++ beside a
+stand-in for CUDA's built-ins, every thread in turn, against the array code — and compiles
+them with NVRTC where it is installed.
 """
 
 from __future__ import annotations
 
+from importlib import resources
 from typing import Any
 
 import numpy as np
@@ -70,6 +72,12 @@ __all__ = ["APPLY_STEP_SOURCE", "EXIT_WAVE_SOURCE", "INTENSITY_SUM_SOURCE", "MAX
            "RAMP_PRODUCT_SOURCE", "STEP_LENGTHS_SOURCE", "STEP_SYSTEMS_SOURCE",
            "SUM_POSITIONS", "SYSTEM_PIXELS", "GpuKernels", "THREADS", "modulus_source",
            "position_grid", "system_grid"]
+
+
+def _cuda(name: str) -> str:
+    """A kernel's CUDA C source, shipped beside this module in ``cuda/`` (package data)."""
+    return (resources.files(__package__) / "cuda" / name).read_text(encoding="utf-8")
+
 
 THREADS = 256
 
@@ -97,118 +105,27 @@ def position_grid(pixels: int, b: int) -> tuple[int, int]:
 
 # The sub-pixel ramp of position j at pixel (y, x), r_j(y, x) = e_j,y(y)·e_j,x(x), from its
 # two (M,) factors in ``e`` (b, 2, M): the one way the kernels below make it.
-RAMP_SOURCE = r"""
-#ifndef BEAMFLOW_RAMP
-#define BEAMFLOW_RAMP
-__device__ __forceinline__ float2 beamflow_ramp(const float2* __restrict__ e, const long long j,
-                                                const int M, const int y, const int x)
-{
-    const float2 ey = e[j * 2 * M + y];
-    const float2 ex = e[j * 2 * M + M + x];
-    return make_float2(ey.x * ex.x - ey.y * ex.y, ey.x * ex.y + ey.y * ex.x);
-}
-#endif
-"""
+RAMP_SOURCE = _cuda("ramp.cuh")
 
 # One thread per element q of a position's (K, M, M) stack, for positions j = blockIdx.y,
 # blockIdx.y + gridDim.y, …: r_j(y, x) = e_j,y(y)·e_j,x(x) from the factors ``e`` (b, 2, M)
 # (conjugated when ``conj``), times a_jk(y, x) (``a_stride``: 0 for one (1, K, M, M) stack
 # shared by every position), written to ``out`` (b, K, M, M). ``out`` may be ``a``.
-RAMP_PRODUCT_SOURCE = RAMP_SOURCE + r"""
-extern "C" __global__ void beamflow_ramp_product(
-    const float2* __restrict__ e, const float2* a, const long long a_stride, float2* out,
-    const int b, const int K, const int M, const int conj)
-{
-    const int mm = M * M;
-    const int q = blockIdx.x * blockDim.x + threadIdx.x;
-    if (q >= K * mm) return;
-    const int p = q % mm;
-    const int y = p / M;
-    const int x = p - y * M;
-    for (int j = blockIdx.y; j < b; j += gridDim.y) {
-        const long long jl = j;
-        float2 r = beamflow_ramp(e, jl, M, y, x);
-        if (conj) r.y = -r.y;
-        const float2 v = a[jl * a_stride + q];
-        out[jl * K * mm + q] = make_float2(r.x * v.x - r.y * v.y, r.x * v.y + r.y * v.x);
-    }
-}
-"""
+RAMP_PRODUCT_SOURCE = RAMP_SOURCE + _cuda("ramp_product.cu")
 
 # One thread per pixel p of a position's window, for positions j = blockIdx.y, blockIdx.y +
 # gridDim.y, …: O_j(p) read from the object (H, W) at the window's corner ``flat[j]``
 # (iy·W + ix) and written to ``oj`` (b, M, M), and the product P_k,j(p)·O_j(p) of every
 # mode written to ``psi`` (b, K, M, M) — numpy's complex product, in its order.
 # ``pd_stride`` as in beamflow_object_terms.
-EXIT_WAVE_SOURCE = r"""
-extern "C" __global__ void beamflow_exit_wave(
-    const float2* __restrict__ obj, const long long* __restrict__ flat,
-    const float2* __restrict__ pd, const long long pd_stride,
-    float2* __restrict__ oj, float2* __restrict__ psi,
-    const int b, const int K, const int M, const long long W)
-{
-    const int mm = M * M;
-    const int p = blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= mm) return;
-    const int r = p / M;
-    const long long off = r * W + (p - r * M);
-    for (int j = blockIdx.y; j < b; j += gridDim.y) {
-        const long long jl = j;
-        const float2 O = obj[flat[j] + off];
-        oj[jl * mm + p] = O;
-        for (int k = 0; k < K; ++k) {
-            const float2 P = pd[jl * pd_stride + k * mm + p];
-            psi[(jl * K + k) * mm + p] = make_float2(P.x * O.x - P.y * O.y,
-                                                     P.x * O.y + P.y * O.x);
-        }
-    }
-}
-"""
+EXIT_WAVE_SOURCE = _cuda("exit_wave.cu")
 
 # A warp's 32 values summed (shuffles, float64) for one atomic add by its first lane, where
 # thousands of threads would otherwise add into the same few addresses one at a time; and a
 # block's maximum, written by its first thread. The
 # CPU's thread-by-thread run of the sources (tests/test_gpu_kernels.py) defines
 # BEAMFLOW_ONE_THREAD: there each thread adds its own value (the same total).
-WARP_SUM_SOURCE = r"""
-#ifndef BEAMFLOW_WARP_SUM
-#define BEAMFLOW_WARP_SUM
-#ifndef BEAMFLOW_ONE_THREAD
-__device__ __forceinline__ double beamflow_warp_sum(double v)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float beamflow_warp_max(float v)
-{
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
-    return v;
-}
-#define BEAMFLOW_WARP_LEADER ((threadIdx.x & 31) == 0)
-// The block's largest v into *out, by its first thread (every thread of the block calls it).
-__device__ __forceinline__ void beamflow_block_max(float v, float* out)
-{
-    __shared__ float warps[32];
-    v = beamflow_warp_max(v);
-    if ((threadIdx.x & 31) == 0) warps[threadIdx.x >> 5] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x + 31) / 32; ++w) v = fmaxf(v, warps[w]);
-        *out = v;
-    }
-}
-#else
-static inline double beamflow_warp_sum(double v) { return v; }
-static inline float beamflow_warp_max(float v) { return v; }
-#define BEAMFLOW_WARP_LEADER 1
-// Threads run one after another, the block's first one first.
-static inline void beamflow_block_max(float v, float* out)
-{
-    *out = threadIdx.x == 0 ? v : fmaxf(*out, v);
-}
-#endif
-#endif
-"""
+WARP_SUM_SOURCE = _cuda("warp_sum.cuh")
 
 # One thread per pixel p of a position's window, for positions j = blockIdx.y, blockIdx.y +
 # gridDim.y, …: the K modes' conj(P)·χ summed, and the illumination (Σ_k |P_k,j|² when
@@ -224,42 +141,7 @@ static inline void beamflow_block_max(float v, float* out)
 # threads' largest to most[block] (gridDim.x·gridDim.y floats; GpuKernels.object_terms
 # reduces them). One atomic maximum a warp into one address instead serialised 260 000 of
 # them a batch: 0.85 ms, six times the kernel's own time (H100, 10000 × 256², batch 128).
-OBJECT_TERMS_SOURCE = WARP_SUM_SOURCE + r"""
-extern "C" __global__ void beamflow_object_terms(
-    const float2* __restrict__ pd, const long long pd_stride,
-    const float2* __restrict__ chi, const float* __restrict__ inten,
-    const long long* __restrict__ flat, float* __restrict__ acc, float* __restrict__ most,
-    const int b, const int K, const int M, const long long W, const long long HW,
-    const int exact)
-{
-    const int mm = M * M;
-    const int p = blockIdx.x * blockDim.x + threadIdx.x;
-    // No early return past the window when the maximum is taken: every thread of a block
-    // takes part in its reduction (one past the window adds nothing).
-    if (p >= mm && !most) return;
-    const int r = p / M;
-    const long long off = r * W + (p - r * M);
-    float largest = 0.0f;
-    for (int j = blockIdx.y; j < b; j += gridDim.y) {
-        if (p >= mm) continue;
-        const long long jl = j;
-        float re = 0.0f, im = 0.0f, den = 0.0f;
-        for (int k = 0; k < K; ++k) {
-            const float2 P = pd[jl * pd_stride + k * mm + p];
-            const float2 X = chi[(jl * K + k) * mm + p];
-            re += P.x * X.x + P.y * X.y;   /* conj(P)·X */
-            im += P.x * X.y - P.y * X.x;
-            if (exact) den += P.x * P.x + P.y * P.y;
-        }
-        if (!exact) den = inten[p];
-        const long long o = flat[j] + off;
-        atomicAdd(acc + 2 * o, re);
-        atomicAdd(acc + 2 * o + 1, im);
-        largest = fmaxf(largest, atomicAdd(acc + 2 * HW + o, den) + den);
-    }
-    if (most) beamflow_block_max(largest, most + (long long)blockIdx.y * gridDim.x + blockIdx.x);
-}
-"""
+OBJECT_TERMS_SOURCE = WARP_SUM_SOURCE + _cuda("object_terms.cu")
 
 # One thread per pixel of a box of the object (rows y0 … y0 + rows − 1, columns x0 … x0 +
 # cols − 1 of the (H, W) object): the step num / (c_den·den + c_max·max) from the
@@ -270,32 +152,7 @@ extern "C" __global__ void beamflow_object_terms(
 # step, LSQ-ML's direction and step; it replaces a zeroing of the pair over the box before
 # the batch, a maximum over the box, and one or two passes over it (rPIE 40 bytes a pixel of
 # the box, LSQ-ML 68), with 12 bytes a pixel read and 28 more where the windows reached.
-APPLY_STEP_SOURCE = r"""
-extern "C" __global__ void beamflow_apply_step(
-    float2* __restrict__ obj, float* __restrict__ acc, const float* __restrict__ top,
-    const float* __restrict__ step, const float c_den, const float c_max,
-    const long long W, const long long HW, const int y0, const int rows, const int x0,
-    const int cols)
-{
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) return;
-    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
-        const long long o = (long long)(y0 + r) * W + x0 + c;
-        float2* num = (float2*)acc + o;
-        float* den = acc + 2 * HW + o;
-        const float2 n = *num;
-        const float d = *den;
-        if (n.x == 0.0f && n.y == 0.0f && d == 0.0f) continue;
-        const float f = 1.0f / (d * c_den + c_max * *top);
-        float2 g = make_float2(n.x * f, n.y * f);
-        if (step) g = make_float2(*step * g.x, *step * g.y);
-        const float2 v = obj[o];
-        obj[o] = make_float2(v.x + g.x, v.y + g.y);
-        *num = make_float2(0.0f, 0.0f);
-        *den = 0.0f;
-    }
-}
-"""
+APPLY_STEP_SOURCE = _cuda("apply_step.cu")
 
 # Σ_j r_j(q)·a_j(q) over a batch's (b, K, M, M) stack, with r_j the ramp of factors ``e``
 # (b, 2, M) (as beamflow_ramp_product makes it; ``e`` null: no ramp), added into ``out``
@@ -303,36 +160,7 @@ extern "C" __global__ void beamflow_apply_step(
 # group of SUM_POSITIONS positions), one atomic add per thread and component. It replaces a
 # ramp product that wrote the stack and a sum that read it again (an LSQ-ML batch at
 # 10000 × 256²: 49 + 40 µs on the H100).
-POSITION_SUM_SOURCE = RAMP_SOURCE + r"""
-extern "C" __global__ void beamflow_position_sum(
-    const float2* __restrict__ e, const float2* __restrict__ a, float* __restrict__ out,
-    const int b, const int K, const int M, const int per)
-{
-    const int mm = M * M;
-    const int q = blockIdx.x * blockDim.x + threadIdx.x;
-    if (q >= K * mm) return;
-    const int p = q % mm;
-    const int y = p / M;
-    const int x = p - y * M;
-    const int j0 = blockIdx.y * per;
-    const int j1 = j0 + per < b ? j0 + per : b;
-    float re = 0.0f, im = 0.0f;
-    for (int j = j0; j < j1; ++j) {
-        const long long jl = j;
-        const float2 v = a[jl * K * mm + q];
-        if (e) {
-            const float2 r = beamflow_ramp(e, jl, M, y, x);
-            re += r.x * v.x - r.y * v.y;
-            im += r.x * v.y + r.y * v.x;
-        } else {
-            re += v.x;
-            im += v.y;
-        }
-    }
-    atomicAdd(out + 2 * q, re);
-    atomicAdd(out + 2 * q + 1, im);
-}
-"""
+POSITION_SUM_SOURCE = RAMP_SOURCE + _cuda("position_sum.cu")
 
 
 # Positions each thread of beamflow_intensity_sum adds up (the grid's second dimension
@@ -342,23 +170,7 @@ SUM_POSITIONS = 16
 # Σ_j |a_j(p)|² over a batch's (b, M, M) stack, added into ``out`` (M·M float32): one thread
 # per (pixel p, group of SUM_POSITIONS positions), consecutive threads on consecutive pixels,
 # one atomic add per thread.
-INTENSITY_SUM_SOURCE = r"""
-extern "C" __global__ void beamflow_intensity_sum(
-    const float2* __restrict__ a, float* __restrict__ out, const int b, const long long mm,
-    const int per)
-{
-    const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= mm) return;
-    const int j0 = blockIdx.y * per;
-    const int j1 = j0 + per < b ? j0 + per : b;
-    float s = 0.0f;
-    for (int j = j0; j < j1; ++j) {
-        const float2 v = a[j * mm + p];
-        s += v.x * v.x + v.y * v.y;
-    }
-    atomicAdd(out + p, s);
-}
-"""
+INTENSITY_SUM_SOURCE = _cuda("intensity_sum.cu")
 
 
 # Pixels of each mode that one thread of the step systems sums: a position gets
@@ -381,66 +193,7 @@ SYSTEM_PIXELS = 16
 # by thread, the adds serialised on each row's five addresses — 4096 threads a position at
 # 256²: 39.5 ms of a 132 ms LSQ-ML iteration at 10000 × 256², batch 512, on the H100 (31 %,
 # 0.65 TB/s).
-STEP_SYSTEMS_SOURCE = WARP_SUM_SOURCE + r"""
-extern "C" __global__ void beamflow_step_systems(
-    const float2* __restrict__ pd, const long long pd_stride,
-    const float* __restrict__ acc, const float* __restrict__ top, const float alpha,
-    const long long* __restrict__ flat,
-    const float2* __restrict__ oj, const float2* __restrict__ sp, const long long sp_stride,
-    const float2* __restrict__ chi, double* __restrict__ out,
-    const int b, const int K, const int M, const long long W, const long long HW,
-    const int upd_obj, const int upd_probe)
-{
-    const float lift = upd_obj ? alpha * *top : 0.0f;
-    const int T = gridDim.x * blockDim.x;
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    const int mm = M * M;
-    // No early return for t >= mm: every lane of a warp takes part in its shuffles (a
-    // thread past the frame sums nothing).
-    for (int j = blockIdx.y; j < b; j += gridDim.y) {
-        const long long jl = j;
-        float a11 = 0.0f, a12 = 0.0f, a22 = 0.0f, b1 = 0.0f, b2 = 0.0f;
-        for (int k = 0; k < K; ++k) {
-            const long long q0 = (long long)k * mm;
-            for (int p = t; p < mm; p += T) {
-                const long long q = q0 + p;
-                const float2 X = chi[jl * K * mm + q];
-                float2 d0 = make_float2(0.0f, 0.0f), d1 = make_float2(0.0f, 0.0f);
-                if (upd_obj) {
-                    const int r = p / M;
-                    const float2 P = pd[jl * pd_stride + q];
-                    const long long o = flat[j] + r * W + (p - r * M);
-                    const float2 n = ((const float2*)acc)[o];
-                    const float f = 1.0f / (acc[2 * HW + o] + lift);
-                    const float2 D = make_float2(n.x * f, n.y * f);
-                    d0 = make_float2(P.x * D.x - P.y * D.y, P.x * D.y + P.y * D.x);
-                }
-                if (upd_probe) {
-                    const float2 O = oj[jl * mm + p];
-                    const float2 S = sp[jl * sp_stride + q];
-                    d1 = make_float2(O.x * S.x - O.y * S.y, O.x * S.y + O.y * S.x);
-                }
-                a11 += d0.x * d0.x + d0.y * d0.y;
-                a12 += d0.x * d1.x + d0.y * d1.y;
-                a22 += d1.x * d1.x + d1.y * d1.y;
-                b1 += d0.x * X.x + d0.y * X.y;
-                b2 += d1.x * X.x + d1.y * X.y;
-            }
-        }
-        const double s11 = beamflow_warp_sum(a11), s12 = beamflow_warp_sum(a12);
-        const double s22 = beamflow_warp_sum(a22), s1 = beamflow_warp_sum(b1);
-        const double s2 = beamflow_warp_sum(b2);
-        if (BEAMFLOW_WARP_LEADER) {
-            double* row = out + jl * 5;
-            atomicAdd(row, s11);
-            atomicAdd(row + 1, s12);
-            atomicAdd(row + 2, s22);
-            atomicAdd(row + 3, s1);
-            atomicAdd(row + 4, s2);
-        }
-    }
-}
-"""
+STEP_SYSTEMS_SOURCE = WARP_SUM_SOURCE + _cuda("step_systems.cu")
 
 
 # The one-mode modulus projection of a chunk, in place, on the step systems' grid (a thread
@@ -457,54 +210,7 @@ extern "C" __global__ void beamflow_step_systems(
 # thread, one after another, it ran at 1.4 TB/s there: a thread reads and writes ψ at pixels
 # T apart, which the compiler cannot tell apart (T is known at run time only), so each load
 # waited for the store before it. A thread now loads LOADS pixels before it stores any.
-MODULUS_SOURCE = WARP_SUM_SOURCE + r"""
-#ifndef LOADS
-#define LOADS 4
-#endif
-extern "C" __global__ void beamflow_modulus_NAME(
-    float2* __restrict__ psi, const DATA* __restrict__ frames,
-    const long long* __restrict__ rows,
-    const float* __restrict__ mask, const float eps, const float scale,
-    double* __restrict__ loss, const int b, const int M)
-{
-    const int T = gridDim.x * blockDim.x;
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    const int mm = M * M;
-    // No early return past the frame: every lane of a warp takes part in its shuffles.
-    for (int j = blockIdx.y; j < b; j += gridDim.y) {
-        const long long r = rows ? rows[j] : (long long)j;
-        const long long base = (long long)j * mm;
-        float s = 0.0f;
-        // LOADS pixels at a time, t, t + T, …: all their loads, then all their stores.
-        for (int p0 = t; p0 < mm; p0 += LOADS * T) {
-            float2 v[LOADS];
-            float amp[LOADS], w[LOADS];
-#pragma unroll
-            for (int u = 0; u < LOADS; ++u) {
-                const int p = p0 + u * T;
-                if (p < mm) {
-                    v[u] = psi[base + p];
-                    amp[u] = AMPLITUDE(frames[r * mm + p]);
-                    w[u] = mask[p];
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < LOADS; ++u) {
-                const int p = p0 + u * T;
-                if (p < mm) {
-                    const float a = sqrtf(v[u].x * v[u].x + v[u].y * v[u].y);
-                    const float d = (amp[u] - a) * w[u];
-                    const float f = d / (a + eps) * scale;
-                    psi[base + p] = make_float2(v[u].x * f, v[u].y * f);
-                    s += d * d;
-                }
-            }
-        }
-        const double sum = beamflow_warp_sum(s);
-        if (BEAMFLOW_WARP_LEADER) atomicAdd(loss + j, sum);
-    }
-}
-"""
+MODULUS_SOURCE = WARP_SUM_SOURCE + _cuda("modulus.cu")
 
 
 def modulus_source(counts: bool) -> str:
@@ -524,26 +230,7 @@ def system_grid(m: int, b: int) -> tuple[int, int]:
 # LSQ-ML's step pair from the batch's summed system ``t`` = [a11, a12, a22, b1, b2]
 # (float64): with both directions the 2×2 solve, else each alone (β = b/(a + λ)); λ a
 # relative regulariser; then clipped at 0 and damped, as float32 (one thread: five numbers).
-STEP_LENGTHS_SOURCE = r"""
-extern "C" __global__ void beamflow_step_lengths(
-    const double* __restrict__ t, float* __restrict__ out, const int both, const float damping)
-{
-    if (blockIdx.x * blockDim.x + threadIdx.x != 0) return;
-    const double lam = 1e-6 * (t[0] + t[2]) + 1e-30;
-    const double d11 = t[0] + lam, d22 = t[2] + lam;
-    double bo, bp;
-    if (both) {
-        const double det = d11 * d22 - t[1] * t[1];
-        bo = (d22 * t[3] - t[1] * t[4]) / det;
-        bp = (d11 * t[4] - t[1] * t[3]) / det;
-    } else {
-        bo = t[3] / d11;
-        bp = t[4] / d22;
-    }
-    out[0] = damping * (float)(bo > 0.0 ? bo : 0.0);
-    out[1] = damping * (float)(bp > 0.0 ? bp : 0.0);
-}
-"""
+STEP_LENGTHS_SOURCE = _cuda("step_lengths.cu")
 
 
 def _written(a: Any, dtype: Any) -> Any:

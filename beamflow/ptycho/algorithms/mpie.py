@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .algorithm import PartSums, Sweep
-from .core import Core
+from ..core import Core
+from .base import PartSums, Sweep
 from .rpie import RPIE
 
 __all__ = ["MPIE"]

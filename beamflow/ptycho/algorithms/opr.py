@@ -56,8 +56,8 @@ from typing import Any
 
 import numpy as np
 
-from .core import Chunk, Core
-from .modes import make_modes
+from ..core import Chunk, Core
+from ..modes import make_modes
 
 __all__ = ["VariableProbe", "ptychodus_layout"]
 

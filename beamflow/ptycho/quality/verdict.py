@@ -46,7 +46,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .forward.propagation import Propagation
+from ..forward.propagation import Propagation
 from .metrics import fit_phase_ramp, illumination_mask
 
 __all__ = ["DataRegime", "Verdict", "judge", "measure_data", "noise_floor", "regime_findings"]

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .algorithm import Algorithm, PartSums, Sweep
-from .core import Chunk
-from .forward import Waves
+from ..core import Chunk
+from ..forward import Waves
+from .base import Algorithm, PartSums, Sweep
 
 __all__ = ["PIEFamily"]
 

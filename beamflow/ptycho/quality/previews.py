@@ -76,7 +76,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from beamflow.atomic import atomic_write_bytes
 
-from .arrays import dct2
+from ..arrays import dct2
 from .metrics import fit_phase_ramp, illumination_mask
 
 __all__ = [
@@ -812,7 +812,7 @@ def render_convergence(
 ) -> bytes:
     """PNG bytes of the loss against iteration (log y), with labelled ticks on both axes and,
     given the data's Poisson ``noise_floor`` (the misfit a perfect model scores,
-    :func:`beamflow.ptycho.verdict.noise_floor`), a dashed line at it.
+    :func:`beamflow.ptycho.quality.verdict.noise_floor`), a dashed line at it.
 
     ``loss_history`` is 1-D (the loss of iterations 1, 2, …) or ``[N, 2]`` rows of
     ``(iteration, loss)``.

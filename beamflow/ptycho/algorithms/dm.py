@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from .algorithm import Algorithm, PartSums, Sweep
-from .core import Chunk, Core
-from .forward import Waves
+from ..core import Chunk, Core
+from ..forward import Waves
+from .base import Algorithm, PartSums, Sweep
 
 __all__ = ["DM"]
 

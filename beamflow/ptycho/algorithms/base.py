@@ -27,13 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from .accumulators import ObjectAccumulator, ObjectSteps
+from ..accumulators import ObjectAccumulator, ObjectSteps
+from ..core import Chunk, Core
+from ..forward import Waves, make_model
+from ..gpu.graphs import BatchGraphs
+from ..positions import clip_steps
 from .batches import compact_batches, overlap_neighbours, random_batches, sparse_batches
-from .core import Chunk, Core
-from .forward import Waves, make_model
-from .graphs import BatchGraphs
 from .opr import VariableProbe
-from .positions import clip_steps
 
 __all__ = ["Algorithm", "PartSums", "Sweep"]
 

@@ -1,7 +1,7 @@
 """The variable probe's preview: the OPR weights along the scan (``probe_variation.png``).
 
 A fly scan's beam varies slowly in time, so the weights of the eigen-probes
-(:mod:`beamflow.ptycho.opr`) plotted against acquisition order should be smooth curves: a
+(:mod:`beamflow.ptycho.algorithms.opr`) plotted against acquisition order should be smooth curves: a
 drift reads as a slow wave, a vibration as a fast one, and weights that look like noise say
 the eigen-probes describe noise rather than the beam. Top panel: w_j0, the weight of the
 mean probe (the beam's relative amplitude); bottom: w_jk of each eigen-probe U_k, each
