@@ -594,8 +594,8 @@ def _final_previews(job: ReconstructJob, inputs: _Inputs, frame: ScanFrame,
             noise_floor=given.regime.noise_floor, suspect=suspect,
             spacings_m=inputs.params.slice_spacings)
         if "opr_weights" in final.extras:  # the variable probe: its weights along the scan
+            from beamflow.ptycho.quality.figures import headline
             from beamflow.ptycho.quality.opr_previews import write_opr_preview
-            from beamflow.ptycho.quality.previews import headline
 
             path = write_opr_preview(job.out / "previews", final.extras["opr_weights"],
                                      final.probe,

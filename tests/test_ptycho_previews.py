@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from beamflow.ptycho.quality import figures as F
+from beamflow.ptycho.quality import object_view as OV
 from beamflow.ptycho.quality import previews as V
 
 PX = 12.5e-9
@@ -103,7 +105,7 @@ def test_previews_accept_product_layouts_and_unwrapped_phase(tmp_path):
     ],
 )
 def test_nice_length_picks_round_value_below(value, expected):
-    assert V.nice_length(value) == pytest.approx(expected, rel=1e-12)
+    assert F.nice_length(value) == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -116,7 +118,7 @@ def test_nice_length_picks_round_value_below(value, expected):
     ],
 )
 def test_scale_bar_length_and_label(width, pixel, length_px, label):
-    got_px, got_label = V.scale_bar(width, pixel)
+    got_px, got_label = F.scale_bar(width, pixel)
     assert got_px == pytest.approx(length_px)
     assert got_label == label
     assert got_px <= 0.2 * width + 1e-9
@@ -125,9 +127,9 @@ def test_scale_bar_length_and_label(width, pixel, length_px, label):
 def test_nice_length_and_scale_bar_reject_nonsense():
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError):
-            V.nice_length(bad)
+            F.nice_length(bad)
     with pytest.raises(ValueError, match="pixel size"):
-        V.scale_bar(100, 0.0)
+        F.scale_bar(100, 0.0)
 
 
 @pytest.mark.parametrize("which", ["object", "probe"])
@@ -140,11 +142,11 @@ def test_non_finite_input_raises_and_writes_nothing(tmp_path, which):
     out_dir = tmp_path / "previews"
     out_dir.mkdir()
     (out_dir / "object_phase.png").write_bytes(b"old")
-    with pytest.raises(V.PreviewError, match=rf"{which}: 1 of \d+ values are NaN or infinite"):
+    with pytest.raises(F.PreviewError, match=rf"{which}: 1 of \d+ values are NaN or infinite"):
         V.write_previews(out_dir, obj, probe, PX, [1.0, 0.5])
     # ... and with positions, whose illuminated region is summed from the probe
     corners = np.array([[10.0, 10.0], [20.0, 30.0]])
-    with pytest.raises(V.PreviewError, match=rf"{which}: 1 of \d+ values are NaN or infinite"):
+    with pytest.raises(F.PreviewError, match=rf"{which}: 1 of \d+ values are NaN or infinite"):
         V.write_previews(out_dir, obj, probe, PX, [1.0, 0.5], positions_px=corners)
     assert [p.name for p in out_dir.iterdir()] == ["object_phase.png"]
     assert (out_dir / "object_phase.png").read_bytes() == b"old"
@@ -197,13 +199,13 @@ def test_unwrap_phase_recovers_a_steep_ramp():
     y, x = np.indices((40, 50))
     true = 0.4 * x + 0.25 * y  # 20 + 10 rad across: wraps many times
     wrapped = np.angle(np.exp(1j * true))
-    un = V.unwrap_phase(wrapped)
+    un = F.unwrap_phase(wrapped)
     assert np.allclose(un - un.mean(), true - true.mean(), atol=1e-6)
 
 
 def test_complex_to_rgb_hue_is_phase_and_value_is_amplitude():
     z = np.array([[1.0, -1.0, 0.5j, 0.0]])
-    rgb = V.complex_to_rgb(z)
+    rgb = F.complex_to_rgb(z)
     assert np.allclose(rgb[0, 0], [0, 1, 1])  # phase 0 → hue 0.5 (cyan)
     assert np.allclose(rgb[0, 1], [1, 0, 0])  # phase π → hue 1 ≡ 0 (red)
     assert np.allclose(rgb[0, 2].max(), 0.5)  # half amplitude → half brightness
@@ -213,7 +215,7 @@ def test_complex_to_rgb_hue_is_phase_and_value_is_amplitude():
 def test_previews_do_not_touch_pyplot_state(tmp_path):
     code = (
         "import sys, numpy as np\n"
-        "from beamflow.ptycho import previews as V\n"
+        "from beamflow.ptycho.quality import previews as V\n"
         f"V.write_previews({str(tmp_path)!r}, np.ones((32, 32), complex), np.ones((8, 8), complex),"
         " 1e-8, [1.0, 0.5])\n"
         "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot was imported'\n"
@@ -229,7 +231,7 @@ def _noisy_outside(n: int = 96) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """An object with a 0.8 rad square on a flat background where the probe goes, and wild
     amplitude and uniformly random phase where it never goes; the probe and its corners."""
     probe, corners = _scan(n)
-    inside = V.illuminated_region((n, n), probe, corners)
+    inside = OV.illuminated_region((n, n), probe, corners)
     rng = np.random.default_rng(3)
     obj = np.exp(1j * rng.uniform(-np.pi, np.pi, (n, n))) * rng.uniform(0.05, 3.0, (n, n))
     y, x = np.indices((n, n))
@@ -240,24 +242,24 @@ def _noisy_outside(n: int = 96) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def test_illuminated_region_is_where_the_probe_went():
     probe, corners = _scan(96)
-    inside = V.illuminated_region((96, 96), probe, corners)
+    inside = OV.illuminated_region((96, 96), probe, corners)
     assert inside[48, 48] and not inside[2, 2] and not inside[93, 50]
     assert 0.1 < inside.mean() < 0.6
     # A refined position half a pixel past the edge is clipped, not refused.
-    edge = V.illuminated_region((96, 96), probe, [[-0.6, 64.7], [10.0, 10.0]])
+    edge = OV.illuminated_region((96, 96), probe, [[-0.6, 64.7], [10.0, 10.0]])
     assert edge[26, 26] and edge[16, 80]
 
 
 def test_phase_window_comes_from_the_illuminated_region():
     obj, probe, corners = _noisy_outside()
-    inside = V.illuminated_region(obj.shape, probe, corners)
-    img = V.phase_image(obj, illuminated=inside)
+    inside = OV.illuminated_region(obj.shape, probe, corners)
+    img = OV.phase_image(obj, illuminated=inside)
     lo, hi = img.window
     # The background is the reference (0) and the square tops the window: 0 … 0.8 rad.
     assert lo == pytest.approx(0.0, abs=0.05) and hi == pytest.approx(0.8, abs=0.05)
     assert np.array_equal(img.view.inside, inside)
     # Without the region, the wild border sets the window: nearly the whole circle.
-    lo_all, hi_all = V.phase_image(obj).window
+    lo_all, hi_all = OV.phase_image(obj).window
     assert hi_all - lo_all > 5.0
 
 
@@ -267,38 +269,38 @@ def test_ramp_and_global_phase_are_removed_before_windowing():
     # centred on the array (31.5), so it cannot tilt the fitted plane; ~10 % of the object
     feature = (np.abs(y - 31.5) < 10) & (np.abs(x - 31.5) < 10)
     obj = np.exp(1j * (2.0 + 0.35 * x - 0.2 * y + 1.0 * feature))  # wraps many times
-    img = V.phase_image(obj, illuminated=np.ones((n, n), bool))
+    img = OV.phase_image(obj, illuminated=np.ones((n, n), bool))
     assert np.allclose(img.phase[~feature], 0.0, atol=1e-6)
     assert np.allclose(img.phase[feature], 1.0, atol=1e-6)
     assert img.window == pytest.approx((0.0, 1.0), abs=1e-6)
     # Not removing the ramp leaves the window spanning the wraps.
-    kept = V.phase_image(obj, illuminated=np.ones((n, n), bool), remove_ramp=False)
+    kept = OV.phase_image(obj, illuminated=np.ones((n, n), bool), remove_ramp=False)
     assert kept.window[1] - kept.window[0] > 5.0
 
 
 def test_amplitude_and_unwrapped_windows_follow_the_region():
     obj, probe, corners = _noisy_outside()
-    inside = V.illuminated_region(obj.shape, probe, corners)
-    amp = np.abs(V.object_view(obj, illuminated=inside).values)
-    assert V.robust_window(amp, inside) == pytest.approx((1.0, 1.0), abs=1e-5)
-    assert V.robust_window(amp)[1] > 2.5  # the border's amplitude, had it counted
-    lo, hi = V.phase_image(obj, illuminated=inside, mode="unwrapped").window
+    inside = OV.illuminated_region(obj.shape, probe, corners)
+    amp = np.abs(OV.object_view(obj, illuminated=inside).values)
+    assert OV.robust_window(amp, inside) == pytest.approx((1.0, 1.0), abs=1e-5)
+    assert OV.robust_window(amp)[1] > 2.5  # the border's amplitude, had it counted
+    lo, hi = OV.phase_image(obj, illuminated=inside, mode="unwrapped").window
     assert hi - lo < 1.5
 
 
 def test_border_is_dimmed_and_inside_unchanged():
     obj, probe, corners = _noisy_outside()
-    inside = V.illuminated_region(obj.shape, probe, corners)
+    inside = OV.illuminated_region(obj.shape, probe, corners)
     values = np.angle(obj)
-    plain = V.object_rgb(values, (-1.0, 1.0), "viridis")
-    dimmed = V.object_rgb(values, (-1.0, 1.0), "viridis", inside)
+    plain = OV.object_rgb(values, (-1.0, 1.0), "viridis")
+    dimmed = OV.object_rgb(values, (-1.0, 1.0), "viridis", inside)
     assert np.array_equal(dimmed[inside], plain[inside])
     assert np.all(np.any(dimmed[~inside] != plain[~inside], axis=-1))
     # dimmed toward the outside colour: closer to it than the plain render, everywhere
-    target = np.asarray(V.OUTSIDE_COLOUR)
+    target = np.asarray(F.OUTSIDE_COLOUR)
     assert np.all(np.linalg.norm(dimmed[~inside] - target, axis=-1)
                   < np.linalg.norm(plain[~inside] - target, axis=-1) + 1e-12)
-    assert np.array_equal(V.shade_outside(plain, None), plain)
+    assert np.array_equal(OV.shade_outside(plain, None), plain)
 
 
 def test_positions_change_the_object_images_and_nothing_else(tmp_path):
@@ -315,25 +317,25 @@ def test_positions_change_the_object_images_and_nothing_else(tmp_path):
 
 
 def test_illuminated_mask_follows_crop_and_block_averaging():
-    n = 2 * V.MAX_DISPLAY_PX + 40  # block-averaged by 3 after the crop below
+    n = 2 * F.MAX_DISPLAY_PX + 40  # block-averaged by 3 after the crop below
     obj = np.ones((n, n), np.complex64)
     inside = np.zeros((n, n), bool)
     inside[:, : n // 2] = True
-    view = V.object_view(obj, scan_extent_px=(10, n - 10, 10, n - 10), illuminated=inside)
+    view = OV.object_view(obj, scan_extent_px=(10, n - 10, 10, n - 10), illuminated=inside)
     assert view.factor == 3 and view.inside.shape == view.values.shape
     cols = np.flatnonzero(view.inside[0])
     assert cols[0] == 0 and abs((cols[-1] + 1) * 3 + 10 - n // 2) <= 3
-    with pytest.raises(V.PreviewError, match="illuminated"):
-        V.object_view(obj, illuminated=inside[:-1])
+    with pytest.raises(F.PreviewError, match="illuminated"):
+        OV.object_view(obj, illuminated=inside[:-1])
 
 
 def test_full_range_is_the_wrapped_circle():
     obj, probe, corners = _noisy_outside()
-    inside = V.illuminated_region(obj.shape, probe, corners)
-    img = V.phase_image(obj, illuminated=inside, full_range=True)
+    inside = OV.illuminated_region(obj.shape, probe, corners)
+    img = OV.phase_image(obj, illuminated=inside, full_range=True)
     assert img.window == (-np.pi, np.pi)
     assert img.phase.min() >= -np.pi and img.phase.max() < np.pi
-    windowed = V.phase_image(obj, illuminated=inside)
+    windowed = OV.phase_image(obj, illuminated=inside)
     assert np.allclose(np.exp(1j * img.phase), np.exp(1j * windowed.phase))
 
 
@@ -351,7 +353,7 @@ def _text_chunks(path: Path) -> dict[str, str]:
 def figures(monkeypatch) -> list:
     """The matplotlib figures the renderers draw (captured as they are saved)."""
     drawn = []
-    real = V._png_bytes
+    real = F._png_bytes
 
     def capture(fig, *args, **kwargs):
         data = real(fig, *args, **kwargs)  # saving draws it: tick labels are set now
@@ -429,7 +431,7 @@ def _sample_in_empty_space(n: int = 128, scale: float = 0.6) -> np.ndarray:
 
 def test_the_amplitude_is_one_in_the_unscattered_region(tmp_path, figures):
     obj = _sample_in_empty_space(scale=0.6)
-    view = V.object_view(obj)
+    view = OV.object_view(obj)
     level = V.unscattered_level(view)
     assert level.value == pytest.approx(0.6, rel=1e-3)
     assert level.share > 0.3
@@ -447,7 +449,7 @@ def test_the_amplitude_is_one_in_the_unscattered_region(tmp_path, figures):
 def test_a_sample_that_fills_the_field_is_not_normalised_and_says_why(tmp_path, figures):
     rng = np.random.default_rng(0)
     texture = np.exp((0.5j - 0.3) * rng.random((128, 128)))  # no flat area anywhere
-    level = V.unscattered_level(V.object_view(texture))
+    level = V.unscattered_level(OV.object_view(texture))
     assert level.value is None
     data = V.render_object_amplitude(texture.astype(np.complex64), PX)
     path = V.write_png_atomic(tmp_path / "t.png", data)
@@ -513,5 +515,5 @@ def test_layers_are_drawn_each_and_their_projection_in_the_others(tmp_path):
         assert layered[name].read_bytes() == product[name].read_bytes(), name
     text = layered["object_layers"].read_bytes()
     assert b"Object layers" in text
-    with pytest.raises(V.PreviewError):
+    with pytest.raises(F.PreviewError):
         V.render_object_layers(layers[:1], 5e-8)

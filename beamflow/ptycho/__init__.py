@@ -9,9 +9,9 @@ Algorithms (:mod:`.algorithms`): ePIE, rPIE, mPIE, DM and LSQ-ML (Gaussian or Po
 with mini-batches, mixed-state probe modes, exact sub-pixel positions, position correction
 and update schedules; a variable probe (rPIE, mPIE, LSQ-ML); thin samples or thick ones as
 layers (:mod:`.forward`); on numpy (FFTW or pocketfft threads) or CuPy (:mod:`.gpu`); the
-verdict, metrics and previews of a result (:mod:`.quality`). The package depends on no other
-part of beamflow (numpy, scipy, pydantic and, for the previews, matplotlib; CuPy when a GPU
-is used).
+verdict, metrics and previews of a result (:mod:`.quality`). Of the rest of beamflow it uses
+only :mod:`beamflow.atomic` (the previews' atomic file writes); beyond that numpy, scipy,
+pydantic, matplotlib for the previews, and CuPy where a GPU is used.
 """
 
 from .algorithms.catalog import CATALOG

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .previews import PreviewError, _new_figure, _png_bytes, write_png_atomic
+from .figures import PreviewError, _new_figure, _png_bytes
+from .previews import write_png_atomic
 
 __all__ = ["PROBE_VARIATION_NAME", "render_opr_weights", "write_opr_preview"]
 

@@ -58,7 +58,6 @@ many were left out.
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,552 +65,50 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colorbar import Colorbar
-from matplotlib.colors import hsv_to_rgb
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, NullFormatter
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike
 
 from beamflow.atomic import atomic_write_bytes
 
-from ..arrays import dct2
-from .metrics import fit_phase_ramp, illumination_mask
+from .figures import (
+    _MIN_REGION_PX,
+    WINDOW_PERCENTILES,
+    PreviewError,
+    _check_finite,
+    _draw_scale_bar,
+    _new_figure,
+    _place_title,
+    _png_bytes,
+    complex_to_rgb,
+    headline,
+)
+from .object_view import (
+    ObjectView,
+    _draw_image,
+    _probe_modes,
+    illuminated_region,
+    object_rgb,
+    object_view,
+    phase_image,
+    robust_window,
+)
 
 __all__ = [
     "LAYERS_NAME",
     "PREVIEW_NAMES",
-    "SUSPECT_MARK",
-    "ObjectView",
-    "PhaseImage",
-    "PreviewError",
     "UnscatteredLevel",
-    "complex_to_rgb",
-    "flatten_phase",
-    "headline",
-    "illuminated_region",
-    "nice_length",
-    "object_rgb",
-    "object_view",
-    "phase_image",
-    "render_object_layers",
     "render_convergence",
     "render_object_amplitude",
+    "render_object_layers",
     "render_object_phase",
     "render_probe",
-    "robust_window",
-    "scale_bar",
-    "shade_outside",
     "unscattered_level",
-    "unwrap_phase",
     "write_png_atomic",
     "write_previews",
 ]
 
 #: The files :func:`write_previews` writes (``NAME.png``), in the order the page shows them.
 PREVIEW_NAMES = ("object_phase", "object_phase_full", "object_amplitude", "probe", "convergence")
-
-#: Larger crops are block-averaged (complex mean) down to about this many pixels a side:
-#: a preview is ~500 px wide, and rendering cost must not grow with the object.
-MAX_DISPLAY_PX = 512
-_DPI = 100
-#: Colour windows span these percentiles of the illuminated region: robust to hot pixels.
-WINDOW_PERCENTILES = (1.0, 99.0)
-#: The illuminated region: summed probe intensity ≥ this fraction of its maximum.
-ILLUMINATION_FRACTION = 0.1
-#: Outside the illuminated region, pixels are blended this far toward a dark slate: the
-#: structure stays faintly visible, but nobody reads the border as sample.
-OUTSIDE_BLEND = 0.7
-OUTSIDE_COLOUR = (0.16, 0.18, 0.24)
-#: The illuminated region's outline (absent from gray, viridis and twilight).
-OUTLINE_COLOUR = "#ff2d55"
-#: Fewer illuminated display pixels than this: treated as unknown (no window, no dimming).
-_MIN_REGION_PX = 16
-_FIGSIZE = (5.4, 4.6)
-
-
-class PreviewError(ValueError):
-    """Input that cannot be rendered honestly (e.g. NaN in the object)."""
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def nice_length(max_length: float) -> float:
-    """The largest 1, 2 or 5 × 10ⁿ not exceeding ``max_length`` (> 0)."""
-    if not (max_length > 0 and math.isfinite(max_length)):
-        raise ValueError(f"length must be positive and finite, got {max_length}")
-    exponent = math.floor(math.log10(max_length))
-    for mantissa in (5.0, 2.0, 1.0):
-        value = mantissa * 10.0**exponent
-        # Tolerate rounding in log10 (e.g. 5e-7 must give 5e-7, not 2e-7).
-        if value <= max_length * (1 + 1e-9):
-            return value
-    return 10.0 ** (exponent - 1) * 5.0  # unreachable; keeps type checkers calm
-
-
-def scale_bar(width_px: int, pixel_size_m: float, fraction: float = 0.2) -> tuple[float, str]:
-    """Scale-bar length in pixels and its label for an image ``width_px`` pixels wide.
-
-    The bar is the round length (:func:`nice_length`) closest below ``fraction`` of the
-    image width; the label is in µm, or nm below 0.1 µm (``"2 µm"``, ``"0.5 µm"``,
-    ``"50 nm"``).
-    """
-    if width_px < 1:
-        raise ValueError(f"image width must be at least 1 px, got {width_px}")
-    if not (pixel_size_m > 0 and math.isfinite(pixel_size_m)):
-        raise ValueError(f"pixel size must be positive and finite, got {pixel_size_m} m")
-    length_m = nice_length(fraction * width_px * pixel_size_m)
-    if length_m >= 0.1e-6:
-        label = f"{length_m * 1e6:g} µm"
-    else:
-        label = f"{length_m * 1e9:g} nm"
-    return length_m / pixel_size_m, label
-
-
-def _check_finite(a: np.ndarray, name: str) -> None:
-    bad = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
-    if bad:
-        raise PreviewError(
-            f"{name}: {bad} of {np.size(a)} values are NaN or infinite "
-            "(has the reconstruction diverged?); no preview written"
-        )
-
-
-def _block_mean(a: np.ndarray, max_px: int) -> tuple[np.ndarray, int]:
-    """Complex block average by an integer factor so that no side exceeds ``max_px``."""
-    factor = max(1, math.ceil(max(a.shape) / max_px))
-    if factor == 1:
-        return a, 1
-    h, w = (a.shape[0] // factor) * factor, (a.shape[1] // factor) * factor
-    b = a[:h, :w].reshape(h // factor, factor, w // factor, factor).mean(axis=(1, 3))
-    return b, factor
-
-
-def _crop(obj: np.ndarray, extent: Sequence[int] | None) -> np.ndarray:
-    if extent is None:
-        return obj
-    if len(extent) != 4:
-        raise ValueError(f"scan_extent_px must be (row0, row1, col0, col1), got {extent!r}")
-    r0, r1, c0, c1 = (int(v) for v in extent)
-    r0, c0 = max(r0, 0), max(c0, 0)
-    r1, c1 = min(r1, obj.shape[0]), min(c1, obj.shape[1])
-    if r1 - r0 < 2 or c1 - c0 < 2:
-        raise ValueError(f"scan_extent_px {tuple(extent)} leaves no image of {obj.shape}")
-    return obj[r0:r1, c0:c1]
-
-
-def unwrap_phase(wrapped: ArrayLike) -> NDArray[np.float64]:
-    """Least-squares 2-D phase unwrapping (Ghiglia & Romero 1994), unweighted, via DCT.
-
-    Solves the Poisson equation whose source is the divergence of the wrapped phase
-    differences, with Neumann boundaries. Smooth and robust to noise; where the phase has
-    residues (true discontinuities) it is not congruent with the wrapped input.
-    """
-    p = np.asarray(wrapped, dtype=np.float64)
-    if p.ndim != 2:
-        raise ValueError(f"phase: expected a 2-D array, got shape {p.shape}")
-    h, w = p.shape
-
-    def wrap(a: np.ndarray) -> np.ndarray:
-        return (a + np.pi) % (2 * np.pi) - np.pi
-
-    dy = np.zeros_like(p)
-    dx = np.zeros_like(p)
-    dy[:-1] = wrap(np.diff(p, axis=0))
-    dx[:, :-1] = wrap(np.diff(p, axis=1))
-    rho = dy.copy()
-    rho[1:] -= dy[:-1]
-    rho += dx
-    rho[:, 1:] -= dx[:, :-1]
-    rho_hat = dct2(rho)
-    i = np.arange(h)[:, None]
-    j = np.arange(w)[None, :]
-    denom = 2 * (np.cos(np.pi * i / h) + np.cos(np.pi * j / w) - 2)
-    denom[0, 0] = 1.0
-    phi_hat = rho_hat / denom
-    phi_hat[0, 0] = 0.0
-    return dct2(phi_hat, inverse=True)
-
-
-def complex_to_rgb(z: ArrayLike, vmax: float | None = None) -> NDArray[np.float64]:
-    """RGB image of a complex array: hue = phase, saturation 1, value = |z| / vmax."""
-    zz = np.asarray(z)
-    amp = np.abs(zz)
-    top = float(vmax) if vmax else float(amp.max())
-    value = np.clip(amp / top, 0, 1) if top > 0 else np.zeros_like(amp)
-    hue = (np.angle(zz) + np.pi) / (2 * np.pi)
-    return hsv_to_rgb(np.stack([hue, np.ones_like(hue), value], axis=-1))
-
-
-def _new_figure(size: tuple[float, float] = _FIGSIZE) -> Figure:
-    # Fixed axes positions, no layout engine: constrained layout measures every text
-    # extent in an extra draw pass and would cost more than the rendering itself.
-    fig = Figure(figsize=size, dpi=_DPI)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _png_bytes(fig: Figure, title: str = "", description: str = "") -> bytes:
-    """The figure as PNG, with its title (and what the reader should know of the image) in
-    the file's text chunks, for tools that read them without looking at the picture."""
-    buf = io.BytesIO()
-    metadata = {"Title": title, "Description": description}
-    # zlib level 1: ~3× faster than the default 6 for ~20 % larger files.
-    fig.savefig(buf, format="png", dpi=_DPI, pil_kwargs={"compress_level": 1},
-                metadata={k: v for k, v in metadata.items() if v})
-    return buf.getvalue()
-
-
-#: The mark a suspect result's previews carry in their titles (see :func:`write_previews`).
-SUSPECT_MARK = "SUSPECT"
-_SUSPECT_COLOUR = "#c0392b"
-
-
-def headline(title: str, suspect: bool = False) -> str:
-    """``title`` as a preview shows it: a suspect result's starts with ``SUSPECT``."""
-    if not suspect:
-        return title
-    return f"{SUSPECT_MARK} result · {title}" if title else f"{SUSPECT_MARK} result"
-
-
-def _title_colour(suspect: bool) -> str:
-    return _SUSPECT_COLOUR if suspect else "black"
-
-
-_TITLE_SIZE = 10  # points
-_TITLE_WIDTH = 0.96  # of the figure's width: a title line never reaches its edges
-
-
-def _wrapped(text: str, width_px: float, measure, separators=(" · ", " ")) -> list[str]:  # noqa: ANN001
-    """The lines of ``text``, each at most ``width_px`` wide as ``measure`` (text -> pixels)
-    finds it: broken between the parts of a title (``scan · algorithm · iteration``) where
-    that is enough, else between words, else between characters."""
-    lines: list[str] = []
-    for paragraph in text.split("\n"):
-        if measure(paragraph) <= width_px or len(paragraph) <= 1:
-            lines.append(paragraph)
-        elif separators:
-            sep, finer = separators[0], separators[1:]
-            line = ""
-            for part in paragraph.split(sep):
-                joined = f"{line}{sep}{part}" if line else part
-                if line and measure(joined) > width_px:
-                    # The line so far, broken finer where it must be; its last piece
-                    # carries on with this part if they fit together.
-                    *full, tail = _wrapped(line + sep.rstrip(), width_px, measure, finer)
-                    lines += full
-                    joined = f"{tail} {part.lstrip()}"
-                    if measure(joined) > width_px:
-                        lines.append(tail)
-                        joined = part
-                line = joined
-            lines += _wrapped(line, width_px, measure, finer)
-        else:  # one word wider than the figure: cut it
-            cut = len(paragraph) - 1
-            while cut > 1 and measure(paragraph[:cut]) > width_px:
-                cut -= 1
-            lines += [paragraph[:cut], *_wrapped(paragraph[cut:], width_px, measure, ())]
-    return lines
-
-
-def _place_title(fig: Figure, text: str, suspect: bool, ax=None) -> None:  # noqa: ANN001
-    """Title the figure (or ``ax``, when given) with ``text``, each line wrapped to the
-    figure's width. Call it once the axes are placed: the figure grows at the top by the
-    lines the wrapping added, the axes keeping their place in inches, so a long title (a
-    long scan name, a suspect result's mark) is never cut at the edges nor drawn over the
-    image."""
-    from matplotlib.font_manager import FontProperties
-
-    renderer = fig.canvas.get_renderer()
-    font = FontProperties(size=_TITLE_SIZE)
-
-    def measure(line: str) -> float:
-        return renderer.get_text_width_height_descent(line, font, ismath=False)[0]
-
-    # Centred on the figure, or on the axes: as wide as the nearer edge allows.
-    centre = 0.5 if ax is None else ax.get_position().x0 + ax.get_position().width / 2
-    room = 2 * min(centre, 1 - centre) * _TITLE_WIDTH * fig.get_figwidth() * fig.dpi
-    lines = _wrapped(text, room, measure)
-    added = len(lines) - len(text.split("\n"))
-    if added > 0:
-        width, height = fig.get_size_inches()
-        grown = height + added * _TITLE_SIZE * 1.2 / 72  # matplotlib's line spacing: 1.2
-        for axes in fig.axes:
-            x0, y0, w, h = axes.get_position().bounds
-            axes.set_position((x0, y0 * height / grown, w, h * height / grown))
-        fig.set_size_inches(width, grown)
-    shown = "\n".join(lines)
-    if ax is None:
-        fig.suptitle(shown, fontsize=_TITLE_SIZE, y=1 - 0.07 / fig.get_figheight(),
-                     color=_title_colour(suspect))
-    else:
-        ax.set_title(shown, fontsize=_TITLE_SIZE, color=_title_colour(suspect))
-
-
-def _draw_scale_bar(ax, shape: tuple[int, int], pixel_size_m: float) -> None:
-    """White bar with a dark outline and label in the lower right corner of an image axis."""
-    from matplotlib import patheffects
-
-    h, w = shape
-    length_px, label = scale_bar(w, pixel_size_m)
-    pad = 0.05 * w
-    thick = max(0.02 * h, 1.0)
-    x0, y0 = w - pad - length_px - 0.5, h - pad - thick - 0.5
-    outline = [patheffects.withStroke(linewidth=2.5, foreground="black")]
-    ax.add_patch(
-        Rectangle((x0, y0), length_px, thick, facecolor="white", edgecolor="black", lw=0.8)
-    )
-    ax.text(  # right-aligned with the bar so it stays inside narrow images
-        x0 + length_px,
-        y0 - 0.015 * h,
-        label,
-        color="white",
-        ha="right",
-        va="bottom",
-        fontsize=10,
-        path_effects=outline,
-    )
-
-
-def _image_axes(fig: Figure, title: str, shape: tuple[int, int], suspect: bool = False):
-    """Image axes and a colorbar axes beside it, placed by hand (see :func:`_new_figure`)."""
-    fw, fh = fig.get_size_inches()
-    # Box for the image: leave room for the title (top) and the colorbar (right).
-    box_w, box_h = 0.76, 0.80
-    aspect = shape[1] / shape[0]
-    w, h = box_w, box_w * fw / fh / aspect
-    if h > box_h:
-        w, h = box_h * fh / fw * aspect, box_h
-    left, bottom = 0.03 + (box_w - w) / 2, 0.04 + (box_h - h) / 2
-    ax = fig.add_axes((left, bottom, w, h))
-    ax.set_xticks([])
-    ax.set_yticks([])
-    cax = fig.add_axes((left + w + 0.02, bottom, 0.03, h))
-    # Centred on the figure, not the axes: the colorbar makes the axes sit left of centre
-    # and a long title would be clipped at the left edge.
-    _place_title(fig, title, suspect)
-    return ax, cax
-
-
-# --------------------------------------------------------------------------- object view
-
-
-@dataclass(frozen=True)
-class ObjectView:
-    """The object as the previews show it.
-
-    Attributes:
-        values: complex image at display resolution (cropped to the scanned region, block
-            averaged down to at most :data:`MAX_DISPLAY_PX` a side).
-        factor: the block-averaging factor (display pixel = ``factor`` object pixels).
-        inside: the illuminated region at display resolution, or ``None`` when unknown
-            (no probe positions given): nothing is dimmed and no outline is drawn then.
-    """
-
-    values: NDArray[np.complex128]
-    factor: int
-    inside: NDArray[np.bool_] | None
-
-
-def illuminated_region(
-    object_shape: tuple[int, int], probe: ArrayLike, corners: ArrayLike
-) -> NDArray[np.bool_]:
-    """Where the summed probe intensity reaches :data:`ILLUMINATION_FRACTION` of its peak.
-
-    ``corners`` are the top-left ``(y, x)`` of each probe window in object pixels. They are
-    clipped into the object first: a refined position that rounds half a pixel past the
-    edge must not cost the previews. Cost: one ``M×M`` addition per position, a small
-    fraction of one iteration of the engine.
-    """
-    p = _probe_modes(probe)
-    c = np.asarray(corners, dtype=np.float64).reshape(-1, 2)
-    limit = np.array(object_shape, np.float64) - np.array(p.shape[1:], np.float64)
-    if np.any(limit < 0):
-        raise PreviewError(f"probe {p.shape[1:]} is larger than the object {object_shape}")
-    return illumination_mask(object_shape, p, np.clip(c, 0, limit), ILLUMINATION_FRACTION)
-
-
-def object_view(
-    obj: ArrayLike,
-    *,
-    scan_extent_px: Sequence[int] | None = None,
-    illuminated: ArrayLike | None = None,
-) -> ObjectView:
-    """Crop, block-average and check the object (and its illuminated region) for display.
-
-    Raises:
-        PreviewError: not a 2-D complex array (``[1, H, W]`` is accepted), non-finite
-            values, or an ``illuminated`` mask of another shape.
-    """
-    o = np.asarray(obj)
-    if o.ndim == 3 and o.shape[0] == 1:  # product layout [layers, H, W] with one layer
-        o = o[0]
-    if o.ndim != 2:
-        raise PreviewError(f"object: expected a 2-D complex array, got shape {o.shape}")
-    _check_finite(o, "object")
-    values, factor = _block_mean(_crop(o, scan_extent_px).astype(np.complex128), MAX_DISPLAY_PX)
-    if illuminated is None:
-        return ObjectView(values, factor, None)
-    m = np.asarray(illuminated, dtype=bool)
-    if m.shape != o.shape:
-        raise PreviewError(f"illuminated: shape {m.shape} is not the object's {o.shape}")
-    # A display pixel counts as illuminated when most of its block is.
-    frac, _ = _block_mean(_crop(m, scan_extent_px).astype(np.float64), MAX_DISPLAY_PX)
-    inside = frac >= 0.5
-    # A region of a few pixels cannot anchor a colour window: show the object undimmed.
-    return ObjectView(values, factor, inside if inside.sum() >= _MIN_REGION_PX else None)
-
-
-def flatten_phase(
-    o: NDArray[np.complex128], region: NDArray[np.bool_], remove_ramp: bool = True
-) -> NDArray[np.complex128]:
-    """``o`` with the linear phase ramp (optional) and the global phase over ``region`` removed.
-
-    Both are fitted over ``region`` only: outside the illuminated area the phase is
-    unconstrained and would tilt the plane. The median phase of the region (the background,
-    for a sparse sample) becomes 0.
-    """
-    if remove_ramp and min(o.shape) >= 3:
-        _, gy, gx = fit_phase_ramp(o, region)
-        y, x = np.indices(o.shape, dtype=np.float64)
-        o = o * np.exp(-1j * (gy * y + gx * x))
-    # Measured about the mean phasor first so that the median never straddles the wrap.
-    o = o * np.exp(-1j * np.angle(np.sum(o[region])))
-    return o * np.exp(-1j * np.median(np.angle(o[region])))
-
-
-def robust_window(values: ArrayLike, region: ArrayLike | None = None) -> tuple[float, float]:
-    """Colour window ``(lo, hi)``: the :data:`WINDOW_PERCENTILES` of ``values`` in ``region``.
-
-    A few hot pixels or a wild border cannot squeeze the contrast of the sample; values
-    outside the window clip. A flat region gets a small window around its value.
-    """
-    v = np.asarray(values, dtype=np.float64)
-    sel = v if region is None else v[np.asarray(region, dtype=bool)]
-    if sel.size == 0:
-        sel = v.ravel()
-    lo, hi = (float(q) for q in np.percentile(sel, WINDOW_PERCENTILES))
-    if hi - lo <= 1e-9 * max(abs(lo), abs(hi), 1.0):
-        lo, hi = lo - 1e-6, hi + 1e-6
-    return lo, hi
-
-
-def shade_outside(rgb: ArrayLike, inside: ArrayLike | None) -> NDArray[np.float64]:
-    """``rgb`` (``[H, W, 3]``, 0…1) with the pixels outside ``inside`` blended toward
-    :data:`OUTSIDE_COLOUR`, so a never-illuminated border does not read as sample."""
-    out = np.array(rgb, dtype=np.float64)
-    if inside is None:
-        return out
-    outside = ~np.asarray(inside, dtype=bool)
-    out[outside] = (1 - OUTSIDE_BLEND) * out[outside] + OUTSIDE_BLEND * np.asarray(OUTSIDE_COLOUR)
-    return out
-
-
-def _reference_region(view: ObjectView) -> NDArray[np.bool_]:
-    """Pixels the phase is referred to: illuminated ones of appreciable amplitude.
-
-    Near-zero amplitude carries no phase (strong absorbers, empty corners); without a known
-    illuminated region every pixel of appreciable amplitude counts.
-    """
-    amp = np.abs(view.values)
-    # (never empty: object_view drops a region of fewer than _MIN_REGION_PX pixels)
-    base = view.inside if view.inside is not None else np.ones(amp.shape, bool)
-    if amp[base].max() <= 0:
-        return base
-    region = base & (amp > 0.1 * np.percentile(amp[base], 99))
-    return region if region.sum() >= _MIN_REGION_PX else base
-
-
-def object_rgb(
-    values: ArrayLike,
-    window: tuple[float, float],
-    cmap_name: str,
-    inside: ArrayLike | None = None,
-) -> NDArray[np.float64]:
-    """``[H, W, 3]`` colours of ``values`` in ``window`` (beyond it: clipped to the ends of
-    the colour map), dimmed outside ``inside`` (:func:`shade_outside`)."""
-    from matplotlib import colormaps
-    from matplotlib.colors import Normalize
-
-    rgba = colormaps[cmap_name](Normalize(*window, clip=True)(np.asarray(values)))
-    return shade_outside(rgba[..., :3], inside)
-
-
-def _draw_image(
-    fig: Figure,
-    view: ObjectView,
-    values: np.ndarray,
-    window: tuple[float, float],
-    cmap_name: str,
-    title: str,
-    pixel_size_m: float,
-    extend: Literal["both", "neither"] = "both",
-    suspect: bool = False,
-) -> Colorbar:
-    """Draw :func:`object_rgb`, outline the illuminated region, add the scale bar; returns
-    the colour bar of ``window`` (its arrows: values beyond it clip)."""
-    from matplotlib import colormaps
-    from matplotlib.cm import ScalarMappable
-    from matplotlib.colors import Normalize
-
-    ax, cax = _image_axes(fig, title, values.shape, suspect)
-    ax.imshow(object_rgb(values, window, cmap_name, view.inside), interpolation="nearest")
-    if view.inside is not None and not view.inside.all():
-        ax.contour(view.inside.astype(np.float32), levels=[0.5], colors=[OUTLINE_COLOUR],
-                   linewidths=0.9)
-    _draw_scale_bar(ax, values.shape, pixel_size_m * view.factor)
-    mappable = ScalarMappable(norm=Normalize(*window), cmap=colormaps[cmap_name])
-    return fig.colorbar(mappable, cax=cax, extend=extend)
-
-
-@dataclass(frozen=True)
-class PhaseImage:
-    """The phase as :func:`render_object_phase` draws it.
-
-    Attributes:
-        view: the object shown (:func:`object_view`).
-        phase: radians at display resolution, ramp (optionally) and global phase removed.
-        window: the colour window: :func:`robust_window` over the reference region, or
-            ``(−π, π)`` for the full-range view.
-        region: the reference region the ramp, global phase and window were measured on.
-    """
-
-    view: ObjectView
-    phase: NDArray[np.float64]
-    window: tuple[float, float]
-    region: NDArray[np.bool_]
-
-
-def phase_image(
-    obj: ArrayLike,
-    *,
-    scan_extent_px: Sequence[int] | None = None,
-    illuminated: ArrayLike | None = None,
-    mode: Literal["wrapped", "unwrapped"] = "wrapped",
-    remove_ramp: bool = True,
-    full_range: bool = False,
-) -> PhaseImage:
-    """The phase to draw and its colour window (arguments as :func:`render_object_phase`)."""
-    if mode not in ("wrapped", "unwrapped"):
-        raise ValueError(f"mode must be 'wrapped' or 'unwrapped', got {mode!r}")
-    view = object_view(obj, scan_extent_px=scan_extent_px, illuminated=illuminated)
-    region = _reference_region(view)
-    o = flatten_phase(view.values, region, remove_ramp)
-    if full_range:
-        phase = (np.angle(o) + np.pi) % (2 * np.pi) - np.pi
-        return PhaseImage(view, phase, (-np.pi, np.pi), region)
-    if mode == "wrapped":
-        phase = np.angle(o)
-    else:
-        # The least-squares solve is global: the residues of the unconstrained phase outside
-        # the illuminated region would spread into the sample. Unwrap a flat outside instead.
-        wrapped = np.angle(o) if view.inside is None else np.where(view.inside, np.angle(o), 0)
-        phase = unwrap_phase(wrapped)
-        phase -= np.median(phase[region])
-    return PhaseImage(view, phase, robust_window(phase, region), region)
-
 
 # --------------------------------------------------------------------------- renderers
 
@@ -758,18 +255,6 @@ def unscattered_level(view: ObjectView) -> UnscatteredLevel:
                                 "space")
     return UnscatteredLevel(level, share, f"divided by {level:.4g}, the median |O| of the "
                             f"flat, bright {share:.0%} of the illuminated area (empty space)")
-
-
-def _probe_modes(probe: ArrayLike) -> np.ndarray:
-    """The probe as ``[K, M, M]`` (accepts ``[M, M]`` and the product's ``[1, K, M, M]``)."""
-    p = np.asarray(probe)
-    while p.ndim > 3 and p.shape[0] == 1:
-        p = p[0]
-    if p.ndim == 2:
-        p = p[None]
-    if p.ndim != 3:
-        raise PreviewError(f"probe: expected [M, M] or [K, M, M], got shape {p.shape}")
-    return p
 
 
 def render_probe(
