@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .algorithms.catalog import CATALOG, AlgorithmName
 from .forward.propagation import Propagation
-from .forward.slices import slice_spacings
+from .forward.slices import slice_spacings, spacing_from_text
 
 __all__ = ["ReconParams", "settings_that_apply", "PtychoData", "ReconState",
            "STATE_FORMAT"]
@@ -179,15 +179,7 @@ class ReconParams(BaseModel):
     @classmethod
     def _spacing_from_text(cls, value: Any) -> Any:
         """``"4e-4"`` or ``"1e-4,2e-4"`` (a command line's or a KEY=VALUE's form) as numbers."""
-        if not isinstance(value, str):
-            return value
-        parts = [p.strip() for p in value.split(",")]
-        try:
-            numbers = [float(p) for p in parts]
-        except ValueError:
-            raise ValueError(f"slice spacing {value!r} is not a number of metres or "
-                             "comma-separated numbers of metres") from None
-        return numbers[0] if len(numbers) == 1 else numbers
+        return spacing_from_text(value) if isinstance(value, str) else value
 
     def _check_multislice(self) -> None:
         if not CATALOG[self.algorithm].layers:

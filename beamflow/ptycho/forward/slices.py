@@ -18,10 +18,21 @@ import numpy as np
 from .propagation import transfer_function
 
 __all__ = ["NYQUIST_FRACTION", "depth_of_field", "separation_frequency", "slice_spacings",
-           "slice_transfer"]
+           "slice_transfer", "spacing_from_text"]
 
 #: The circular band limit of :func:`slice_transfer`, as a fraction of the Nyquist frequency.
 NYQUIST_FRACTION = 2.0 / 3.0
+
+
+def spacing_from_text(text: str) -> float | list[float]:
+    """``"4e-4"`` or ``"1e-4,2e-4"`` (a command line's or a KEY=VALUE's form) as numbers: one
+    value, or a list of them. Raises ValueError with the reason."""
+    try:
+        values = [float(p.strip()) for p in text.split(",")]
+    except ValueError:
+        raise ValueError(f"slice spacing {text!r} is not a number of metres or "
+                         "comma-separated numbers of metres") from None
+    return values[0] if len(values) == 1 else values
 
 
 def slice_spacings(slices: int, spacing: float | Sequence[float] | str | None
@@ -38,13 +49,7 @@ def slice_spacings(slices: int, spacing: float | Sequence[float] | str | None
     slices = int(slices)
     gaps = slices - 1
     if isinstance(spacing, str):
-        parts = [p.strip() for p in spacing.split(",")]
-        try:
-            values = [float(p) for p in parts]
-        except ValueError:
-            raise ValueError(f"slice spacing {spacing!r} is not a number of metres or "
-                             "comma-separated numbers of metres") from None
-        spacing = values[0] if len(values) == 1 else values
+        spacing = spacing_from_text(spacing)
     if spacing is None:
         if gaps:
             either = f": one value, or {gaps} comma-separated values" if gaps > 1 else ""
