@@ -5,6 +5,7 @@ A refactor of ``beamflow.ptycho`` that must not change behaviour is checked by r
 before and after on the same machine and comparing the lines (``--compare OLD.jsonl``):
 every digest must match bit for bit. The set-ups cover each algorithm, probe modes, the
 variable probe, position correction, sub-pixel and integer positions, far and near field,
+layers,
 one and two threads, and the GPU code path on the tests' counting stand-in for CuPy (whose
 fused kernels are their reference array code).
 
@@ -40,6 +41,8 @@ from beamflow.ptycho.forward.propagation import Propagation  # noqa: E402
 NEAR = {"model": "near-field", "wavelength_m": 1.0e-10, "distance_m": 0.02,
         "pixel_size_m": 5.0e-8}
 
+LAYERS = {"model": "far-field", "wavelength_m": 1.409e-10, "pixel_size_m": 5.87e-8}
+
 SETUPS: dict[str, dict[str, Any]] = {
     "rpie": {"algorithm": "rpie"},
     "rpie-compact": {"algorithm": "rpie", "batch_selection": "compact", "batch_size": 8},
@@ -60,6 +63,14 @@ SETUPS: dict[str, dict[str, Any]] = {
                             "position_correction": True, "position_correction_start": 1},
     "lsqml-opr-near": {"algorithm": "lsqml", "opr_modes": 2, "propagation": NEAR},
     "lsqml-probe-late": {"algorithm": "lsqml", "probe_update_start": 2},
+    # thick samples: two layers on the same (thin) scan
+    "rpie-layers": {"algorithm": "rpie", "slices": 2, "slice_spacing_m": 4e-4,
+                    "propagation": LAYERS},
+    "epie-layers-reg": {"algorithm": "epie", "slices": 3, "slice_spacing_m": 2e-4,
+                        "layer_regularization": 0.05, "propagation": LAYERS},
+    "lsqml-layers-modes-poscorr": {"algorithm": "lsqml", "slices": 2, "slice_spacing_m": 4e-4,
+                                   "probe_modes": 2, "position_correction": True,
+                                   "position_correction_start": 1, "propagation": LAYERS},
 }
 
 
