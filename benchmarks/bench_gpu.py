@@ -20,15 +20,16 @@ Probe modes and thick samples: ``--modes K`` reconstructs K incoherent probe mod
 scan's probe is one mode; ``initial_state`` makes the others). ``--slices S`` reconstructs
 S object layers ``--slice-spacing M`` metres apart (one value, or S−1 comma-separated) from
 a thick scan of S layers (``beamflow.simulate.make_ground_truth(slices=S, …)``: an exact
-multislice on windows twice the frame, not the engine's model) — several values
-(``--slices 1 2 3 6``) run each in turn, each from its own scan, and with ``--rounds R``
-the runs of a case are repeated R times, the order of the layer counts reversed every
-other round, so that a machine whose speed drifts (a shared CPU) affects each alike; with 1
-among the layer counts, one line per algorithm and layer count S > 1
-(``"metric": "layers_over_one_layer"``) gives each round's ratio of S layers' seconds per
-iteration to one layer's (``ratios``, ``ratio_median``, ``ratio_per_layer``: the issue's
-target is ≤ 1.3·S, 1.3 a layer), and the same of the host's CPU time (``cpu_ratios``,
-``cpu_ratio_median``: on a shared, loaded CPU the steadier figure). DM does not model
+multislice on windows twice the frame, not the engine's model). Several values
+(``--slices 1 2 3 6``), each from its own scan, run side by side: one reconstruction of
+each, their iterations alternated (one of each in turn, the order reversed every other
+iteration), so that a shared machine's load, which drifts over minutes, falls on each
+alike. With 1 among them, one line per algorithm and layer count S > 1
+(``"metric": "layers_over_one_layer"``) gives the median and quartiles of the ratios of S
+layers' iteration to the one-layer iteration taken next to it (``ratio_median``,
+``ratio_quartiles``, ``ratio_per_layer``: the issue's target is ≤ 1.3·S, 1.3 a layer), and
+the same of the host's CPU time (``cpu_ratio_…``: on a shared, loaded CPU the steadier
+figure; a run that waits for a core costs wall time, not CPU time). DM does not model
 layers: its thick cases are skipped with a line saying so. The issue's two thick cases::
 
     --cases 4000x128 --slices 3 --slice-spacing 1e-4
@@ -170,8 +171,8 @@ for layers), ``final_loss``, ``launches_per_iteration``, ``ffts_per_iteration``,
 ``launch_us`` (the assumed cost), ``launch_seconds``, on a GPU ``measured_launch_us`` and
 ``measured_fft_us``, ``launch_ratio``, ``counted_bytes_per_iteration``, ``counted_passes``
 (in passes of the (N, K, M, M) stack), ``model_gbs``, ``model_seconds``, ``batch_size``,
-``slices``, ``modes``, ``slice_spacing_m``, ``thin_frames``, ``load_avg_1min`` and, with
-``--rounds``, ``round``; thick cases add ``projection_nrmse``, ``layer_nrmse`` and
+``slices``, ``modes``, ``slice_spacing_m``, ``thin_frames`` and ``load_avg_1min``; thick
+cases add ``projection_nrmse``, ``layer_nrmse`` and
 ``cutoff_cycles_per_px``. A case's objects are scored (``nrmse``) after all its
 timed runs, one after another or, with ``--score-workers N``, side by side in N spawned
 processes: ``compare`` costs the host ~9 s at 4000 × 128² and ~70 s at 10000 × 256² on one
@@ -192,7 +193,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from itertools import repeat
 from multiprocessing import get_context
 from pathlib import Path
@@ -457,30 +458,49 @@ def model_seconds(launches: int, nbytes: int, bandwidth: float, launch_s: float)
     return max(launches * launch_s, nbytes / bandwidth + launches * KERNEL_SECONDS)
 
 
-def run_beamflow(case: dict[str, Any], algorithm: str, backend: ArrayBackend,
-                 args: argparse.Namespace, batch: int | None = None) -> dict[str, Any]:
-    data, params = _setup(case, algorithm, args.warmup + args.iterations, args, batch)
-    state = start(case, data, params)
-    seconds: list[float] = []
-    cpu = [time.process_time()]  # the host's CPU time, all threads: the work, whatever the load
-
-    def on_iteration(_view: Any, info: dict[str, Any]) -> None:
-        seconds.append(info["seconds"])
-        cpu.append(time.process_time())
-
-    with Reconstructor(data, state, backend) as rec:
-        final = rec.run(callback=on_iteration)
-        frame_bytes = rec.core.frames.data.dtype.itemsize
-        graphs = rec.algorithm.graphs
-        replays = 0 if graphs is None else graphs.replays
-    timed = seconds[args.warmup:] or seconds
-    cpu_timed = np.diff(cpu)[args.warmup:] if len(seconds) > args.warmup else np.diff(cpu)
-    return {"seconds_per_iteration": float(np.median(timed)),
-            "cpu_seconds_per_iteration": float(np.median(cpu_timed)),
-            "first_iteration_seconds": seconds[0], "frame_bytes": frame_bytes,
-            "final_loss": final.loss_history[-1], "graph_replays": replays,
-            "iterations": len(timed), "batch_size": params.batch_size_for(len(case["frames"])),
-            "probe": state.probe, "object": final.object}
+def run_beamflow(cases: dict[int, dict[str, Any]], algorithm: str, backend: ArrayBackend,
+                 args: argparse.Namespace, batch: int | None = None
+                 ) -> dict[int, dict[str, Any]]:
+    """Timed runs of ``algorithm`` on each case (layer count → case). Several run side by
+    side, their iterations alternated — one of each in turn, the order reversed every other
+    iteration — so that the load of a shared machine falls on each alike. Per case: the
+    median wall and CPU seconds of the timed iterations, and each one's in ``walls`` and
+    ``cpus`` (the pairs of the ratios)."""
+    with ExitStack() as stack:
+        runs = {}
+        for slices, case in cases.items():
+            data, params = _setup(case, algorithm, args.warmup + args.iterations, args, batch)
+            state = start(case, data, params)
+            runs[slices] = (stack.enter_context(Reconstructor(data, state, backend)), params,
+                            state)
+        walls: dict[int, list[float]] = {s: [] for s in cases}
+        cpus: dict[int, list[float]] = {s: [] for s in cases}  # all threads: the work done
+        order = list(cases)
+        for it in range(args.warmup + args.iterations):
+            for slices in order if it % 2 == 0 else order[::-1]:
+                rec = runs[slices][0]
+                t, c = time.perf_counter(), time.process_time()
+                rec.iterate()
+                backend.synchronize()
+                walls[slices].append(time.perf_counter() - t)
+                cpus[slices].append(time.process_time() - c)
+        out = {}
+        for slices, (rec, params, state) in runs.items():
+            final = rec.snapshot()
+            graphs = rec.algorithm.graphs
+            wall = walls[slices][args.warmup:] or walls[slices]
+            cpu = cpus[slices][args.warmup:] or cpus[slices]
+            out[slices] = {
+                "seconds_per_iteration": float(np.median(wall)),
+                "cpu_seconds_per_iteration": float(np.median(cpu)),
+                "first_iteration_seconds": walls[slices][0],
+                "frame_bytes": rec.core.frames.data.dtype.itemsize,
+                "final_loss": final.loss_history[-1],
+                "graph_replays": 0 if graphs is None else graphs.replays,
+                "iterations": len(wall),
+                "batch_size": params.batch_size_for(len(cases[slices]["frames"])),
+                "probe": state.probe, "object": final.object, "walls": wall, "cpus": cpu}
+    return out
 
 
 def scores(obj: np.ndarray, truth: np.ndarray, region: np.ndarray,
@@ -576,9 +596,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="metres between the layers: one value, or S−1 comma-separated")
     ap.add_argument("--thin-frames", action="store_true",
                     help="speed only: layers reconstructed from the thin scan's frames")
-    ap.add_argument("--rounds", type=int, default=1, metavar="R",
-                    help="repeat a case's timed runs R times, the layer counts' order "
-                         "reversed every other round (alternated timing)")
     ap.add_argument("--ptychi-python", type=Path, default=PEER_PYTHON)
     ap.add_argument("--no-ptychi", action="store_true",
                     help="beamflow alone, even where an interpreter with Pty-Chi is there")
@@ -606,8 +623,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-graphs", action="store_true",
                     help="GPU: every launch from Python (no CUDA graphs of the batches)")
     args = ap.parse_args(argv)
-    if args.modes < 1 or args.rounds < 1:
-        ap.error("--modes and --rounds must be ≥ 1")
+    if args.modes < 1:
+        ap.error(f"--modes must be ≥ 1, got {args.modes}")
     if len(set(args.slices)) != len(args.slices):
         ap.error(f"--slices: each layer count once, got {args.slices}")
     try:
@@ -662,47 +679,45 @@ def main() -> None:
 def run_case(cases: dict[int, dict[str, Any]], commons: dict[int, dict[str, Any]],
              backend: ArrayBackend, bandwidth: float, with_ptychi: bool,
              args: argparse.Namespace) -> None:
-    """One case and field, for each layer count (``cases``: S → the case): beamflow's timed
-    runs in ``args.rounds`` rounds, Pty-Chi's, the scores, the lines, the layers' ratios."""
-    done: dict[int, list[tuple[dict[str, Any], np.ndarray | None]]] = {s: [] for s in cases}
-    # (alg, batch, S) → per round: (wall, CPU) seconds per iteration
-    seconds: dict[tuple[str, int | None, int], list[tuple[float, float]]] = {}
+    """One case and field for each layer count (``cases``: S → the case): beamflow's timed
+    runs (the layer counts side by side, :func:`run_beamflow`), Pty-Chi's, the scores, the
+    lines, the layers' ratios."""
+    done: dict[int, list[tuple[dict[str, Any], np.ndarray]]] = {s: [] for s in cases}
+    ratios: list[dict[str, Any]] = []
     probes: dict[int, np.ndarray] = {}
     batches: dict[int, int] = {}
-    for rnd in range(args.rounds):
-        order = list(cases) if rnd % 2 == 0 else list(cases)[::-1]
-        for slices in order:
-            case, common = cases[slices], commons[slices]
-            n, m = common["positions"], common["frame"]
-            for algorithm in args.algorithms:
-                if algorithm == "dm" and slices > 1:
-                    if rnd == 0:
-                        _emit(args, {"engine": "beamflow", "algorithm": "dm", **common,
-                                     "skipped": "DM does not model layers"})
-                    continue
-                if args.skip_beamflow:  # Pty-Chi alone: its probe guess and batch size
-                    data, params = _setup(case, algorithm, 1, args, (args.batch or [None])[0])
-                    probes[slices] = start(case, data, params).probe
-                    if algorithm in ("rpie", "lsqml"):
-                        batches[slices] = params.batch_size_for(n)
-                    continue
-                sizes = args.batch if algorithm in ("rpie", "lsqml") and args.batch else [None]
-                for size in sizes:
-                    log(f"beamflow {algorithm} {common['field']} {n} x {m}², {slices} "
-                        f"layer(s), {args.modes} mode(s)"
-                        + (f", round {rnd + 1}" if args.rounds > 1 else ""))
-                    r = run_beamflow(case, algorithm, backend, args, size)
-                    probes[slices] = r.pop("probe")
-                    if algorithm in ("rpie", "lsqml"):
-                        batches[slices] = r["batch_size"]
-                    if args.rounds > 1:
-                        r["round"] = rnd
-                    record, obj = _beamflow_record(case, algorithm, r, common, bandwidth,
-                                                   backend, args, size, count=rnd == 0)
-                    seconds.setdefault((algorithm, size, slices), []).append(
-                        (record["seconds_per_iteration"], record["cpu_seconds_per_iteration"]))
-                    # Later rounds repeat the first's reconstruction: timed, not scored.
-                    done[slices].append((record, obj if rnd == 0 else None))
+    for algorithm in args.algorithms:
+        todo = dict(cases)
+        if algorithm == "dm":
+            for slices in [s for s in cases if s > 1]:
+                _emit(args, {"engine": "beamflow", "algorithm": "dm", **commons[slices],
+                             "skipped": "DM does not model layers"})
+                del todo[slices]
+        if args.skip_beamflow:  # Pty-Chi alone: its probe guess and batch size
+            for slices, case in todo.items():
+                data, params = _setup(case, algorithm, 1, args, (args.batch or [None])[0])
+                probes[slices] = start(case, data, params).probe
+                if algorithm in ("rpie", "lsqml"):
+                    batches[slices] = params.batch_size_for(len(case["frames"]))
+            continue
+        sizes = args.batch if algorithm in ("rpie", "lsqml") and args.batch else [None]
+        for size in sizes if todo else []:
+            common = commons[next(iter(todo))]
+            log(f"beamflow {algorithm} {common['field']} {common['positions']} x "
+                f"{common['frame']}², {args.modes} mode(s), layers {' '.join(map(str, todo))}"
+                + (" side by side" if len(todo) > 1 else ""))
+            results = run_beamflow(todo, algorithm, backend, args, size)
+            ratios += [_layer_ratio(algorithm, size, slices, r, results[1], commons[slices],
+                                    args) for slices, r in results.items()
+                       if slices > 1 and 1 in results]
+            for slices, r in results.items():
+                probes[slices] = r.pop("probe")
+                if algorithm in ("rpie", "lsqml"):
+                    batches[slices] = r["batch_size"]
+                del r["walls"], r["cpus"]
+                done[slices].append(_beamflow_record(todo[slices], algorithm, r,
+                                                     commons[slices], bandwidth, backend,
+                                                     args, size))
     peers = [a for a in args.algorithms if a in PTYCHI_ALGORITHMS]
     for slices, case in cases.items():
         common = commons[slices]
@@ -721,39 +736,35 @@ def run_case(cases: dict[int, dict[str, Any]], commons: dict[int, dict[str, Any]
                                       "floor_seconds": nbytes / bandwidth,
                                       "floor_ratio": rec["seconds_per_iteration"] * bandwidth
                                       / nbytes, "load_avg_1min": _load()}, rec["object"]))
-        scored = [obj for _, obj in done[slices] if obj is not None]
-        values = iter(score(scored, case, args.score_workers) if not args.no_score
-                      else [{"nrmse": None}] * len(scored))
-        for record, obj in done[slices]:
-            _emit(args, {**record, **(next(values) if obj is not None else {"nrmse": None})})
-    if 1 in cases:
-        _emit_layer_ratios(seconds, commons, args)
+        objects = [obj for _, obj in done[slices]]
+        values = (score(objects, case, args.score_workers) if not args.no_score
+                  else [{"nrmse": None}] * len(objects))
+        for (record, _), value in zip(done[slices], values, strict=True):
+            _emit(args, {**record, **value})
+    for record in ratios:
+        _emit(args, record)
 
 
-def _emit_layer_ratios(seconds: dict[tuple[str, int | None, int], list[tuple[float, float]]],
-                       commons: dict[int, dict[str, Any]], args: argparse.Namespace) -> None:
-    """Per algorithm, batch size and layer count S > 1: each round's seconds per iteration
-    of S layers over one layer's (the runs of a round were taken back to back), wall clock
-    and the host's CPU time."""
-    for (algorithm, size, slices), times in seconds.items():
-        one = seconds.get((algorithm, size, 1))
-        if slices == 1 or one is None:
-            continue
-        ratios = [t[0] / t1[0] for t, t1 in zip(times, one, strict=True)]
-        cpu = [t[1] / t1[1] for t, t1 in zip(times, one, strict=True)]
-        common = commons[slices]
-        _emit(args, {"metric": "layers_over_one_layer", "engine": "beamflow",
-                     "algorithm": algorithm, "field": common["field"],
-                     "positions": common["positions"], "frame": common["frame"],
-                     "device": common["device"], "modes": args.modes, "slices": slices,
-                     "slice_spacing_m": common["slice_spacing_m"],
-                     "thin_frames": common["thin_frames"], "batch_size": size,
-                     "rounds": len(ratios), "ratios": [round(v, 3) for v in ratios],
-                     "ratio_median": round(float(np.median(ratios)), 3),
-                     "ratio_per_layer": round(float(np.median(ratios)) / slices, 3),
-                     "cpu_ratios": [round(v, 3) for v in cpu],
-                     "cpu_ratio_median": round(float(np.median(cpu)), 3),
-                     "target": 1.3 * slices, "load_avg_1min": _load()})
+def _layer_ratio(algorithm: str, size: int | None, slices: int, run: dict[str, Any],
+                 one: dict[str, Any], common: dict[str, Any], args: argparse.Namespace
+                 ) -> dict[str, Any]:
+    """The line of S layers' seconds per iteration (``run``) over one layer's (``one``): the
+    median and quartiles of the ratios of iterations taken one right after the other (wall
+    clock, and the host's CPU time)."""
+    wall = np.array(run["walls"]) / np.array(one["walls"])
+    cpu = np.array(run["cpus"]) / np.array(one["cpus"])
+    return {"metric": "layers_over_one_layer", "engine": "beamflow", "algorithm": algorithm,
+            "field": common["field"], "positions": common["positions"],
+            "frame": common["frame"], "device": common["device"], "modes": args.modes,
+            "slices": slices, "slice_spacing_m": common["slice_spacing_m"],
+            "thin_frames": common["thin_frames"], "batch_size": size,
+            "pairs": len(wall), "ratio_median": round(float(np.median(wall)), 3),
+            "ratio_quartiles": [round(float(v), 3) for v in np.percentile(wall, [25, 75])],
+            "ratio_per_layer": round(float(np.median(wall)) / slices, 3),
+            "cpu_ratio_median": round(float(np.median(cpu)), 3),
+            "cpu_ratio_quartiles": [round(float(v), 3) for v in np.percentile(cpu, [25, 75])],
+            "cpu_ratio_per_layer": round(float(np.median(cpu)) / slices, 3),
+            "target_per_layer": 1.3, "load_avg_1min": _load()}
 
 
 def _load() -> float:

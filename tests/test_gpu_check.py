@@ -208,7 +208,7 @@ def test_gpu_check_runs_the_thick_steps_it_is_asked_for_with_commands_bench_gpu_
     runs = [bench_gpu.parse_args(c) for c in bench if "--simulate-only" not in c]
     assert len(runs) == 4 and all(a.no_ptychi and a.device == "cuda" for a in runs)
     ratio, three, lsqml, rpie = runs
-    assert ratio.slices == [1, 2, 3, 6] and ratio.rounds == 2 and ratio.thin_frames
+    assert ratio.slices == [1, 2, 3, 6] and ratio.thin_frames
     assert three.slices == [3] and three.spacings[3] == (1e-4, 1e-4) and not three.thin_frames
     for args, algorithm in ((lsqml, "lsqml"), (rpie, "rpie")):
         assert (args.cases, args.modes, args.slices, args.batch, args.algorithms) == (
