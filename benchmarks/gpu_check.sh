@@ -21,7 +21,11 @@
 #
 # Order (the must-have figures first): pytest -m gpu (the fused kernels against the array
 # code) while the big scans are simulated in background processes (10000 x 256² takes ~70 s
-# of one core); far field rPIE and LSQ-ML at 4000 x 128²; one iteration kernel by kernel
+# of one core); far field rPIE and LSQ-ML at 4000 x 128²; thick samples (issue 34): 1, 2, 3
+# and 6 layers side by side at 4000 x 128² (timing: the thin scan's frames), 3 layers from the
+# exact thick scan (scored per layer), the cross-package case 16384 x 128² x 6 probe modes x
+# 6 layers at batch 1024 (LSQ-ML, rPIE; timing only), one 3-layer LSQ-ML iteration under ncu
+# and Pty-Chi's LSQ-ML on the cross-package case; one iteration kernel by kernel
 # under ncu (when it is there): rPIE, LSQ-ML, ePIE's first 400 kernels at 4000 x 128² and
 # LSQ-ML at 10000 x 256², batch 512; the host's side under cProfile (ePIE, rPIE; near-field
 # ePIE); rPIE and LSQ-ML at 10000 x 256² (timed, not scored: scoring costs a core ~70 s);
@@ -36,8 +40,12 @@
 # /tmp/gpu-check-scans), and, only to test the script without a card, GPU_CHECK_DEVICE=cpu
 # (bench_gpu.py --device cpu; the GPU tests skip) and GPU_CHECK_QUICK=1 (every case 400 x 64²,
 # 2 iterations). GPU_CHECK_ONLY="pytest far ncu quality qbatch qbig qnear near ptychi" (any
-# of these words, a step's name's first word; also "nographs", "ncubig", "ncub128", "host")
-# runs those steps alone: a second, shorter call after a fix.
+# of these words, a step's name's first word; also "nographs", "ncubig", "ncub128", "host",
+# "thick", "xpkg", "ncuthick") runs those steps alone, and simulates only the scans they
+# read: a second, shorter call after a fix. The thick samples' call (about 7 minutes):
+#
+#   run(command="GPU_CHECK_ONLY='pytest far thick xpkg ncuthick' bash benchmarks/gpu_check.sh run",
+#       carry=[".whl"], timeout_s=540)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -105,11 +113,22 @@ prepare() {
 
 FAILED=0
 
+# wanted WORD...: whether a step of one of these first words runs (all without GPU_CHECK_ONLY).
+wanted() {
+    [[ -z ${GPU_CHECK_ONLY:-} ]] && return 0
+    local word
+    for word in "$@"; do
+        [[ " $GPU_CHECK_ONLY " == *" $word "* ]] && return 0
+    done
+    return 1
+}
+
 # step NAME LIMIT_S STDOUT_FILE COMMAND...: COMMAND under what is left of the budget (at most
 # LIMIT_S); its stdout appended to STDOUT_FILE, its stderr to the log. Never fails the script.
 step() {
     local name=$1 limit=$2 dest=$3
     shift 3
+    wanted "${name%%-*}" || return 0 # not asked for (GPU_CHECK_ONLY: steps' first words)
     local left=$((BUDGET - (SECONDS - START)))
     ((limit > left)) && limit=$left
     if ((limit < MIN_STEP_S)); then
@@ -117,9 +136,6 @@ step() {
         echo "$name skipped (budget)" >>"$OUT/summary.txt"
         FAILED=1
         return 0
-    fi
-    if [[ -n ${GPU_CHECK_ONLY:-} && " $GPU_CHECK_ONLY " != *" ${name%%-*} "* ]]; then
-        return 0 # not asked for (GPU_CHECK_ONLY names steps by their first word)
     fi
     local before t0=$SECONDS rc=0
     before=$(wc -l <"$OUT/gpu.jsonl")
@@ -144,8 +160,13 @@ for line in sys.stdin:
         r = json.loads(line)
     except ValueError:
         continue
+    if r.get("metric") == "layers_over_one_layer":
+        print(f"   {r['engine']:8} {r['algorithm']:6} {r['field']:4} {r['positions']}x{r['frame']}"
+              f" {r['slices']} layers / 1: {r['ratio_median']} (CPU time"
+              f" {r['cpu_ratio_median']}; target {1.3 * r['slices']:.2g})")
+        continue
     if "seconds_per_iteration" not in r:
-        if "skipped" in r and sys.argv[1].startswith("ptychi"):
+        if "skipped" in r and "ptychi" in sys.argv[1]:
             print("  ", r.get("engine"), "skipped:", r["skipped"])
         continue
     keys = ("floor_ratio", "nrmse", "measured_launch_us", "measured_fft_us",
@@ -153,6 +174,10 @@ for line in sys.stdin:
     extra = " ".join(f"{k}={r[k]:.4g}" for k in keys if isinstance(r.get(k), float))
     if r.get("graph_replays"):
         extra += f" graph_replays={r['graph_replays']}"
+    if r.get("slices", 1) > 1 or r.get("modes", 1) > 1:
+        extra += f" layers={r.get('slices', 1)} modes={r.get('modes', 1)}"
+    if r.get("layer_nrmse"):
+        extra += f" layer_nrmse={r['layer_nrmse']}"
     print(f"   {r['engine']:8} {r['algorithm']:6} {r['field']:4} {r['positions']}x{r['frame']}"
           f" batch={r.get('batch_size')} s/it={r['seconds_per_iteration']:.4g} {extra}")
 EOF
@@ -172,14 +197,28 @@ profile_kernels() {
     [[ -s $csv ]] && "$PY" benchmarks/profile_gpu.py --summarize "$csv" || true
 }
 
-# The background simulations (SIMS: "field case" -> pid), waited for by the first step that
-# needs their scan; one that failed leaves that step to simulate it under its own limit.
+# The background simulations (SIMS: "field case [layers]" -> pid), waited for by the first
+# step that needs their scan; one that failed leaves that step to simulate it under its own
+# limit.
 declare -A SIMS=()
 
+# simulate KEY LIMIT_S WORDS BENCH_ARGS...: bench_gpu.py --simulate-only BENCH_ARGS in the
+# background (run_all's $bench) when a step of one of WORDS is to run.
+simulate() {
+    local key=$1 limit=$2 words=$3
+    shift 3
+    [[ -n ${SIMS[$key]:-} ]] && return 0 # GPU_CHECK_QUICK: one scan for several cases
+    # shellcheck disable=SC2086 # WORDS is a list of words
+    wanted $words || return 0
+    timeout -k 10 "$limit" "$PY" "${bench[@]}" --simulate-only "$@" >>"$OUT/simulate.log" 2>&1 &
+    SIMS[$key]=$!
+}
+
 scans_ready() {
-    local spec rc t0=$SECONDS
+    local spec rc t0=$SECONDS waited=0
     for spec in "$@"; do
         [[ -n ${SIMS[$spec]:-} ]] || continue
+        waited=1
         rc=0
         wait "${SIMS[$spec]}" || rc=$?
         ((rc == 0)) || log "simulating $spec ended with rc=$rc: its step simulates it"
@@ -190,7 +229,8 @@ scans_ready() {
         [[ -n ${SIMS[$spec]} ]] && kill -0 "${SIMS[$spec]}" 2>/dev/null && busy+=("$spec")
     done
     local note=${busy:+"; still simulating beside the next step: ${busy[*]}"}
-    log "scans $* ready (waited $((SECONDS - t0)) s)$note"
+    ((waited)) && log "scans $* ready (waited $((SECONDS - t0)) s)$note"
+    return 0
 }
 
 record_card() {
@@ -227,9 +267,11 @@ run_all() {
     local device=${GPU_CHECK_DEVICE:-cuda} site=${GPU_CHECK_SITE:-/tmp/site}
     local scans=${GPU_CHECK_SCANS:-/tmp/gpu-check-scans}
     local small=4000x128 big=10000x256 tiny=400x64 iters=(--warmup 2 --iterations 10)
-    local quality=100
+    # Thick samples: layers 16 depths of field apart at 128² (1e-4 m; 4e-4 m at 64²); the
+    # published cross-package case 16384 x 128², 6 probe modes, 6 layers, batch 1024.
+    local quality=100 xpkg=16384x128 dz=1e-4
     if [[ ${GPU_CHECK_QUICK:-0} == 1 ]]; then
-        small=400x64 big=400x64 iters=(--warmup 1 --iterations 2) quality=3
+        small=400x64 big=400x64 iters=(--warmup 1 --iterations 2) quality=3 xpkg=400x64 dz=4e-4
     fi
     export PYTHONUNBUFFERED=1
     log "run on $(uname -n), device $device, budget ${BUDGET} s, out $OUT"
@@ -249,30 +291,56 @@ run_all() {
     "$PY" -c "import pydantic, beamflow.ptycho, beamflow.simulate; print('imports: ok')" ||
         { log "the engine does not import: see above"; FAILED=1; }
 
-    # The scans, each in a process of its own, while the GPU tests run.
+    # The scans, each in a process of its own, while the GPU tests run; only those that the
+    # steps asked for read (the words after each scan: the steps' first words).
     local bench=(benchmarks/bench_gpu.py --scan-cache "$scans")
-    local spec field scan
-    for spec in "far $small" "far $big" "near $small" "near $tiny"; do
-        [[ -n ${SIMS[$spec]:-} ]] && continue # GPU_CHECK_QUICK: one scan for all
-        read -r field scan <<<"$spec"
-        timeout -k 10 240 "$PY" "${bench[@]}" --simulate-only --fields "$field" --cases "$scan" \
-            >>"$OUT/simulate.log" 2>&1 &
-        SIMS[$spec]=$!
-    done
+    simulate "far $small" 240 "far qbatch nographs ncu host quality thick ptychi" \
+        --fields far --cases "$small"
+    simulate "far $big" 240 "far ncubig ncub128 qbig ptychi" --fields far --cases "$big"
+    simulate "near $small" 240 "qnear near" --fields near --cases "$small"
+    simulate "near $tiny" 240 "host near" --fields near --cases "$tiny"
+    # The exact three-layer simulation: ~12 ms a position and layer on one loaded core.
+    simulate "far $small 3layers" 420 "thick ncuthick" --fields far --cases "$small" \
+        --slices 3 --slice-spacing "$dz"
+    simulate "far $xpkg" 240 "xpkg" --fields far --cases "$xpkg"
 
     step pytest-gpu 180 /dev/stdout "$PY" -m pytest -m gpu -q --noconftest \
         -p no:cacheprovider --timeout 120 tests/test_ptycho_engine_gpu.py
 
-    local b=("$PY" "${bench[@]}" --device "$device" --json --no-launches --score-workers 4
+    # Pty-Chi runs in steps of its own (bp), where the machine's interpreter has it.
+    local bp=("$PY" "${bench[@]}" --device "$device" --json --no-launches --score-workers 4
         "${iters[@]}")
+    local b=("${bp[@]}" --no-ptychi)
     local j=$OUT/gpu.jsonl
     scans_ready "far $small"
     step far-rpie-lsqml-$small 120 "$j" "${b[@]}" --fields far --cases "$small" \
         --algorithms rpie lsqml
+    # Thick samples (issue 34), the cheap first: S layers against one, side by side (their
+    # iterations alternated; the thin scan's frames: timing only);
+    # the exact three-layer scan, scored per layer; the cross-package case's LSQ-ML and rPIE
+    # (the thin scan's frames: its exact simulation costs the host half an hour).
+    step thick-ratio-$small 120 "$j" "${b[@]}" --fields far --cases "$small" \
+        --algorithms rpie lsqml --slices 1 2 3 6 --slice-spacing "$dz" --thin-frames --no-score
+    scans_ready "far $small 3layers"
+    step thick-3layers-$small 150 "$j" "${b[@]}" --fields far --cases "$small" \
+        --algorithms rpie lsqml --slices 3 --slice-spacing "$dz"
+    scans_ready "far $xpkg"
+    local x=(--fields far --cases "$xpkg" --modes 6 --slices 6 --slice-spacing "$dz"
+        --batch 1024 --thin-frames --no-score --warmup 1 --iterations 4)
+    step xpkg-lsqml-$xpkg 150 "$j" "${b[@]}" "${x[@]}" --algorithms lsqml
+    step xpkg-rpie-$xpkg 150 "$j" "${b[@]}" "${x[@]}" --algorithms rpie
+    if command -v ncu >/dev/null && [[ $device == cuda ]]; then
+        profile_kernels ncuthick-lsqml-$small lsqml-3layers "--launch-count 600" \
+            --cases "$small" --algorithms lsqml --slices 3 --slice-spacing "$dz"
+    fi
+    if compgen -G "$WHEELS/ptychi-*.whl" >/dev/null; then
+        step xpkg-ptychi-lsqml-$xpkg 150 "$j" "${bp[@]}" "${x[@]}" --algorithms lsqml \
+            --ptychi-python "$(command -v "$PY")" --skip-beamflow
+    fi
     # The NRMSE by batch size, side by side: 100 iterations at 4000 x 128² and 20 at
     # 10000 x 256² (the issue's figures), each size's objects scored in parallel processes.
-    local sweep=("$PY" "${bench[@]}" --device "$device" --json --no-launches --warmup 0
-        --algorithms rpie lsqml)
+    local sweep=("$PY" "${bench[@]}" --device "$device" --json --no-launches --no-ptychi
+        --warmup 0 --algorithms rpie lsqml)
     step qbatch-rpie-lsqml-$small 120 "$j" "${sweep[@]}" --fields far --cases "$small" \
         --score-workers 8 --iterations "$quality" --batch 128 256 512 1024
     # The same without CUDA graphs: every launch from Python (the batches' host cost).
@@ -312,8 +380,8 @@ run_all() {
         --algorithms rpie lsqml --batch 256 --no-score
     # The NRMSE after 100 iterations (the issue's quality figures) at the default batch and
     # 256, and after 200 at 512 (on the CPU, rPIE at 512 needed 200 for the default's 100).
-    local q=("$PY" "${bench[@]}" --device "$device" --json --no-launches --score-workers 4
-        --warmup 0 --fields far --cases "$small" --algorithms rpie lsqml)
+    local q=("$PY" "${bench[@]}" --device "$device" --json --no-launches --no-ptychi
+        --score-workers 4 --warmup 0 --fields far --cases "$small" --algorithms rpie lsqml)
     step quality-default-$small 90 "$j" "${q[@]}" --iterations "$quality"
     step quality-batch256-$small 90 "$j" "${q[@]}" --iterations "$quality" --batch 256
     step quality-batch512-$small 90 "$j" "${q[@]}" --iterations $((2 * quality)) --batch 512
@@ -333,9 +401,9 @@ run_all() {
     step near-epie-$tiny 60 "$j" "${b[@]}" --fields near --cases "$tiny" --algorithms epie
     if compgen -G "$WHEELS/ptychi-*.whl" >/dev/null; then
         local ptychi=(--ptychi-python "$(command -v "$PY")" --skip-beamflow)
-        step ptychi-rpie-lsqml-$small 150 "$j" "${b[@]}" "${ptychi[@]}" --fields far \
+        step ptychi-rpie-lsqml-$small 150 "$j" "${bp[@]}" "${ptychi[@]}" --fields far \
             --cases "$small" --algorithms rpie lsqml
-        step ptychi-rpie-$big 150 "$j" "${b[@]}" "${ptychi[@]}" --fields far --cases "$big" \
+        step ptychi-rpie-$big 150 "$j" "${bp[@]}" "${ptychi[@]}" --fields far --cases "$big" \
             --algorithms rpie
     else
         log "no Pty-Chi wheel in $WHEELS: its steps left out"

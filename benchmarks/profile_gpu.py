@@ -14,6 +14,8 @@ The first reconstructs each case (from ``bench_gpu.py``'s scan cache, ``--scan-c
 iteration's kernels. It prints, per case, the iteration's wall seconds without the profiler
 (median of 3) so the kernels' sum can be set beside it: when the sum is far below the wall
 time, the host (launches, CuPy's checks) is what limits the iteration, not the card.
+``--modes K``, ``--slices S --slice-spacing M`` and ``--thin-frames`` profile
+``bench_gpu.py``'s thick cases (its docstring).
 
 With ``--host`` (no ``ncu``) the profiled iteration runs under cProfile instead: one JSON
 line per Python function, by its own time, for the ``--top`` first; a function holding the
@@ -42,16 +44,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gpu import CASES, _setup, cached_scan, log, start  # noqa: E402
+from bench_gpu import CASES, _setup, load_case, log, start  # noqa: E402
 
 from beamflow.ptycho import Reconstructor, array_backend  # noqa: E402
+from beamflow.ptycho.forward.slices import slice_spacings  # noqa: E402
 
 
 def profile(args: argparse.Namespace) -> None:
     backend = array_backend(args.device)
     for name in args.cases:
         n, m = CASES[name]
-        case = cached_scan(args.scan_cache, args.field, n, m, args.seed)
+        case = load_case(args.scan_cache, args.field, n, m, args.seed, args.slices,
+                         args.spacings, args.thin_frames)
         for algorithm in args.algorithms:
             data, params = _setup(case, algorithm, args.warmup + 4, args)
             with Reconstructor(data, start(case, data, params), backend) as rec:
@@ -74,6 +78,7 @@ def profile(args: argparse.Namespace) -> None:
                     backend.synchronize()
                     cupy.cuda.profiler.stop()
             print(json.dumps({"profiled": f"{algorithm} {args.field} {name}",
+                              "slices": args.slices, "modes": args.modes,
                               "batch_size": params.batch_size_for(n),
                               "wall_seconds": float(np.median(walls))}), flush=True)
             log(f"profiled {algorithm} {args.field} {name}")
@@ -150,7 +155,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--scan-cache", type=Path, default=None, metavar="DIR")
+    ap.add_argument("--modes", type=int, default=1, metavar="K", help="probe modes")
+    ap.add_argument("--slices", type=int, default=1, metavar="S",
+                    help="object layers (bench_gpu.py's thick cases)")
+    ap.add_argument("--slice-spacing", default=None, metavar="M",
+                    help="metres between the layers: one value, or S−1 comma-separated")
+    ap.add_argument("--thin-frames", action="store_true",
+                    help="layers from the thin scan's frames (bench_gpu.py --thin-frames)")
     args = ap.parse_args()
+    try:
+        args.spacings = slice_spacings(args.slices, args.slice_spacing)
+    except ValueError as exc:
+        ap.error(f"--slices/--slice-spacing: {exc}")
     if args.summarize:
         summarize(args.summarize, args.top)
     else:
