@@ -10,7 +10,7 @@ Run from the repository root::
    against no checkpointing, side by side in one process: rounds of ``--block`` iterations
    per setting in a shuffled order (the writer drained between blocks, untimed), the wall
    time of every iteration measured callback to callback exactly as
-   ``beamflow.reconstruct`` drives the engine (snapshot on the reconstruction thread,
+   ``beamflow.job.run`` drives the engine (snapshot on the reconstruction thread,
    write in the background). Two measures:
 
    * CPU: (CPU time of the snapshots on the reconstruction thread + CPU time of the writer
@@ -61,13 +61,13 @@ from beamflow.checkpoint import Checkpointer, CheckpointPolicy, LevelConfig
 from beamflow.checkpoint.store import list_checkpoints, read_checkpoint
 from beamflow.formats import Product, load_scan
 from beamflow.ground_truth import read_ground_truth, score_product
+from beamflow.job.models import ReconstructJob
+from beamflow.job.run import _read_frames, run_reconstruction
 from beamflow.ptycho.arrays import array_backend, cpu_count
 from beamflow.ptycho.engine import Reconstructor, initial_state
 from beamflow.ptycho.metrics import compare
 from beamflow.ptycho.scan_geometry import ScanFrame
 from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
-from beamflow.reconstruct import _read_frames, run_reconstruction
-from beamflow.reconstruct_job import ReconstructJob
 from beamflow.simulate import simulate_scan
 
 
@@ -478,7 +478,7 @@ def _bench_memory_one(args, root: Path, n_positions: int) -> None:
     frames_mb = scan.n_frames * scan.frame_shape[0] * scan.frame_shape[1] * 4 / 2**20
     obj_mb = frame.object_shape[0] * frame.object_shape[1] * 8 / 2**20
     probe_mb = scan.frame_shape[0] ** 2 * 8 / 2**20
-    base_mb, _, _ = _peak_rss_mb("-", ["import beamflow.cli, beamflow.reconstruct, "
+    base_mb, _, _ = _peak_rss_mb("-", ["import beamflow.cli, beamflow.job.run, "
                                     "beamflow.ptycho.engine, beamflow.ptycho.previews, "
                                     "matplotlib.figure"])
     peak_mb, children_mb, res = _peak_rss_mb("beamflow.cli", [

@@ -30,13 +30,14 @@ from beamflow.checkpoint import (
     load_latest,
 )
 from beamflow.formats import Scan
+from beamflow.job.models import ReconstructError, ReconstructJob, plain_words
 from beamflow.ptycho.scan_geometry import ScanFrame, grow_to_fit
 from beamflow.ptycho.state import ReconParams, ReconState
-from beamflow.reconstruct_job import ReconstructError, ReconstructJob, plain_words
 
-log = logging.getLogger("beamflow.reconstruct")  # the job's log
+log = logging.getLogger(__name__)
 
-#: what the job writes beside the engine's state in a checkpoint's metadata ("job")
+#: what the job writes beside the engine's state in a checkpoint's metadata ("job"); the
+#: name the job had when the format was made, kept: the checkpoints on disk carry it
 JOB_FORMAT = "beamflow.reconstruct/1"
 _READ_CHUNK = 32  # frames hashed at a time: small transients
 

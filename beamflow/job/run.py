@@ -5,7 +5,7 @@ This is what ``beamflow reconstruct`` and the compute functions call::
     job = ReconstructJob(scan=Path("scan_master.h5"), out=Path("out"))
     summary = run_reconstruction(job)        # ReconstructSummary
 
-The job, the summary and the errors are described in :mod:`beamflow.reconstruct_job`; this
+The job, the summary and the errors are described in :mod:`beamflow.job.models`; this
 module runs a job, as a list of named steps (:func:`_run_reconstruction`): load the scan,
 find the starting point (a checkpoint or a fresh object), prepare the engine's data and
 state, iterate with checkpoints and live previews, finish (previews, verdict, product).
@@ -18,7 +18,7 @@ Output directory::
     DIR/checkpoints/            L2 checkpoints + LATEST.json (beamflow.checkpoint)
 
 Resuming: when ``DIR/checkpoints`` (or the node-local L1 level) holds a checkpoint, the job
-continues from it if it is compatible (:mod:`beamflow.reconstruct_resume` holds the rules):
+continues from it if it is compatible (:mod:`beamflow.job.checkpoints` holds the rules):
 the same geometry, frame shape, probe modes and algorithm (hard; a mismatch is refused with
 the differences named), the same frames or MORE frames of the same scan (the stored frames
 are a prefix of the current ones: the reconstruction goes on with the new positions
@@ -53,15 +53,17 @@ from beamflow.formats import (
     load_scan,
     write_product,
 )
-from beamflow.live_previews import LivePreviews
-from beamflow.ptycho.arrays import array_backend
-from beamflow.ptycho.engine import Reconstructor, initial_state, mean_pattern
-from beamflow.ptycho.forward.propagation import Propagation, near_field_geometry
-from beamflow.ptycho.forward.slices import slice_spacings
-from beamflow.ptycho.scan_geometry import ScanFrame, scan_extent
-from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
-from beamflow.ptycho.verdict import DataRegime, Verdict, judge, measure_data, regime_findings
-from beamflow.reconstruct_job import (
+from beamflow.job.checkpoints import (
+    LoadedData,
+    fingerprint,
+    frame_of,
+    job_meta,
+    latest_checkpoint,
+    protected_files,
+    resume,
+)
+from beamflow.job.live_previews import LivePreviews
+from beamflow.job.models import (
     PROBE_FROM_DATA,
     PROBE_FROM_FILE,
     PROBE_FROM_OPTICS,
@@ -74,16 +76,14 @@ from beamflow.reconstruct_job import (
     plain_words,
     settings_used,
 )
-from beamflow.reconstruct_resume import (
-    LoadedData,
-    fingerprint,
-    frame_of,
-    job_meta,
-    latest_checkpoint,
-    protected_files,
-    resume,
-)
-from beamflow.snapshot_consumer import SnapshotConsumer
+from beamflow.job.snapshots import SnapshotConsumer
+from beamflow.ptycho.arrays import array_backend
+from beamflow.ptycho.engine import Reconstructor, initial_state, mean_pattern
+from beamflow.ptycho.forward.propagation import Propagation, near_field_geometry
+from beamflow.ptycho.forward.slices import slice_spacings
+from beamflow.ptycho.scan_geometry import ScanFrame, scan_extent
+from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
+from beamflow.ptycho.verdict import DataRegime, Verdict, judge, measure_data, regime_findings
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ _READ_CHUNK = 32  # frames read at a time: small transients, not 2x the frames
 def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) -> ReconstructSummary:
     """Run (or resume, or continue) the reconstruction `job` describes."""
     check_out_dir(job.out)
-    # Live previews are drawn by a helper process (see beamflow.live_previews), started now
+    # Live previews are drawn by a helper process (see beamflow.job.live_previews), started now
     # so that its imports overlap the reading of the frames; the final previews are drawn
     # here, once the engine's memory is released.
     live = LivePreviews(job.out / "previews")
@@ -413,7 +413,7 @@ def _iterate(job: ReconstructJob, inputs: _Inputs, start: _Start, given: _Engine
     on SIGTERM, then exit 143), live previews, progress; a final checkpoint at the end.
 
     A due checkpoint or preview starts a copy of the state to the host and goes on; the
-    snapshot consumer (:mod:`beamflow.snapshot_consumer`) waits for the copy and hands the
+    snapshot consumer (:mod:`beamflow.job.snapshots`) waits for the copy and hands the
     state to the checkpointer and the preview helper. With a snapshot still in flight, what
     is due stays due: the iterations never wait for a copy."""
     backend = array_backend(job.device, threads=job.threads)

@@ -1,0 +1,1 @@
+"""The reconstruction job: scan file in -> engine with checkpoints -> product + previews out."""
