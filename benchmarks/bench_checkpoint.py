@@ -10,7 +10,7 @@ Run from the repository root::
    against no checkpointing, side by side in one process: rounds of ``--block`` iterations
    per setting in a shuffled order (the writer drained between blocks, untimed), the wall
    time of every iteration measured callback to callback exactly as
-   ``beamflow.job.run`` drives the engine (snapshot on the reconstruction thread,
+   ``beamflow.job.iterate`` drives the engine (snapshot on the reconstruction thread,
    write in the background). Two measures:
 
    * CPU: (CPU time of the snapshots on the reconstruction thread + CPU time of the writer
@@ -61,8 +61,9 @@ from beamflow.checkpoint import Checkpointer, CheckpointPolicy, LevelConfig
 from beamflow.checkpoint.store import list_checkpoints, read_checkpoint
 from beamflow.formats import Product, load_scan
 from beamflow.ground_truth import read_ground_truth, score_product
+from beamflow.job.load import read_frames
 from beamflow.job.models import ReconstructJob
-from beamflow.job.run import _read_frames, run_reconstruction
+from beamflow.job.run import run_reconstruction
 from beamflow.ptycho.arrays import array_backend, cpu_count
 from beamflow.ptycho.engine import Reconstructor, initial_state
 from beamflow.ptycho.metrics import compare
@@ -105,7 +106,7 @@ def _rpie_job(args, root: Path, name: str) -> tuple[PtychoData, ReconState]:
     scan = load_scan(master)
     frame = ScanFrame.for_positions(scan.positions_m, scan.planned_positions_m,
                                     scan.frame_shape[0], 8, scan.object_pixel_size_m)
-    data = PtychoData(intensities=_read_frames(scan), positions_px=frame.corners(scan.positions_m),
+    data = PtychoData(intensities=read_frames(scan), positions_px=frame.corners(scan.positions_m),
                       object_shape=frame.object_shape, mask=scan.mask)
     params = ReconParams(algorithm="rpie", iterations=10**6, probe_modes=1)
     gt = read_ground_truth(master.parent / "ground_truth.h5")

@@ -201,7 +201,7 @@ def test_flat_compute_function_kwargs_are_accepted(tmp_path: Path, scan: Path) -
 
 
 def test_previews_from_the_latest_checkpoint_by_another_reader(scan: Path, tmp_path: Path) -> None:
-    from beamflow.job.run import previews_from_checkpoint
+    from beamflow.job.checkpoints import previews_from_checkpoint
 
     assert previews_from_checkpoint(tmp_path / "out" / "checkpoints", tmp_path / "p") is None
     run_reconstruction(job(scan, tmp_path / "out", iterations=3))
@@ -214,7 +214,7 @@ def test_previews_are_drawn_around_the_probe_positions(
         scan: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The job's final previews and those from a checkpoint get the positions, so the
     never-illuminated border is dimmed and the colour window is the illuminated region's."""
-    from beamflow.job.run import previews_from_checkpoint
+    from beamflow.job.checkpoints import previews_from_checkpoint
 
     seen: list[np.ndarray | None] = []
     real = previews_module.write_previews

@@ -300,8 +300,8 @@ def previews(
     being written. Exit 1 with a message when no checkpoint verifies yet.
     """
     from beamflow.checkpoint import CorruptCheckpoint
+    from beamflow.job.checkpoints import previews_from_checkpoint
     from beamflow.job.models import ReconstructError
-    from beamflow.job.run import previews_from_checkpoint
 
     missing = [str(d) for d in checkpoints if not d.is_dir()]
     if missing:
