@@ -183,10 +183,10 @@ def reconstruct(
     )  # fmt: skip
     task = bar.add_task(f"{job.params.algorithm} {scan.name}", total=None, loss="-")
 
-    def progress(done: int, total: int, loss: float | None) -> None:
+    def progress(iteration: int, stop_iteration: int, loss: float | None) -> None:
         if not bar.live.is_started:  # only once the scan has loaded: errors print cleanly
             bar.start()
-        bar.update(task, completed=done, total=total,
+        bar.update(task, completed=iteration, total=stop_iteration,
                    loss="-" if loss is None else f"{loss:.4g}")
 
     try:

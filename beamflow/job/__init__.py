@@ -31,10 +31,13 @@ are a prefix of the current ones: the reconstruction goes on with the new positi
 appended). Other settings (step sizes, iteration budget, batch size) may change; the
 differences are logged.
 
-``iterations`` counts iterations over the current data: a fresh run or a resume of the same
+``iterations`` counts iterations over the current data, from the iteration where it began
+(``since``: 0, or where a continuation added frames): a fresh run or a resume of the same
 data stops at ``iterations`` in total; a continuation with more frames runs ``iterations``
-more from the iteration where the frames were added. Resuming is exact: N iterations straight
-and k + kill + resume + N-k give bit-identical results (numpy backend, same thread count).
+more. The iteration the job stops at, ``since + iterations``, has its own name,
+``stop_iteration`` (the engine's ``ReconParams.iterations`` is such a total: the job hands it
+that). Resuming is exact: N iterations straight and k + kill + resume + N-k give
+bit-identical results (numpy backend, same thread count).
 
 Nothing is imported here: the run path reads ``beamflow.job.models`` alone, and the
 live-preview helper starts as ``python -m beamflow.job.live_previews`` with its own

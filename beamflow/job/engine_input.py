@@ -49,7 +49,8 @@ def engine_input(job: ReconstructJob, inputs: Inputs, start: Start) -> EngineInp
     state (the checkpoint's, or a fresh one from the initial probe) and the fingerprint."""
     loaded, scan = inputs.loaded, inputs.scan
     assert loaded is not None
-    run_params = inputs.params.model_copy(update={"iterations": start.target})
+    # The engine's ReconParams.iterations is a total: the iteration it stops at.
+    engine_params = inputs.params.model_copy(update={"iterations": start.stop_iteration})
     # positions already refined by position correction stay as the state has them
     nominal = start.frame.corners(scan.positions_m)
     try:
@@ -67,9 +68,9 @@ def engine_input(job: ReconstructJob, inputs: Inputs, start: Start) -> EngineInp
     state, start.state = start.state, None
     if state is None:
         probe0, start.initial_probe = _initial_probe(job, scan, inputs.params)
-        state = initial_state(data, run_params, probe=probe0)
+        state = initial_state(data, engine_params, probe=probe0)
     else:
-        state.params = run_params
+        state.params = engine_params
     prints = fingerprint(scan, inputs.params, loaded, job, inputs.n)
     inputs.loaded = None  # the frames stay referenced by `data` only (and the engine's copy)
     release_freed_memory()

@@ -16,7 +16,7 @@ from beamflow.job.checkpoints import job_meta
 from beamflow.job.engine_input import EngineInput, release_freed_memory
 from beamflow.job.live_previews import LivePreviews
 from beamflow.job.load import Inputs
-from beamflow.job.models import Progress, ReconstructJob
+from beamflow.job.models import ProgressCallback, ReconstructJob
 from beamflow.job.snapshots import SnapshotConsumer
 from beamflow.job.start import Start
 from beamflow.ptycho.arrays import array_backend
@@ -41,8 +41,8 @@ class Iterated:
 
 
 def iterate(job: ReconstructJob, inputs: Inputs, start: Start, given: EngineInput,
-            progress: Progress | None, live: LivePreviews) -> Iterated:
-    """Run the engine to the target iteration: checkpoints as the policy says them (and one
+            progress: ProgressCallback | None, live: LivePreviews) -> Iterated:
+    """Run the engine to the iteration to stop at: checkpoints as the policy says them (and one
     on SIGTERM, then exit 143), live previews, progress; a final checkpoint at the end.
 
     A due checkpoint or preview starts a copy of the state to the host and goes on; the
@@ -52,7 +52,7 @@ def iterate(job: ReconstructJob, inputs: Inputs, start: Start, given: EngineInpu
     backend = array_backend(job.device, threads=job.threads)
     log.info("device %s, %d thread(s), FFTs: %s", backend.name, backend.threads, backend.fft)
     job.out.mkdir(parents=True, exist_ok=True)
-    scan, frame, target = inputs.scan, start.frame, start.target
+    scan, frame, stop_iteration = inputs.scan, start.frame, start.stop_iteration
 
     def meta_of(state: ReconState) -> dict[str, Any]:
         return {"state": state.meta(),
@@ -66,7 +66,7 @@ def iterate(job: ReconstructJob, inputs: Inputs, start: Start, given: EngineInpu
     if job.handle_sigterm and threading.current_thread() is threading.main_thread():
         guard = TerminationGuard(ck, defer=True).install()
     snapshots: SnapshotConsumer[ReconState] = SnapshotConsumer()
-    previews = _PreviewCadence(job, start_iteration, target)
+    previews = _PreviewCadence(job, start_iteration, stop_iteration)
     times: list[float] = []
 
     def hand_over(state: ReconState, levels: set[str], preview: bool) -> None:
@@ -109,12 +109,12 @@ def iterate(job: ReconstructJob, inputs: Inputs, start: Start, given: EngineInpu
                         snapshots.submit(rec.snapshot_async(),
                                          lambda state: hand_over(state, levels, preview))
                 if progress is not None:
-                    progress(it, target, float(info["loss"]))
+                    progress(it, stop_iteration, float(info["loss"]))
 
             if progress is not None:
-                progress(start_iteration, target, last_loss)
+                progress(start_iteration, stop_iteration, last_loss)
             t_iter = [time.perf_counter()]
-            final = rec.run(max(0, target - start_iteration), callback=callback)
+            final = rec.run(max(0, stop_iteration - start_iteration), callback=callback)
         snapshots.close()  # the snapshot in hand is saved before the final one
         ck.finalize(final.iteration, final.to_host_arrays, meta_of(final))
     finally:
@@ -136,18 +136,18 @@ def iterate(job: ReconstructJob, inputs: Inputs, start: Start, given: EngineInpu
 class _PreviewCadence:
     """When a live preview is due: every ``preview_every`` iterations from the start, at
     most once per ``preview_min_seconds`` (one that comes too soon waits for the next
-    multiple), never at the target (the final previews are drawn then). ``due`` takes the
-    preview: a caller that cannot take it (a snapshot in flight) does not ask, and it stays
-    due."""
+    multiple), never at the iteration to stop at (the final previews are drawn then).
+    ``due`` takes the preview: a caller that cannot take it (a snapshot in flight) does not
+    ask, and it stays due."""
 
-    def __init__(self, job: ReconstructJob, start_iteration: int, target: int) -> None:
+    def __init__(self, job: ReconstructJob, start_iteration: int, stop_iteration: int) -> None:
         self.every, self.min_seconds = job.preview_every, job.preview_min_seconds
-        self.start, self.target = start_iteration, target
+        self.start, self.stop_iteration = start_iteration, stop_iteration
         self.next = start_iteration + self.every
         self.last = -math.inf  # time.monotonic() of the last one
 
     def due(self, iteration: int) -> bool:
-        if not self.every or iteration < self.next or iteration >= self.target:
+        if not self.every or iteration < self.next or iteration >= self.stop_iteration:
             return False
         # the next multiple of `every` after this iteration, whether this one is taken or not
         self.next = self.start + ((iteration - self.start) // self.every + 1) * self.every

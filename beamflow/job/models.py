@@ -309,8 +309,9 @@ class FunctionSummary(BaseModel):
     verdict_reasons: list[str] = Field(default_factory=list)
 
 
-#: progress(iterations_done, target, loss)
-Progress = Callable[[int, int, float | None], None]
+#: progress(iteration, stop_iteration, loss): the iterations done in total, the iteration the
+#: run stops at, the last loss
+ProgressCallback = Callable[[int, int, float | None], None]
 
 
 if __name__ == "__main__":  # the flows' schemas' "reconstruction" part, for flows/*.schema.json

@@ -23,13 +23,14 @@ from beamflow.job.finish import finish
 from beamflow.job.iterate import iterate
 from beamflow.job.live_previews import LivePreviews
 from beamflow.job.load import load, scan_propagation
-from beamflow.job.models import Progress, ReconstructJob, ReconstructSummary, check_out_dir
+from beamflow.job.models import ProgressCallback, ReconstructJob, ReconstructSummary, check_out_dir
 from beamflow.job.start import starting_point
 from beamflow.ptycho.scan_geometry import ScanFrame
 from beamflow.ptycho.verdict import regime_findings
 
 
-def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) -> ReconstructSummary:
+def run_reconstruction(job: ReconstructJob, progress: ProgressCallback | None = None
+                       ) -> ReconstructSummary:
     """Run (or resume, or continue) the reconstruction `job` describes."""
     check_out_dir(job.out)
     # Live previews are drawn by a helper process (see beamflow.job.live_previews), started now
@@ -44,7 +45,7 @@ def run_reconstruction(job: ReconstructJob, progress: Progress | None = None) ->
         live.close()
 
 
-def _run_reconstruction(job: ReconstructJob, progress: Progress | None,
+def _run_reconstruction(job: ReconstructJob, progress: ProgressCallback | None,
                         live: LivePreviews) -> ReconstructSummary:
     """The job's steps: load the scan, find where to start, prepare the engine's input,
     iterate, finish. A divergence is told with the cause the data and geometry point to."""

@@ -25,7 +25,9 @@ class Start:
     continuation: bool = False
     since: int = 0  # iteration at which the current data set began
     initial_probe: str = PROBE_FROM_DATA
-    target: int = 0  # the iteration count to stop at
+    #: the iteration the engine stops at: ``iterations`` (a count over the current data)
+    #: after ``since``
+    stop_iteration: int = 0
 
 
 def starting_point(job: ReconstructJob, inputs: Inputs) -> Start:
@@ -44,5 +46,5 @@ def starting_point(job: ReconstructJob, inputs: Inputs) -> Start:
         start = Start(frame=back.frame, state=back.state, protect=protected_files(job, ckpt),
                       resumed_from=back.iteration, continuation=back.continuation,
                       since=back.since, initial_probe=back.initial_probe)
-    start.target = start.since + inputs.params.iterations
+    start.stop_iteration = start.since + inputs.params.iterations
     return start
