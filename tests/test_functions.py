@@ -101,7 +101,7 @@ def _reconstruct_available() -> str | None:
         import beamflow.job.run  # noqa: F401
         import beamflow.simulate  # noqa: F401
     except ImportError as exc:
-        return f"beamflow.job/simulate not importable yet: {exc}"
+        return f"beamflow.job or beamflow.simulate not importable yet: {exc}"
     return None
 
 

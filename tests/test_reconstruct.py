@@ -1,4 +1,4 @@
-"""beamflow.job.run: the job end to end, checkpoints, exact resume, continuation, refusal."""
+"""beamflow.job: the job end to end, checkpoints, exact resume, continuation, refusal."""
 
 from __future__ import annotations
 
