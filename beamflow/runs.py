@@ -46,7 +46,7 @@ from beamflow.disk import tree_bytes
 from beamflow.error_kinds import ErrorKind
 from beamflow.failures import failure_of
 from beamflow.formats import ScanFormatError, find_scan_file
-from beamflow.reconstruct_job import FunctionSummary, RunParameters
+from beamflow.job.models import FunctionSummary, RunParameters
 from beamflow.registry import Registry, RegistryError
 from beamflow.store import DuplicateRun, Run, RunStatus, Store, StoreError
 from beamflow.validation_text import field_path, validation_text

@@ -10,7 +10,7 @@ Run from the repository root::
    against no checkpointing, side by side in one process: rounds of ``--block`` iterations
    per setting in a shuffled order (the writer drained between blocks, untimed), the wall
    time of every iteration measured callback to callback exactly as
-   ``beamflow.reconstruct`` drives the engine (snapshot on the reconstruction thread,
+   ``beamflow.job.iterate`` drives the engine (snapshot on the reconstruction thread,
    write in the background). Two measures:
 
    * CPU: (CPU time of the snapshots on the reconstruction thread + CPU time of the writer
@@ -61,13 +61,14 @@ from beamflow.checkpoint import Checkpointer, CheckpointPolicy, LevelConfig
 from beamflow.checkpoint.store import list_checkpoints, read_checkpoint
 from beamflow.formats import Product, load_scan
 from beamflow.ground_truth import read_ground_truth, score_product
+from beamflow.job.load import read_frames
+from beamflow.job.models import ReconstructJob
+from beamflow.job.run import run_reconstruction
 from beamflow.ptycho.arrays import array_backend, cpu_count
 from beamflow.ptycho.engine import Reconstructor, initial_state
 from beamflow.ptycho.quality.metrics import compare
 from beamflow.ptycho.scan_geometry import ScanFrame
 from beamflow.ptycho.state import PtychoData, ReconParams, ReconState
-from beamflow.reconstruct import _read_frames, run_reconstruction
-from beamflow.reconstruct_job import ReconstructJob
 from beamflow.simulate import simulate_scan
 
 
@@ -105,7 +106,7 @@ def _rpie_job(args, root: Path, name: str) -> tuple[PtychoData, ReconState]:
     scan = load_scan(master)
     frame = ScanFrame.for_positions(scan.positions_m, scan.planned_positions_m,
                                     scan.frame_shape[0], 8, scan.object_pixel_size_m)
-    data = PtychoData(intensities=_read_frames(scan), positions_px=frame.corners(scan.positions_m),
+    data = PtychoData(intensities=read_frames(scan), positions_px=frame.corners(scan.positions_m),
                       object_shape=frame.object_shape, mask=scan.mask)
     params = ReconParams(algorithm="rpie", iterations=10**6, probe_modes=1)
     gt = read_ground_truth(master.parent / "ground_truth.h5")
@@ -478,7 +479,7 @@ def _bench_memory_one(args, root: Path, n_positions: int) -> None:
     frames_mb = scan.n_frames * scan.frame_shape[0] * scan.frame_shape[1] * 4 / 2**20
     obj_mb = frame.object_shape[0] * frame.object_shape[1] * 8 / 2**20
     probe_mb = scan.frame_shape[0] ** 2 * 8 / 2**20
-    base_mb, _, _ = _peak_rss_mb("-", ["import beamflow.cli, beamflow.reconstruct, "
+    base_mb, _, _ = _peak_rss_mb("-", ["import beamflow.cli, beamflow.job.run, "
                                     "beamflow.ptycho.engine, beamflow.ptycho.quality.previews, "
                                     "matplotlib.figure"])
     peak_mb, children_mb, res = _peak_rss_mb("beamflow.cli", [

@@ -43,7 +43,7 @@ from beamflow.ptycho import (  # noqa: E402
     array_backend,
     initial_state,
 )
-from beamflow.ptycho import opr as opr_module  # noqa: E402
+from beamflow.ptycho.algorithms import opr as opr_module  # noqa: E402
 from beamflow.simulate import (  # noqa: E402
     detector_frames,
     make_ground_truth,

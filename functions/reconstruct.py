@@ -36,13 +36,13 @@ def reconstruct(
     """Reconstruct ``scan`` into ``output_dir`` (product.h5, previews/); return a summary.
 
     The steps (check the request, confine its paths, pick the device, build the job, run
-    it, report) are beamflow.reconstruct_task's: this body only reaches them on the endpoint.
+    it, report) are beamflow.job.task's: this body only reaches them on the endpoint.
     """
     try:
-        from beamflow.reconstruct_task import run_task
+        from beamflow.job.task import run_task
     except ImportError as exc:
         raise RuntimeError(
-            f"scan {scan!r}: beamflow.reconstruct is not importable on this endpoint ({exc}); "
+            f"scan {scan!r}: beamflow.job is not importable on this endpoint ({exc}); "
             "install beamflow (same version as the registered function) in its environment"
         ) from None
     return run_task(scan=scan, output_dir=output_dir, allowed_roots=allowed_roots,

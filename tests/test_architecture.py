@@ -112,11 +112,13 @@ SCIENCE_AND_STORAGE = (
     "beamflow.ptycho", "beamflow.checkpoint", "beamflow.formats", "beamflow.store",
     "beamflow.atomic", "beamflow.validation_text", "beamflow.error_kinds",
 )
-ABOVE_SCIENCE = (
+JOB = ("beamflow.job",)
+ABOVE_JOB = (
     "beamflow.backend", "beamflow.local", "beamflow.globus", "beamflow.registry",
-    "beamflow.runs", "beamflow.status", "beamflow.cli", "beamflow.demo", "edge_agent",
-    "functions",
+    "beamflow.runs", "beamflow.failures", "beamflow.retention", "beamflow.status",
+    "beamflow.cli", "beamflow.demo", "edge_agent", "functions",
 )
+ABOVE_SCIENCE = (*JOB, *ABOVE_JOB)
 BACKENDS = ("beamflow.local", "beamflow.globus", "beamflow.registry")
 STARTERS = ("beamflow.runs", "beamflow.failures", "beamflow.status", "beamflow.cli",
             "beamflow.demo", "edge_agent")
@@ -126,10 +128,11 @@ STARTERS = ("beamflow.runs", "beamflow.failures", "beamflow.status", "beamflow.c
     ("floor", "forbidden"),
     [
         (SCIENCE_AND_STORAGE, ABOVE_SCIENCE),
+        (JOB, ABOVE_JOB),
         (("beamflow.backend",), (*BACKENDS, *STARTERS)),
         (BACKENDS, STARTERS),
     ],
-    ids=["science-and-storage", "backend-interface", "backends"],
+    ids=["science-and-storage", "job", "backend-interface", "backends"],
 )
 def test_no_arrow_runs_back_up(floor, forbidden):
     wrong = sorted(
@@ -154,6 +157,28 @@ def test_science_knows_nothing_of_flows_globus_or_the_web():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             wrong += [f"{m} -> {n}" for n in names if n.split(".")[0] in third_party]
     assert wrong == []
+
+
+# The rooms of the job, bottom first, as docs/architecture.md lists them: the models, the two
+# helpers, the job's checkpoints, the build's steps in their order, the entry, the compute
+# function's work. A room imports only rooms before it.
+JOB_ROOMS = tuple(f"beamflow.job.{room}" for room in (
+    "models", "snapshots", "live_previews", "checkpoints", "load", "start", "engine_input",
+    "iterate", "finish", "run", "task"))
+
+
+def test_the_jobs_rooms_import_only_the_rooms_before_them():
+    assert sorted(JOB_ROOMS) == sorted(m for m in MODULES if _under(m, JOB) and m not in JOB)
+    wrong = sorted(f"{m} -> {t}" for i, m in enumerate(JOB_ROOMS) for t in GRAPH[m]
+                   if t in JOB_ROOMS[i:])
+    assert wrong == []
+
+
+def test_the_job_package_imports_nothing_at_its_root():
+    """The run path reads beamflow.job.models and the preview helper starts as
+    beamflow.job.live_previews: importing the package must not load the engine."""
+    assert GRAPH["beamflow.job"] == set()
+    assert "import" not in MODULES["beamflow.job"].read_text().split('"""')[-1]
 
 
 # Leaf utilities: standard library (and pydantic) only, usable from every floor.

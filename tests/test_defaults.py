@@ -10,14 +10,14 @@ import pytest
 
 from beamflow import config
 from beamflow.config import Reconstruction
-from beamflow.reconstruct_job import ReconstructJob, RunParameters
+from beamflow.job.models import ReconstructJob, RunParameters
 
 
 @pytest.mark.parametrize("field", ["algorithm", "iterations", "probe_modes"])
 def test_a_job_given_no_value_takes_the_config_default(tmp_path, monkeypatch, field):
     changed = {"algorithm": "lsqml", "iterations": 7, "probe_modes": 3}[field]
     monkeypatch.setattr(config, "RECONSTRUCTION_DEFAULTS", Reconstruction(**{field: changed}))
-    import beamflow.reconstruct_job as rc
+    import beamflow.job.models as rc
 
     monkeypatch.setattr(rc, "RECONSTRUCTION_DEFAULTS", config.RECONSTRUCTION_DEFAULTS)
     job = ReconstructJob(scan=tmp_path / "s.h5", out=tmp_path / "out")

@@ -143,7 +143,7 @@ def test_the_errors_of_bad_input_say_so_where_they_are_raised() -> None:
     function to raise as bad input (ValueError) without naming their classes."""
     from beamflow.checkpoint.compat import IncompatibleCheckpoint
     from beamflow.formats.errors import ScanFormatError
-    from beamflow.reconstruct_job import ReconstructError
+    from beamflow.job.models import ReconstructError
 
     for error in (ScanFormatError("/d/s.cxi", "/", "not an HDF5 file"),
                   IncompatibleCheckpoint([]), ReconstructError("no positions")):

@@ -98,10 +98,10 @@ def test_no_gpu_for_this_worker_refuses_cuda(root: Path, monkeypatch: pytest.Mon
 
 def _reconstruct_available() -> str | None:
     try:
-        import beamflow.reconstruct  # noqa: F401
+        import beamflow.job.run  # noqa: F401
         import beamflow.simulate  # noqa: F401
     except ImportError as exc:
-        return f"beamflow.reconstruct/simulate not importable yet: {exc}"
+        return f"beamflow.job or beamflow.simulate not importable yet: {exc}"
     return None
 
 

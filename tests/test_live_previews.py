@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from beamflow.live_previews import BUNDLE, LivePreviews
+from beamflow.job.live_previews import BUNDLE, LivePreviews
 from beamflow.ptycho.quality.previews import PREVIEW_NAMES
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -39,7 +39,7 @@ def test_a_state_is_drawn_by_the_helper_not_by_the_job(tmp_path: Path) -> None:
     code = f"""
 import sys, numpy as np
 from pathlib import Path
-from beamflow.live_previews import LivePreviews
+from beamflow.job.live_previews import LivePreviews
 lp = LivePreviews(Path({str(tmp_path)!r}) / "previews")
 obj = np.exp(1j * np.linspace(0, 3, 48 * 48)).reshape(48, 48).astype(np.complex64)
 lp.submit(obj, np.ones((1, 16, 16), np.complex64), [1.0, 0.5], "scan · rpie · iteration 7",
@@ -110,7 +110,7 @@ def test_a_refused_state_is_reported_and_the_helper_goes_on(
     obj, probe, losses = _state(rng)
     bad = obj.copy()
     bad[3, 3] = np.nan  # a diverged state: the previews refuse to draw it
-    with caplog.at_level(logging.WARNING, logger="beamflow.live_previews"):
+    with caplog.at_level(logging.WARNING, logger="beamflow.job.live_previews"):
         live.submit(bad, probe, losses, "diverged", 1e-8)
         assert live.wait(120)
     assert live.drawn == 0 and len(live.errors) == 1

@@ -24,10 +24,10 @@ from beamflow.store import Run, RunStatus, Store
 
 def _missing() -> str | None:
     try:
-        import beamflow.reconstruct  # noqa: F401
+        import beamflow.job.run  # noqa: F401
         import beamflow.simulate  # noqa: F401
     except ImportError as exc:
-        return f"needs beamflow.reconstruct and beamflow.simulate (not importable yet: {exc})"
+        return f"needs beamflow.job.run and beamflow.simulate (not importable yet: {exc})"
     return None
 
 

@@ -18,12 +18,12 @@ from beamflow.formats import load_scan, read_product
 from beamflow.formats.cxi import write_cxi
 from beamflow.formats.scan import Geometry
 from beamflow.ground_truth import write_ground_truth
+from beamflow.job.models import ReconstructJob
+from beamflow.job.run import run_reconstruction
 from beamflow.ptycho import PtychoData, ReconParams, Reconstructor, initial_state
 from beamflow.ptycho.forward.propagation import Propagation, near_field_geometry, transfer_function
 from beamflow.ptycho.quality.metrics import compare, illumination_mask
 from beamflow.ptycho.quality.verdict import judge, measure_data
-from beamflow.reconstruct import run_reconstruction
-from beamflow.reconstruct_job import ReconstructJob
 from beamflow.simulate import detector_frames, make_ground_truth, make_near_field_ground_truth
 
 PETRA = Path(__file__).resolve().parents[2] / "shared" / "data" / (

@@ -88,9 +88,9 @@ def test_a_reconstruction_that_fills_the_disk_is_a_full_disk_not_a_bad_scan(
 def test_the_compute_function_says_which_disk_filled_and_what_the_run_needs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import beamflow.reconstruct
-    from beamflow.reconstruct_job import ReconstructJob
-    from beamflow.reconstruct_task import run_task
+    import beamflow.job.run
+    from beamflow.job.models import ReconstructJob
+    from beamflow.job.task import run_task
     from beamflow.simulate import simulate_scan
 
     scratch = tmp_path / "scratch"
@@ -104,7 +104,7 @@ def test_the_compute_function_says_which_disk_filled_and_what_the_run_needs(
         except OSError as exc:  # as h5py reports it: wrapped
             raise RuntimeError("cannot write the product") from exc
 
-    monkeypatch.setattr(beamflow.reconstruct, "run_reconstruction", fills_the_disk)
+    monkeypatch.setattr(beamflow.job.run, "run_reconstruction", fills_the_disk)
     with pytest.raises(OSError) as raised:
         run_task(scan=str(master), output_dir=str(out), allowed_roots=[str(scratch)],
                  checkpoint_dir=str(scratch / "checkpoints"), parameters={"device": "cpu"})
@@ -117,7 +117,7 @@ def test_the_compute_function_says_which_disk_filled_and_what_the_run_needs(
     assert "; this run writes about " in text and f"in {out} and {scratch / 'checkpoints'}" in text
     assert str(master) not in text  # the scan is not the culprit
     job = ReconstructJob(scan=master, out=out, checkpoint_dir=scratch / "checkpoints")
-    needed = beamflow.reconstruct.written_bytes_estimate(job)  # as the function's job
+    needed = beamflow.job.run.written_bytes_estimate(job)  # as the function's job
     assert f"about {bytes_text(needed)} there" in text
     assert 100_000 < needed < 20_000_000  # a few states of a 16-px scan, and the previews
 

@@ -222,8 +222,8 @@ def test_a_drifting_fly_scan_through_the_job(tmp_path: Path):
     carries the variable probe (Ptychodus reads one probe per position), the previews plot the
     weights, and the ground truth keeps the drift."""
     from beamflow.ground_truth import read_ground_truth, score_product
-    from beamflow.reconstruct import run_reconstruction
-    from beamflow.reconstruct_job import ReconstructJob
+    from beamflow.job.models import ReconstructJob
+    from beamflow.job.run import run_reconstruction
 
     master = simulate_scan(tmp_path / "scans", "fly", positions=64, probe_size=32,
                            photons=1e6, seed=2, probe_drift_px=0.6, frames_per_file=64)

@@ -12,9 +12,9 @@ import pytest
 from beamflow.formats import ScanFormatError, ZonePlateOptics, load_scan, read_product
 from beamflow.formats.eiger import ZONE_PLATE, read_detector_scan, write_master
 from beamflow.ground_truth import read_ground_truth, score_product
+from beamflow.job.models import ReconstructJob
+from beamflow.job.run import run_reconstruction
 from beamflow.ptycho.probe import ZonePlate, zone_plate_probe
-from beamflow.reconstruct import run_reconstruction
-from beamflow.reconstruct_job import ReconstructJob
 from beamflow.simulate import (
     DEFAULT_GEOMETRY,
     PUPIL_RADIUS_FRACTION,

@@ -605,7 +605,7 @@ def test_reconstruction_modules_do_not_import_scipy_fft():
     import subprocess
     import sys
 
-    code = ("import sys, beamflow.cli, beamflow.reconstruct, beamflow.ptycho.engine, "
+    code = ("import sys, beamflow.cli, beamflow.job.run, beamflow.ptycho.engine, "
             "beamflow.ptycho.quality.previews; print(sorted(m for m in sys.modules "
             "if m.startswith(('scipy.fft', 'scipy.special'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

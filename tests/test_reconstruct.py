@@ -1,4 +1,4 @@
-"""beamflow.reconstruct: the job end to end, checkpoints, exact resume, continuation, refusal."""
+"""beamflow.job: the job end to end, checkpoints, exact resume, continuation, refusal."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import pytest
 from beamflow.checkpoint import IncompatibleCheckpoint, list_checkpoints, load_latest
 from beamflow.formats import ScanFormatError, read_product
 from beamflow.ground_truth import read_ground_truth, score_product
-from beamflow.live_previews import LivePreviews
+from beamflow.job.live_previews import LivePreviews
+from beamflow.job.models import ReconstructJob
+from beamflow.job.run import run_reconstruction
 from beamflow.ptycho.algorithms import opr as opr_module
 from beamflow.ptycho.arrays import cpu_ffts
 from beamflow.ptycho.quality import previews as previews_module
 from beamflow.ptycho.quality.previews import PREVIEW_NAMES
-from beamflow.reconstruct import run_reconstruction
-from beamflow.reconstruct_job import ReconstructJob
 from beamflow.simulate import simulate_scan
 
 N_POS = 40
@@ -145,7 +145,7 @@ def test_fewer_frames_are_refused(scan: Path, tmp_path: Path) -> None:
 
 def test_soft_changes_are_logged_and_allowed(scan: Path, tmp_path: Path, caplog) -> None:
     run_reconstruction(job(scan, tmp_path, iterations=2))
-    with caplog.at_level(logging.INFO, logger="beamflow.reconstruct"):
+    with caplog.at_level(logging.INFO, logger="beamflow.job"):
         s = run_reconstruction(job(scan, tmp_path, iterations=4, batch=4))
     assert s.resumed_from_iteration == 2
     assert "batch_size: stored 8 vs current 4" in caplog.text
@@ -202,7 +202,7 @@ def test_flat_compute_function_kwargs_are_accepted(tmp_path: Path, scan: Path) -
 
 
 def test_previews_from_the_latest_checkpoint_by_another_reader(scan: Path, tmp_path: Path) -> None:
-    from beamflow.reconstruct import previews_from_checkpoint
+    from beamflow.job.checkpoints import previews_from_checkpoint
 
     assert previews_from_checkpoint(tmp_path / "out" / "checkpoints", tmp_path / "p") is None
     run_reconstruction(job(scan, tmp_path / "out", iterations=3))
@@ -215,7 +215,7 @@ def test_previews_are_drawn_around_the_probe_positions(
         scan: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The job's final previews and those from a checkpoint get the positions, so the
     never-illuminated border is dimmed and the colour window is the illuminated region's."""
-    from beamflow.reconstruct import previews_from_checkpoint
+    from beamflow.job.checkpoints import previews_from_checkpoint
 
     seen: list[np.ndarray | None] = []
     real = previews_module.write_previews
@@ -282,7 +282,7 @@ def test_live_previews_are_drawn_by_the_helper_during_the_run(
         scan: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """With live previews on, the job hands its states to the helper (whose drawings are
     the previews until the final ones), waits for none of them, and leaves no bundle."""
-    with caplog.at_level(logging.INFO, logger="beamflow.live_previews"):
+    with caplog.at_level(logging.INFO, logger="beamflow.job.live_previews"):
         s = run_reconstruction(job(scan, tmp_path, iterations=8, preview_every=2,
                                    preview_min_seconds=0))
     drawn = [r.getMessage() for r in caplog.records if "drawn by the helper" in r.getMessage()]

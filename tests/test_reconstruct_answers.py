@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 from beamflow.cli import app
 from beamflow.formats import read_product
 from beamflow.formats.cxi import write_cxi
+from beamflow.job.models import ReconstructJob, length_text
+from beamflow.job.run import run_reconstruction
 from beamflow.ptycho.engine import Reconstructor
-from beamflow.reconstruct import run_reconstruction
-from beamflow.reconstruct_job import ReconstructJob, length_text
 from beamflow.simulate import detector_frames, make_near_field_ground_truth, simulate_scan
 
 

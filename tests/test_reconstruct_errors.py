@@ -17,8 +17,8 @@ from beamflow.cli import app
 from beamflow.formats import write_cxi
 from beamflow.formats.eiger import DATA_KEY, data_file_name
 from beamflow.formats.load import load_scan
+from beamflow.job.models import plain_words
 from beamflow.ptycho.state import PtychoData
-from beamflow.reconstruct_job import plain_words
 from beamflow.simulate import simulate_scan
 
 CLASS_NAMES = re.compile(r"\b[A-Z][a-z]+[A-Z]\w*(Error|Data|State|Params|Exception)\b|\w+Error:")

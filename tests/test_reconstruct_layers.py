@@ -15,8 +15,9 @@ from beamflow.checkpoint import IncompatibleCheckpoint, load_latest
 from beamflow.cli import app
 from beamflow.formats import read_product
 from beamflow.ground_truth import read_ground_truth, score_product_layers
-from beamflow.reconstruct import previews_from_checkpoint, run_reconstruction
-from beamflow.reconstruct_job import ReconstructJob
+from beamflow.job.checkpoints import previews_from_checkpoint
+from beamflow.job.models import ReconstructJob
+from beamflow.job.run import run_reconstruction
 from beamflow.simulate import simulate_scan
 
 SPACING = 4e-4

@@ -23,13 +23,13 @@ from beamflow.config import (
     Reconstruction,
     load_config,
 )
-from beamflow.ptycho.state import ReconParams
-from beamflow.reconstruct_job import (
+from beamflow.job.models import (
     ReconstructJob,
     RunParameters,
     flow_parameters_schema,
     settings_used,
 )
+from beamflow.ptycho.state import ReconParams
 from beamflow.status.views import parameters_of
 from beamflow.store import Run
 
@@ -79,7 +79,7 @@ def test_the_shipped_flow_schemas_hold_the_parameters_the_model_derives(flow):
     shipped = flows.load_schema(flow)["properties"]["reconstruction"]
     assert shipped == flow_parameters_schema(), (
         f"flows/{flow}.schema.json: its 'reconstruction' part is not the model's; replace it "
-        "with the output of `python -m beamflow.reconstruct_job`")
+        "with the output of `python -m beamflow.job.models`")
 
 
 def test_the_limits_are_the_engines_everywhere():
@@ -138,7 +138,7 @@ def test_a_job_takes_every_setting_flat(tmp_path: Path):
 @pytest.fixture
 def captured(monkeypatch) -> dict[str, ReconstructJob]:
     """The job `beamflow reconstruct` and the compute function would run."""
-    import beamflow.reconstruct
+    import beamflow.job.run
 
     seen: dict[str, ReconstructJob] = {}
 
@@ -146,7 +146,7 @@ def captured(monkeypatch) -> dict[str, ReconstructJob]:
         seen["job"] = job
         raise RuntimeError("captured")
 
-    monkeypatch.setattr(beamflow.reconstruct, "run_reconstruction", capture)
+    monkeypatch.setattr(beamflow.job.run, "run_reconstruction", capture)
     return seen
 
 
@@ -270,7 +270,7 @@ def test_a_run_with_settings_from_the_config_applies_and_records_them(tmp_path: 
     import numpy as np
 
     from beamflow.formats import read_product
-    from beamflow.reconstruct import run_reconstruction
+    from beamflow.job.run import run_reconstruction
     from beamflow.simulate import simulate_scan
 
     master = simulate_scan(tmp_path / "det", "s", positions=30, probe_size=32, photons=2e5,

@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from beamflow import reconstruct
 from beamflow.checkpoint import list_checkpoints, load_latest, read_checkpoint
 from beamflow.ground_truth import read_ground_truth
-from beamflow.live_previews import LivePreviews
+from beamflow.job import iterate as iterate_step
+from beamflow.job.live_previews import LivePreviews
+from beamflow.job.models import ReconstructJob
+from beamflow.job.run import run_reconstruction
 from beamflow.ptycho.arrays import ArrayBackend, HostCopy
-from beamflow.reconstruct import run_reconstruction
-from beamflow.reconstruct_job import ReconstructJob
 from beamflow.simulate import simulate_scan
 
 HANG_GUARD_S = 60.0  # only so that a loop that waits for the copy fails instead of hanging
@@ -83,7 +83,7 @@ class HeldCopy(HostCopy):
 def slow_copies(monkeypatch: pytest.MonkeyPatch, held: int, gate: threading.Event,
                 timeline: Timeline) -> None:
     """The job's backend holds its first `held` host copies until `gate` opens."""
-    real = reconstruct.array_backend
+    real = iterate_step.array_backend
 
     def backend(*args, **kwargs) -> ArrayBackend:
         be = real(*args, **kwargs)
@@ -96,7 +96,7 @@ def slow_copies(monkeypatch: pytest.MonkeyPatch, held: int, gate: threading.Even
         be.host_copy_async = held_copy
         return be
 
-    monkeypatch.setattr(reconstruct, "array_backend", backend)
+    monkeypatch.setattr(iterate_step, "array_backend", backend)
 
 
 def test_iterations_go_on_while_a_checkpoint_and_a_preview_copy_is_pending(

@@ -10,9 +10,9 @@ import pytest
 from flow_kit import FUNCTION_ID, scan_workspace
 
 import flows
+from beamflow.job.models import ReconstructSummary
 from beamflow.local.interpreter import FlowRunner
 from beamflow.local.transfer import LocalTransferProvider
-from beamflow.reconstruct_job import ReconstructSummary
 from beamflow.runs import flow_input_for
 from functions.reconstruct import reconstruct
 
@@ -34,7 +34,7 @@ def no_preview_reconstruction(monkeypatch) -> None:  # noqa: ANN001
             checkpoint_errors=[], n_frames=1, algorithm="rpie", seconds=0.1,
             object_pixel_size_m=1e-8, verdict="trusted", verdict_reasons=[], verdict_metrics={})
 
-    monkeypatch.setattr("beamflow.reconstruct.run_reconstruction", run_reconstruction)
+    monkeypatch.setattr("beamflow.job.run.run_reconstruction", run_reconstruction)
 
 
 class FunctionProvider:

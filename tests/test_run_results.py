@@ -110,7 +110,7 @@ def test_a_summary_that_is_not_one_is_no_summary(settings: Settings) -> None:
 def test_what_the_compute_function_returns_is_a_function_summary(tmp_path: Path) -> None:
     """The contract between functions/reconstruct.py and the run path, on a real (small)
     reconstruction: every field the run path reads comes back, typed."""
-    from beamflow.reconstruct_job import FunctionSummary
+    from beamflow.job.models import FunctionSummary
     from beamflow.simulate import simulate_scan
     from functions.reconstruct import reconstruct
 

@@ -1,4 +1,4 @@
-"""beamflow.snapshot_consumer: the caller never waits for a copy; one snapshot in flight, in
+"""beamflow.job.snapshots: the caller never waits for a copy; one snapshot in flight, in
 order; abandon drops the snapshot in hand; failures come back to the caller."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from beamflow.snapshot_consumer import SnapshotConsumer
+from beamflow.job.snapshots import SnapshotConsumer
 
 HANG_GUARD_S = 60.0  # only so that a broken consumer fails instead of hanging the suite
 

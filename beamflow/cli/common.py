@@ -4,7 +4,7 @@ run store, the backend, and the option types that read the same on every command
 Imports: a command module imports at its top only what is cheap (typer, rich, pydantic, the
 config and the store). What costs start-up time is imported inside the command that needs
 it: the reconstruction engine and everything that pulls it in (numpy, h5py: beamflow.runs,
-beamflow.reconstruct, beamflow.simulate), the Globus SDKs, the local flow interpreter
+beamflow.job.run, beamflow.simulate), the Globus SDKs, the local flow interpreter
 (jsonschema), the web server. `beamflow --help` and `beamflow runs list` stay quick, and the
 memory budget of `beamflow reconstruct` is not spent on libraries it never uses. No import
 is late to hide a circle (tests/test_architecture.py counts late imports too).

@@ -37,7 +37,7 @@ from beamflow.console import styled, verdict_text
 from beamflow.validation_text import validation_text
 
 if TYPE_CHECKING:
-    from beamflow.reconstruct_job import ReconstructSummary
+    from beamflow.job.models import ReconstructSummary
 
 
 # The sections of `beamflow reconstruct --help` (beamflow.cli.common.HELP_PANELS).
@@ -148,9 +148,9 @@ def reconstruct(
     """
     from beamflow.checkpoint import IncompatibleCheckpoint
     from beamflow.formats import ScanFormatError
+    from beamflow.job.models import ReconstructError, ReconstructJob, plain_words
+    from beamflow.job.run import run_reconstruction
     from beamflow.ptycho.arrays import ArrayBackendError
-    from beamflow.reconstruct import run_reconstruction
-    from beamflow.reconstruct_job import ReconstructError, ReconstructJob, plain_words
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     settings = settings_from(config)
@@ -183,10 +183,10 @@ def reconstruct(
     )  # fmt: skip
     task = bar.add_task(f"{job.params.algorithm} {scan.name}", total=None, loss="-")
 
-    def progress(done: int, total: int, loss: float | None) -> None:
+    def progress(iteration: int, stop_iteration: int, loss: float | None) -> None:
         if not bar.live.is_started:  # only once the scan has loaded: errors print cleanly
             bar.start()
-        bar.update(task, completed=done, total=total,
+        bar.update(task, completed=iteration, total=stop_iteration,
                    loss="-" if loss is None else f"{loss:.4g}")
 
     try:
@@ -210,7 +210,7 @@ def reconstruct(
 
 
 def _print_summary(scan: Path, summary: ReconstructSummary) -> None:
-    from beamflow.reconstruct_job import length_text
+    from beamflow.job.models import length_text
 
     spi = summary.seconds_per_iteration
     resumed = summary.resumed_from_iteration
@@ -300,8 +300,8 @@ def previews(
     being written. Exit 1 with a message when no checkpoint verifies yet.
     """
     from beamflow.checkpoint import CorruptCheckpoint
-    from beamflow.reconstruct import previews_from_checkpoint
-    from beamflow.reconstruct_job import ReconstructError
+    from beamflow.job.checkpoints import previews_from_checkpoint
+    from beamflow.job.models import ReconstructError
 
     missing = [str(d) for d in checkpoints if not d.is_dir()]
     if missing:

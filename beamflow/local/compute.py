@@ -111,7 +111,7 @@ def warm_worker() -> int:
     function, so the first scan does not wait for them. Shipped as source, like any task."""
     import os
 
-    import beamflow.reconstruct  # noqa: F401
+    import beamflow.job.run  # noqa: F401
 
     return os.getpid()
 

@@ -16,7 +16,6 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from beamflow.atomic import atomic_write_json
 from beamflow.disk import bytes_text, free_space, no_space_error
 from beamflow.error_kinds import ErrorKind
-from beamflow.reconstruct_job import ReconstructJob, RunParameters
+from beamflow.job.models import ProgressCallback, ReconstructJob, RunParameters
 from beamflow.validation_text import validation_text
 
 __all__ = ["TaskRequest", "run_task"]
@@ -137,18 +136,20 @@ def _built_job(params: RunParameters, paths: _Paths, device: str, label: str) ->
         raise ValueError(f"scan {label}: invalid reconstruction job: {exc}") from None
 
 
-def _progress_writer(out: Path) -> Callable[[int, int, float | None], None]:
+def _progress_writer(out: Path) -> ProgressCallback:
     """Progress for whoever watches the run directory (the local backend shows it as the
     iteration count); written atomically, at most about once a second."""
     progress_file = out / "progress.json"
     last_write = [0.0]
 
-    def progress(done: int, target: int, loss: float | None) -> None:
+    def progress(iteration: int, stop_iteration: int, loss: float | None) -> None:
         now = time.time()
-        if now - last_write[0] < 1.0 and done < target:
+        if now - last_write[0] < 1.0 and iteration < stop_iteration:
             return
         last_write[0] = now
-        record = {"iteration": done, "iterations_total": target, "loss": loss, "time": now}
+        # "iterations_total" is the file's name for the iteration to stop at (the run store's)
+        record = {"iteration": iteration, "iterations_total": stop_iteration, "loss": loss,
+                  "time": now}
         with contextlib.suppress(OSError):  # a courtesy; the reconstruction goes on
             atomic_write_json(progress_file, record, durable=False)
 
@@ -157,10 +158,10 @@ def _progress_writer(out: Path) -> Callable[[int, int, float | None], None]:
 
 def _ran(job: ReconstructJob, label: str) -> dict[str, Any]:
     """The job's summary (JSON); its failure as bad input or a failed reconstruction."""
-    import beamflow.reconstruct  # at call time: tests replace its run_reconstruction
+    import beamflow.job.run  # at call time: tests replace its run_reconstruction
 
     try:
-        summary = beamflow.reconstruct.run_reconstruction(job, _progress_writer(job.out))
+        summary = beamflow.job.run.run_reconstruction(job, _progress_writer(job.out))
         return summary.model_dump(mode="json")
     except Exception as exc:
         full = no_space_error(exc)
@@ -176,7 +177,7 @@ def _ran(job: ReconstructJob, label: str) -> dict[str, Any]:
 def _disk_full(job: ReconstructJob, error: OSError) -> str:
     """Which disk filled (a path on it, as this machine names it), how full it is, and how
     much the run writes there."""
-    import beamflow.reconstruct
+    import beamflow.job.run
 
     where = Path(error.filename) if error.filename else job.out
     text = f"the cluster's disk is full: no space left writing {where}"
@@ -184,7 +185,7 @@ def _disk_full(job: ReconstructJob, error: OSError) -> str:
     if measured is not None:
         text += f" ({bytes_text(measured[1])} free of {bytes_text(measured[2])})"
     try:
-        needed = beamflow.reconstruct.written_bytes_estimate(job)
+        needed = beamflow.job.run.written_bytes_estimate(job)
     except Exception:  # noqa: BLE001 - the estimate is a courtesy; the disk is the news
         return text
     return (f"{text}; this run writes about {bytes_text(needed)} there: its product and "

@@ -2,7 +2,7 @@
 run, the summary, and the errors told in the words of whoever gave the scan.
 
 These are the models the run path, the CLI and the compute function build and check before
-any work; running a job is :mod:`beamflow.reconstruct`. What is asked is kept apart from how
+any work; running a job is :mod:`beamflow.job.run`. What is asked is kept apart from how
 it is done, so that each reads on its own.
 """
 
@@ -119,7 +119,7 @@ def flow_parameters_schema() -> dict[str, Any]:
     """The ``reconstruction`` part of the flows' input schemas (``flows/*.schema.json``),
     derived from :class:`RunParameters`: the same names, limits and descriptions as the
     engine and ``[reconstruction]``. tests/test_flows_defs.py checks that the shipped
-    schemas hold exactly this; ``python -m beamflow.reconstruct_job`` prints it."""
+    schemas hold exactly this; ``python -m beamflow.job.models`` prints it."""
     source = RunParameters.model_json_schema()
     properties = {}
     for name, spec in source["properties"].items():
@@ -309,8 +309,9 @@ class FunctionSummary(BaseModel):
     verdict_reasons: list[str] = Field(default_factory=list)
 
 
-#: progress(iterations_done, target, loss)
-Progress = Callable[[int, int, float | None], None]
+#: progress(iteration, stop_iteration, loss): the iterations done in total, the iteration the
+#: run stops at, the last loss
+ProgressCallback = Callable[[int, int, float | None], None]
 
 
 if __name__ == "__main__":  # the flows' schemas' "reconstruction" part, for flows/*.schema.json

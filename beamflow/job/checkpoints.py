@@ -1,4 +1,6 @@
-"""When a reconstruction job may continue from a checkpoint, and from where.
+"""The job's checkpoints: what it writes in them beside the engine's state (the
+fingerprint, the job's metadata), when a job may continue from one and from where, and
+the previews of one (``beamflow previews``, while a job runs or after it).
 
 The job's checkpoints carry a fingerprint (:func:`fingerprint`) that
 :func:`beamflow.checkpoint.check_compatible` compares with the current run's:
@@ -30,13 +32,15 @@ from beamflow.checkpoint import (
     load_latest,
 )
 from beamflow.formats import Scan
-from beamflow.ptycho.scan_geometry import ScanFrame, grow_to_fit
+from beamflow.job.models import ReconstructError, ReconstructJob, plain_words
+from beamflow.ptycho.forward.slices import slice_spacings
+from beamflow.ptycho.scan_geometry import ScanFrame, grow_to_fit, scan_extent
 from beamflow.ptycho.state import ReconParams, ReconState
-from beamflow.reconstruct_job import ReconstructError, ReconstructJob, plain_words
 
-log = logging.getLogger("beamflow.reconstruct")  # the job's log
+log = logging.getLogger(__name__)
 
-#: what the job writes beside the engine's state in a checkpoint's metadata ("job")
+#: what the job writes beside the engine's state in a checkpoint's metadata ("job"); the
+#: name the job had when the format was made, kept: the checkpoints on disk carry it
 JOB_FORMAT = "beamflow.reconstruct/1"
 _READ_CHUNK = 32  # frames hashed at a time: small transients
 
@@ -174,3 +178,26 @@ def protected_files(job: ReconstructJob, ckpt: Checkpoint | None) -> dict[str, P
         return {}
     return {name: ckpt.path for name, cfg in job.policy().levels().items()
             if Path(cfg.dir) == ckpt.path.parent}
+
+
+def previews_from_checkpoint(checkpoint_dirs: Path | list[Path], out_dir: Path
+                             ) -> dict[str, Path] | None:
+    """Render the previews of the newest verified checkpoint (any process, any time).
+
+    Returns the written files, or None when no checkpoint verifies yet.
+    """
+    from beamflow.ptycho.quality.previews import write_previews
+
+    ck = load_latest(checkpoint_dirs)
+    if ck is None:
+        return None
+    frame = frame_of(ck)
+    params = (ck.meta.get("state") or {}).get("params") or {}
+    layers = int(params.get("slices") or 1)
+    spacings = slice_spacings(layers, params.get("slice_spacing_m")) if layers > 1 else ()
+    return write_previews(
+        out_dir, ck.arrays["object"], ck.arrays["probe"], frame.pixel_size_m,
+        ck.arrays.get("loss_history", np.zeros(0)),
+        scan_extent_px=scan_extent(ck.arrays["positions_px"], frame.frame_size),
+        title=f"{ck.meta.get('job', {}).get('scan_name', '')} · iteration {ck.iteration}",
+        positions_px=ck.arrays["positions_px"], spacings_m=spacings)
