@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, Field, ValidationError
 
 from beamflow.error_kinds import ErrorKind
-from beamflow.store import RunStatus
+from beamflow.runs.records import RunStatus
 
 
 class BackendError(Exception):

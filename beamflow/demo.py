@@ -34,10 +34,11 @@ from beamflow.config import (
 from beamflow.console import make_console, styled, styled_status, verdict_text
 from beamflow.formats import read_product
 from beamflow.ground_truth import read_ground_truth, score_product
-from beamflow.runs import get_backend, retry_run
+from beamflow.runs.lifecycle import get_backend, retry_run
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 from beamflow.simulate import simulate_scan
 from beamflow.status.server import build_app, free_port, serve_in_thread
-from beamflow.store import Run, RunStatus, Store
 from edge_agent.agent import EdgeAgent
 from edge_agent.policy import FINAL, dedupe_key
 

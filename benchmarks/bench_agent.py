@@ -201,8 +201,9 @@ def step_duration(store: Any, run_id: str, name: str) -> float:
 # -- the measurements ---------------------------------------------------------------------------
 def live_scans(base: Path, *, observer: str, scans: int, instant: bool) -> None:
     from beamflow.config import load_config
+    from beamflow.runs.records import RunStatus
+    from beamflow.runs.store import Store
     from beamflow.simulate import simulate_scan
-    from beamflow.store import RunStatus, Store
 
     ws = workspace(base, f"live-{observer}-{'instant' if instant else 'real'}",
                    observer=observer, iterations=5, device="cpu")  # fmt: skip
@@ -269,7 +270,8 @@ def tiny_scan(staging: Path, name: str) -> Path:
 
 def burst(base: Path, *, scans: int, concurrency: int) -> None:
     from beamflow.config import load_config
-    from beamflow.store import RunStatus, Store
+    from beamflow.runs.records import RunStatus
+    from beamflow.runs.store import Store
 
     ws = workspace(base, "burst", max_concurrent_runs=concurrency)
     settings = load_config(ws / "beamflow.toml")

@@ -53,8 +53,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from beamflow import retention
-from beamflow import runs as run_path
 from beamflow.agent_state import (
     HEARTBEAT_SECONDS,
     MAX_LISTED,
@@ -67,8 +65,11 @@ from beamflow.agent_state import (
 )
 from beamflow.backend import Backend, BackendError
 from beamflow.config import Settings
-from beamflow.retention import RetentionPass
-from beamflow.store import RunStatus, Store
+from beamflow.runs import retention
+from beamflow.runs.lifecycle import get_backend
+from beamflow.runs.records import RunStatus
+from beamflow.runs.retention import RetentionPass
+from beamflow.runs.store import Store
 
 from .driver import AgentStats, RunDriver
 from .policy import FINAL, dedupe_key
@@ -128,7 +129,7 @@ class EdgeAgent:
         self.settings = settings
         self.policy = settings.agent
         self.store = store or Store(settings.store_path)
-        self.backend = backend or run_path.get_backend(settings)
+        self.backend = backend or get_backend(settings)
         self.clock = clock
         self.root = Path(settings.beamline.detector_dir)
         self.changes = ChangedScans()

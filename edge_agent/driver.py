@@ -16,11 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from beamflow import runs as run_path
 from beamflow.backend import Backend, BackendError
 from beamflow.config import Settings
 from beamflow.error_kinds import ErrorKind
-from beamflow.store import DuplicateRun, Run, RunStatus, Store
+from beamflow.runs.lifecycle import create_scan_run, launch_run, sync_run
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.request import RunInputError, RunRequest
+from beamflow.runs.store import DuplicateRun, Store
 
 from .policy import KEY_PREFIX, dedupe_key, is_transient, part_of, retry_delay
 from .scans import Readiness, ScanState
@@ -149,14 +151,14 @@ class RunDriver:
         part = part_of(fraction)
         params = {**self.settings.reconstruction.model_dump(), **extra}
         try:
-            request = run_path.RunRequest(
+            request = RunRequest(
                 scan_path=state.path, params=params, dedupe_key=dedupe_key(state.path, part),
                 fraction=fraction, flow=self.policy.flow,
             )  # fmt: skip
-            run = run_path.create_scan_run(self.settings, self.store, request)
+            run = create_scan_run(self.settings, self.store, request)
         except DuplicateRun:
             return None
-        except run_path.RunInputError as exc:
+        except RunInputError as exc:
             return self._record_refused(state, part, fraction, params, exc)
         self.stats.queued += 1
         self._schedule_needed = True
@@ -273,7 +275,7 @@ class RunDriver:
 
     def _launch(self, run: Run) -> None:
         try:
-            run = run_path.launch_run(self.settings, self.store, self.backend, run)
+            run = launch_run(self.settings, self.store, self.backend, run)
         except BackendError as exc:
             self._failed_to_start(run, exc)
             return
@@ -396,7 +398,7 @@ class RunDriver:
 
     def _poll(self, run: Run, poll: _Poll, now: float) -> None:
         try:
-            run = run_path.sync_run(self.store, self.backend, run)
+            run = sync_run(self.store, self.backend, run)
         except BackendError as exc:
             if not exc.transient and not self.runs_outlive_agent:
                 # The local backend does not know the run (its record is gone): it is lost,

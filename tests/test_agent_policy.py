@@ -22,7 +22,8 @@ from beamflow.error_kinds import ErrorKind
 from beamflow.formats import Geometry
 from beamflow.formats.eiger import data_file_name, master_path, write_data_file, write_master
 from beamflow.registry import Registry, register_functions
-from beamflow.store import RunStatus, Store
+from beamflow.runs.records import RunStatus
+from beamflow.runs.store import Store
 from edge_agent.agent import EdgeAgent
 from edge_agent.policy import dedupe_key, is_transient, retry_delay
 from edge_agent.scans import find_scans, scan_files
@@ -326,7 +327,7 @@ def test_start_failures(settings: Settings, transient: bool, status: RunStatus,
 
 
 def test_only_lost_and_transient_faults_are_worth_a_retry() -> None:
-    from beamflow.store import Run
+    from beamflow.runs.records import Run
 
     def run(kind: ErrorKind | None) -> Run:
         return Run(id="r", scan_name="s", scan_path="/d/s", flow="f", backend="local",

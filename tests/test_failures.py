@@ -9,8 +9,8 @@ import pytest
 
 from beamflow.backend import FlowRunInfo
 from beamflow.error_kinds import ErrorKind
-from beamflow.failures import failure_of
-from beamflow.store import Run, RunStatus
+from beamflow.runs.failures import failure_of
+from beamflow.runs.records import Run, RunStatus
 
 WS = "/home/op/ws"
 HPC_RUN = f"{WS}/hpc/bad-30c8fdf0"

@@ -23,7 +23,7 @@ from beamflow.local.validation import (
     validate_definition,
     validate_input,
 )
-from beamflow.runs import flow_input_for
+from beamflow.runs.flow_input import flow_input_for
 
 TRANSFER = "https://transfer.actions.globus.org/transfer"
 COMPUTE = "https://compute.actions.globus.org/v3"
@@ -232,9 +232,9 @@ def test_a_failed_step_is_named_with_its_cause(settings) -> None:  # noqa: ANN00
     assert len(transfer.bodies) == 1  # results were not transferred
 
 
-# -- the inputs beamflow builds (beamflow.runs) --------------------------------------------------
+# -- the inputs beamflow builds (beamflow.runs.flow_input) ---------------------------------------
 def test_flow_input_maps_local_paths_to_collection_paths(settings, tmp_path: Path) -> None:  # noqa: ANN001
-    from beamflow.runs import RunInputError, parse_param
+    from beamflow.runs.request import RunInputError, parse_param
 
     master = settings.beamline.detector_dir / "s1" / "s1_master.h5"
     body = flow_input_for(settings, master, {}, "r1", function_id=FUNCTION_ID)

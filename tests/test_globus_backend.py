@@ -19,7 +19,7 @@ from beamflow.globus.errors import LoginRequired
 from beamflow.globus.flows import run_status, steps_from_logs
 from beamflow.globus.transfer import transfer_states
 from beamflow.registry import Registry, flow_checksum, function_checksum
-from beamflow.store import Run, RunStatus
+from beamflow.runs.records import Run, RunStatus
 
 FLOW = "ptycho_reconstruct"
 FLOW_ID = "24bc4997-b483-4c25-a19c-64b0afc00743"  # the SDK fixtures' flow
@@ -338,7 +338,7 @@ def test_failed_run_names_the_step_the_cause_and_the_transfer_fault(settings):
     assert "raw scan" in info.error and "permission denied on /detector/scan_017" in info.error
     # The run path reads the fault's kind and its cause from the flow's failure record.
     assert info.output["failure"] == failure
-    from beamflow.failures import failure_of
+    from beamflow.runs.failures import failure_of
 
     run = Run(id="r", scan_name="scan_017", scan_path="/bl/detector/scan_017",
               flow="ptycho_reconstruct", backend="globus", status=RunStatus.ACTIVE,
@@ -415,12 +415,13 @@ def test_transfer_states_of_the_shipped_flow():
     }
 
 
-# -- the shared run path (beamflow.runs) on the Globus backend ----------------------------------
+# -- the shared run path (beamflow.runs.lifecycle) on the Globus backend -----------------------
 def test_shared_run_path_starts_and_follows_a_globus_run(settings, tmp_path):
     import jsonschema
 
-    from beamflow.runs import RunRequest, start_scan_run, sync_run
-    from beamflow.store import Store
+    from beamflow.runs.lifecycle import start_scan_run, sync_run
+    from beamflow.runs.request import RunRequest
+    from beamflow.runs.store import Store
 
     scan = tmp_path / "beamline" / "detector" / "scan_017"
     scan.mkdir(parents=True)

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from beamflow.cli import app
 from beamflow.registry import Registry, function_checksum
+from beamflow.runs.store import Store
 from beamflow.simulate import simulate_scan
-from beamflow.store import Store
 
 runner = CliRunner()
 

@@ -255,8 +255,8 @@ def retried_by_the_agent(error: dict[str, Any]) -> bool:
     import json
 
     from beamflow.backend import FlowRunInfo
-    from beamflow.failures import failure_of
-    from beamflow.store import Run, RunStatus
+    from beamflow.runs.failures import failure_of
+    from beamflow.runs.records import Run, RunStatus
     from edge_agent.policy import is_transient
 
     cause = json.dumps({"status": "FAILED", "details": {"error": error}})

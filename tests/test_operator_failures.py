@@ -17,8 +17,9 @@ import pytest
 from beamflow.backend import FlowRunInfo
 from beamflow.disk import bytes_text, free_space
 from beamflow.error_kinds import ErrorKind
-from beamflow.failures import failure_of
-from beamflow.store import Run, RunStatus, Store
+from beamflow.runs.failures import failure_of
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 
 WS = "/home/op/ws"
 HPC = "/scratch/beamflow"
@@ -172,12 +173,12 @@ def test_a_requeued_run_keeps_each_attempt_as_it_ended(tmp_path: Path) -> None:
 def test_a_store_of_schema_2_gains_the_attempts(tmp_path: Path) -> None:
     import sqlite3
 
-    from beamflow.store import _MIGRATIONS, SCHEMA_VERSION
+    from beamflow.runs.schema import MIGRATIONS, SCHEMA_VERSION
 
     path = tmp_path / "runs.sqlite"
     conn = sqlite3.connect(path)
     for number in (0, 1):
-        conn.executescript(_MIGRATIONS[number])
+        conn.executescript(MIGRATIONS[number])
     conn.execute("PRAGMA user_version = 2")
     conn.execute("INSERT INTO runs (id, scan_name, scan_path, flow, backend, status, "
                  "created_at, updated_at, attempt) VALUES ('r1', 's1', '/d/s1', 'f', 'local', "

@@ -30,8 +30,8 @@ from beamflow.reconstruct_job import (
     flow_parameters_schema,
     settings_used,
 )
+from beamflow.runs.records import Run
 from beamflow.status.views import parameters_of
-from beamflow.store import Run
 
 FLOWS = ("ptycho_reconstruct", "ptycho_shared_fs")
 
@@ -219,7 +219,7 @@ def test_the_run_parameters_of_a_flow_run_carry_every_setting():
     import jsonschema
 
     from beamflow.config import Settings
-    from beamflow.runs import reconstruction_params
+    from beamflow.runs.request import reconstruction_params
 
     body = RunParameters(**CHANGED).model_dump()
     assert jsonschema.Draft7Validator(flow_parameters_schema()).is_valid(body)

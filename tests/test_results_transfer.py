@@ -13,7 +13,7 @@ import flows
 from beamflow.local.interpreter import FlowRunner
 from beamflow.local.transfer import LocalTransferProvider
 from beamflow.reconstruct_job import ReconstructSummary
-from beamflow.runs import flow_input_for
+from beamflow.runs.flow_input import flow_input_for
 from functions.reconstruct import reconstruct
 
 

@@ -17,9 +17,10 @@ from globus_testkit import NO_RETRY, make_settings, register, store_tokens
 
 from beamflow.globus.backend import GlobusBackend
 from beamflow.registry import Registry
-from beamflow.retention import FLOW, RetentionPass, flow_input
-from beamflow.runs import scan_key
-from beamflow.store import RunStatus, Store
+from beamflow.runs.naming import scan_key
+from beamflow.runs.records import RunStatus
+from beamflow.runs.retention import FLOW, RetentionPass, flow_input
+from beamflow.runs.store import Store
 
 pytestmark = pytest.mark.usefixtures("mocked")
 

@@ -3,7 +3,7 @@ run store, the backend, and the option types that read the same on every command
 
 Imports: a command module imports at its top only what is cheap (typer, rich, pydantic, the
 config and the store). What costs start-up time is imported inside the command that needs
-it: the reconstruction engine and everything that pulls it in (numpy, h5py: beamflow.runs,
+it: the reconstruction engine and everything that pulls it in (numpy, h5py: beamflow.runs.lifecycle,
 beamflow.reconstruct, beamflow.simulate), the Globus SDKs, the local flow interpreter
 (jsonschema), the web server. `beamflow --help` and `beamflow runs list` stay quick, and the
 memory budget of `beamflow reconstruct` is not spent on libraries it never uses. No import
@@ -29,7 +29,8 @@ from typer.core import TyperCommand, TyperGroup
 from beamflow.backend import Backend, BackendError
 from beamflow.config import CONFIG_NAME, USER_CONFIG, ConfigError, Settings, load_config
 from beamflow.console import make_console
-from beamflow.store import Run, Store
+from beamflow.runs.records import Run
+from beamflow.runs.store import Store
 
 
 def summary(command: click.Command) -> str:
@@ -184,7 +185,7 @@ def open_store(settings: Settings) -> Store:
 def open_backend(settings: Settings, name: str | None = None) -> Backend:
     """The configured backend (or ``name``), through the factory: commands talk to the
     backend interface only. The caller closes it."""
-    from beamflow.runs import get_backend
+    from beamflow.runs.lifecycle import get_backend
 
     require_workspace(settings)
     if name is not None and name != settings.backend:

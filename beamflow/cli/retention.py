@@ -30,8 +30,8 @@ def cleanup(
     """Delete what [retention] says is due now: the cluster's raw copies and checkpoints of
     scans untouched for long enough (through the retention flow, on the compute endpoint),
     and the previews of old runs here. Products and run records stay, and say what went."""
-    from beamflow.retention import WHAT, size_text
-    from beamflow.retention import cleanup as apply
+    from beamflow.runs.retention import WHAT, size_text
+    from beamflow.runs.retention import cleanup as apply
 
     settings = settings_from(config, workspace=True)
     store = common.open_store(settings)

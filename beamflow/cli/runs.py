@@ -31,8 +31,9 @@ from beamflow.cli.common import (
 from beamflow.config import Settings
 from beamflow.console import styled, styled_status, verdict_text
 from beamflow.error_kinds import ErrorKind
-from beamflow.failures import Failure
-from beamflow.store import Run, RunStatus, Store
+from beamflow.runs.failures import Failure
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 
 app = App(help="List, inspect, start, retry and cancel runs.", **HELP)
 
@@ -94,7 +95,7 @@ def _find_run(store: Store, run_id: str) -> Run:
 def _refreshed(settings: Settings, store: Store, run: Run) -> Run:
     """``run`` brought up to date from its backend; as it was, with a warning, where the
     backend cannot say."""
-    from beamflow.runs import get_backend, sync_run
+    from beamflow.runs.lifecycle import get_backend, sync_run
 
     try:
         backend = get_backend(settings)
@@ -221,7 +222,7 @@ StrictOption = Annotated[
 
 def _follow(settings: Settings, store: Store, backend: Backend, run: Run) -> Run:
     """Follow ``run`` with its progress on stderr until it ends; Ctrl-C cancels it."""
-    from beamflow.runs import cancel_run, follow_run
+    from beamflow.runs.lifecycle import cancel_run, follow_run
 
     with RunProgress(run) as progress:
         try:
@@ -284,7 +285,8 @@ def runs_start(
     config: ConfigOption = None,
 ) -> None:
     """Start one flow run of SCAN through the configured backend and record it."""
-    from beamflow.runs import RunInputError, RunRequest, parse_param, run_direct, start_scan_run
+    from beamflow.runs.lifecycle import run_direct, start_scan_run
+    from beamflow.runs.request import RunInputError, RunRequest, parse_param
 
     settings = settings_from(config, workspace=True)
     try:
@@ -337,7 +339,8 @@ def runs_retry(
 ) -> None:
     """Start a new attempt of a failed run (same scan, flow and parameters; it continues from
     the scan's checkpoints)."""
-    from beamflow.runs import RunInputError, retry_run
+    from beamflow.runs.lifecycle import retry_run
+    from beamflow.runs.request import RunInputError
 
     settings = settings_from(config, workspace=True)
     if strict and not (wait or settings.backend == "local"):
@@ -367,7 +370,7 @@ def runs_cancel(
     config: ConfigOption = None,
 ) -> None:
     """Cancel a queued or running run."""
-    from beamflow.runs import cancel_run, follow_run
+    from beamflow.runs.lifecycle import cancel_run, follow_run
 
     settings = settings_from(config, workspace=True)
     store = open_store(settings)

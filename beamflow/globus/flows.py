@@ -23,7 +23,7 @@ from beamflow.backend import FlowRunInfo, StepInfo
 from beamflow.globus.errors import exists_on_service, globus_errors
 from beamflow.globus.roles import FlowRoles, RunRoles
 from beamflow.registry import GoneOnService
-from beamflow.store import RunStatus
+from beamflow.runs.records import RunStatus
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from beamflow.registry import (
     register_flows,
     register_functions,
 )
-from beamflow.store import RunStatus
+from beamflow.runs.records import RunStatus
 
 log = logging.getLogger(__name__)
 

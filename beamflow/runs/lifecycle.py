@@ -1,4 +1,4 @@
-"""The one run path: how a scan becomes a flow run and how the run store follows it.
+"""The life of a run: how a scan becomes a flow run and how the run store follows it.
 
 The CLI (``beamflow runs start|retry|cancel``), the edge agent and the status page's retry
 button all go through these functions, on either backend, so a run is recorded, started,
@@ -13,43 +13,42 @@ followed and reported the same way wherever it came from.
     run = retry_run(settings, run_id)                     # the one new attempt of a failed run
     run = cancel_run(settings, run_id)
 
-Where things go (the same layout on the local backend and at a facility):
-
-- beamline side: the scan is read where the detector wrote it (inside
-  ``beamline.collection_root``); product and previews come back to
-  ``beamline.preview_dir/<run name>/`` (``product.h5``, ``previews/*.png``);
-- HPC side, under ``hpc.scratch_dir/<scan key>/``: ``raw/`` (the transferred scan: a later
-  run of the same scan copies only new files), ``checkpoints/`` (shared by the scan's runs,
-  so a retry or a run with more frames continues from the last one) and
-  ``runs/<run name>/`` (what the function writes).
-
-The ``<scan key>`` is the scan's name plus a hash of its path (stable, unique); the
-``<run name>`` is the scan's name plus the run id (plus the attempt after the first).
+What a run is asked is :mod:`beamflow.runs.request`; the flow's input it is started with,
+:mod:`beamflow.runs.flow_input`; what the function answered, :mod:`beamflow.runs.compute_output`;
+how it failed, :mod:`beamflow.runs.failures`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from beamflow.backend import Backend, BackendError, FlowRunInfo, StepInfo
+from beamflow.backend import Backend, BackendError, StepInfo
 from beamflow.config import Settings
 from beamflow.disk import tree_bytes
 from beamflow.error_kinds import ErrorKind
-from beamflow.failures import failure_of
-from beamflow.formats import ScanFormatError, find_scan_file
-from beamflow.reconstruct_job import FunctionSummary, RunParameters
-from beamflow.registry import Registry, RegistryError
-from beamflow.store import DuplicateRun, Run, RunStatus, Store, StoreError
-from beamflow.validation_text import field_path, validation_text
+from beamflow.reconstruct_job import FunctionSummary
+from beamflow.runs.compute_output import success_fields, summary_fields
+from beamflow.runs.failures import failure_of
+from beamflow.runs.flow_input import flow_input_for, transferred
+from beamflow.runs.naming import run_name_for, safe_name, scan_name
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.request import (
+    FLOWS,
+    SHARED_FS_FLOW,
+    RunInputError,
+    RunRequest,
+    reconstruction_params,
+    scan_location,
+)
+from beamflow.runs.store import DuplicateRun, Store, StoreError
+from beamflow.validation_text import validation_text
 
 
 def get_backend(settings: Settings) -> Backend:
@@ -64,16 +63,6 @@ def get_backend(settings: Settings) -> Backend:
 
     return GlobusBackend(settings)
 
-DEFAULT_FLOW = "ptycho_reconstruct"
-SHARED_FS_FLOW = "ptycho_shared_fs"
-FLOWS = (DEFAULT_FLOW, SHARED_FS_FLOW)
-FUNCTION = "reconstruct"
-MASTER_SUFFIX = "_master.h5"
-
-
-class RunInputError(ValueError):
-    """A run cannot be built from what was given (scan path, parameters, configuration)."""
-
 
 class RetryRefused(RunInputError):
     """A run cannot be retried; ``retry_id`` is the run that retries it already, if any."""
@@ -81,233 +70,6 @@ class RetryRefused(RunInputError):
     def __init__(self, message: str, retry_id: str | None = None) -> None:
         super().__init__(message)
         self.retry_id = retry_id
-
-
-class RunRequest(BaseModel):
-    """What a new run of a scan is asked: where the scan is, how to reconstruct it (the
-    configured defaults overridden by ``params``), and how the run is found again."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    scan_path: Path = Field(description="a scan directory, *_master.h5 or .cxi file")
-    params: dict[str, Any] = Field(default_factory=dict)
-    dedupe_key: str | None = Field(default=None, description="at most one run per key")
-    fraction: float | None = Field(default=None, gt=0, le=1, description="of the frames")
-    label: str | None = None
-    flow: str = DEFAULT_FLOW
-
-
-def reconstruction_params(settings: Settings, params: dict[str, Any] | None = None) -> dict:
-    """The configured defaults overridden by ``params``; unknown keys and bad values raise
-    :class:`RunInputError` naming them."""
-    merged = {**settings.reconstruction.model_dump(), **(params or {})}
-    try:
-        return RunParameters.model_validate(merged).model_dump()
-    except ValidationError as exc:
-        known = ", ".join(RunParameters.model_fields)
-        problems = []
-        for err in exc.errors():
-            key = field_path(err)
-            if err["type"] == "extra_forbidden":
-                problems.append(f"unknown parameter {key!r} (known: {known})")
-            else:
-                problems.append(f"parameter {key}={err.get('input')!r}: {err['msg']}")
-        raise RunInputError("; ".join(problems)) from None
-
-
-def parse_param(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` from the command line; VALUE is JSON when it parses (50, true, null),
-    else a string."""
-    key, sep, value = text.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise RunInputError(f"--param {text!r}: expected KEY=VALUE (e.g. iterations=50)")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
-
-
-# -- names and paths ---------------------------------------------------------------------------
-def _safe(text: str, limit: int = 60) -> str:
-    cleaned = re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-_")[:limit]
-    return cleaned or "scan"
-
-
-def scan_name(scan_path: Path) -> str:
-    """A scan's name: its directory, or the file without ``_master.h5`` / extension."""
-    if scan_path.is_file() or scan_path.suffix:
-        name = scan_path.name
-        if name.endswith(MASTER_SUFFIX):
-            return name[: -len(MASTER_SUFFIX)]
-        return scan_path.stem
-    return scan_path.name
-
-
-def scan_key(scan_path: Path) -> str:
-    digest = hashlib.sha256(str(scan_path).encode()).hexdigest()[:8]
-    return f"{_safe(scan_name(scan_path), 48)}-{digest}"
-
-
-def run_name_for(run: Run) -> str:
-    name = f"{_safe(run.scan_name, 60)}-{run.id[:8]}"
-    return name if run.attempt <= 1 else f"{name}-{run.attempt}"
-
-
-def _collection_path(path: PurePosixPath, root: PurePosixPath, what: str) -> str:
-    try:
-        rel = path.relative_to(root)
-    except ValueError:
-        raise RunInputError(f"{what} {path} is not inside its collection root {root}") from None
-    return "/" + rel.as_posix() if rel.parts else "/"
-
-
-def scan_location(settings: Settings, scan_path: str | Path) -> Path:
-    """The scan's one path, as every part names it (``scan_path``): its master (or CXI)
-    file, absolute, symlinks resolved, checked to exist inside the beamline collection (or
-    it could not be transferred). A scan directory stands for the one scan file in it, so a
-    scan started as its directory and the same scan found by the agent (as its master file)
-    are one scan. Checked when a run is created and again when it starts (the files may have
-    gone in between)."""
-    scan = Path(scan_path).expanduser().resolve()
-    if not scan.exists():
-        raise RunInputError(f"scan {scan} does not exist")
-    beamline_root = Path(settings.beamline.collection_root).resolve()
-    if not scan.is_relative_to(beamline_root):
-        raise RunInputError(
-            f"scan {scan} is outside the beamline collection root {beamline_root} "
-            "(beamline.collection_root in beamflow.toml): it cannot be transferred"
-        )
-    if scan.is_dir():
-        try:
-            scan = find_scan_file(scan).resolve()
-        except ScanFormatError as exc:  # none, or several: say so before anything is recorded
-            raise RunInputError(str(exc)) from None
-        if not scan.is_relative_to(beamline_root):  # a link out of the collection
-            raise RunInputError(
-                f"scan {scan_path}: its scan file is {scan}, outside the beamline collection "
-                f"root {beamline_root}: it cannot be transferred"
-            )
-    return scan
-
-
-def transferred(scan: Path) -> Path:
-    """What a run of ``scan`` (its :func:`scan_location`) moves to the cluster: a master
-    file's directory (its data files sit beside it), else the file itself."""
-    return scan.parent if scan.is_file() and scan.name.endswith(MASTER_SUFFIX) else scan
-
-
-def flow_input_for(
-    settings: Settings,
-    scan_path: str | Path,
-    params: dict[str, Any] | None,
-    run_name: str,
-    *,
-    flow: str = DEFAULT_FLOW,
-    function_id: str | None = None,
-    fraction: float | None = None,
-) -> dict[str, Any]:
-    """The input of ``flow`` for one run of the scan at ``scan_path`` (a local path on the
-    beamline machine: a scan directory, a ``*_master.h5`` file or a ``.cxi`` file).
-
-    ``function_id`` defaults to the ``reconstruct`` function registered for the configured
-    backend (raises :class:`RunInputError` saying how to register it when it is not).
-    ``fraction`` below 1 marks a progressive run: its batch job gets ``cluster.preview``'s
-    resources, a run of the whole scan ``cluster.final``'s."""
-    if flow not in FLOWS:
-        raise RunInputError(f"no input recipe for flow {flow!r} (known: {', '.join(FLOWS)})")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}", run_name):
-        raise RunInputError(f"run name {run_name!r}: letters, digits, '_' and '-' only")
-    scan = scan_location(settings, scan_path)
-    beamline_root = Path(settings.beamline.collection_root).resolve()
-    moved = transferred(scan)
-    master = moved != scan
-    is_dir = moved.is_dir()
-    key = scan_key(scan)
-
-    preview_dir = Path(settings.beamline.preview_dir).resolve()
-    results_local = preview_dir / run_name
-    if not results_local.is_relative_to(beamline_root):
-        raise RunInputError(
-            f"beamline.preview_dir {preview_dir} is outside beamline.collection_root "
-            f"{beamline_root}: results could not come back"
-        )
-
-    # HPC paths are paths on another machine: pure path arithmetic, nothing resolved here.
-    hpc_root = PurePosixPath(str(settings.hpc.collection_root))
-    scratch = PurePosixPath(str(settings.hpc.scratch_dir))
-    work = scratch / key
-    raw = work / "raw" / moved.name
-    run_dir = work / "runs" / run_name
-    allowed = [str(scratch)]
-    if settings.hpc.node_local_dir:
-        allowed.append(str(settings.hpc.node_local_dir))
-
-    if function_id is None:
-        try:
-            function_id = Registry(settings.registry_path, settings.backend).require_id(
-                "function", FUNCTION
-            )
-        except RegistryError as exc:
-            raise RunInputError(str(exc)) from None
-    endpoint = settings.compute.endpoint_id
-    if not endpoint:
-        raise RunInputError("compute.endpoint_id is not set in beamflow.toml")
-
-    reconstruction = reconstruction_params(settings, params)
-    compute: dict[str, Any] = {
-        "endpoint_id": endpoint,
-        "function_id": function_id,
-        "checkpoint_dir": str(work / "checkpoints"),
-        "node_local_dir": str(settings.hpc.node_local_dir) if settings.hpc.node_local_dir else None,
-        "allowed_roots": allowed,
-        "user_endpoint_config": run_resources(settings, fraction),
-    }
-    if flow == SHARED_FS_FLOW:
-        # One file system: the function reads the scan in place and writes the results
-        # where the beamline reads them.
-        compute.update(
-            scan_path=str(scan),
-            output_dir=str(results_local),
-            allowed_roots=[str(beamline_root), *allowed],
-        )
-        return {"run_name": run_name, "compute": compute, "reconstruction": reconstruction}
-
-    compute.update(
-        scan_path=str(raw / scan.name) if master else str(raw),
-        output_dir=str(run_dir),
-    )
-    return {
-        "run_name": run_name,
-        "scan_is_directory": is_dir,
-        "beamline": {
-            "collection_id": settings.beamline.collection_id,
-            "scan_path": _collection_path(
-                PurePosixPath(str(moved)), PurePosixPath(str(beamline_root)), "scan"
-            ),
-            "results_path": _collection_path(
-                PurePosixPath(str(results_local)),
-                PurePosixPath(str(beamline_root)),
-                "results directory",
-            ),
-        },
-        "hpc": {
-            "collection_id": settings.hpc.collection_id,
-            "scan_path": _collection_path(raw, hpc_root, "hpc.scratch_dir"),
-            "results_path": _collection_path(run_dir, hpc_root, "hpc.scratch_dir"),
-        },
-        "compute": compute,
-        "reconstruction": reconstruction,
-    }
-
-
-def run_resources(settings: Settings, fraction: float | None) -> dict[str, str]:
-    """The Reconstruct step's ``user_endpoint_config``: the preview resources for a part of
-    a scan, the final ones for all of it (a short queue for early images, a long one for
-    the full reconstruction)."""
-    progressive = fraction is not None and fraction < 1.0
-    cluster = settings.cluster
-    return (cluster.preview if progressive else cluster.final).endpoint_config()
 
 
 # -- creating and starting runs ----------------------------------------------------------------
@@ -345,7 +107,7 @@ def launch_run(settings: Settings, store: Store, backend: Backend, run: Run) -> 
     except RunInputError as exc:  # often the configuration: fixed, a retry goes through
         raise BackendError(str(exc), step="Start") from None
     label = (run.label or f"beamflow {run.scan_name} {run_name}")[:128]
-    tags = ["beamflow", _safe(run.scan_name, 100)]
+    tags = ["beamflow", safe_name(run.scan_name, 100)]
     backend_run_id = backend.start_run(run.flow, body, label=label, tags=tags)
     results_dir = str(Path(settings.beamline.preview_dir).resolve() / run_name)
     # What the scan takes on the cluster: a full disk there says how much room it needs.
@@ -418,7 +180,7 @@ def run_direct(
             error=f"the reconstruct function answered no summary: {validation_text(exc)}",
             error_kind=ErrorKind.FAILED,
         )  # fmt: skip
-    fields = _summary_fields(run, parsed, None)  # one file system: the files are in place
+    fields = summary_fields(run, parsed, None)  # one file system: the files are in place
     return store.update_run(run.id, status=RunStatus.SUCCEEDED, **fields)
 
 
@@ -459,7 +221,7 @@ def sync_run(store: Store, backend: Backend, run: Run) -> Run:
             if progress.iterations_total is not None:
                 fields["iterations_total"] = progress.iterations_total
     if info.status == RunStatus.SUCCEEDED:
-        fields.update(_success_fields(run, info))
+        fields.update(success_fields(run, info))
     failure = None
     if info.status in (RunStatus.FAILED, RunStatus.CANCELLED):
         failure = failure_of(run, info)
@@ -505,73 +267,6 @@ def _compact(details: dict[str, Any]) -> dict[str, Any]:
     if len(text) > 20_000:
         out = {k: v for k, v in out.items() if k != "action"}
     return out
-
-
-class _ComputeTask(BaseModel):
-    output: Any = None
-
-
-class _ComputeDetails(BaseModel):
-    """The part of a compute action's status that holds the function's return value."""
-
-    result: list[Any] = Field(default_factory=list)
-    results: list[_ComputeTask] = Field(default_factory=list)
-
-
-class _ComputeAction(BaseModel):
-    details: _ComputeDetails = Field(default_factory=_ComputeDetails)
-
-
-def reconstruction_summary(output: dict[str, Any]) -> FunctionSummary | None:
-    """The reconstruct function's summary in a flow's output (``$.reconstruct``, the compute
-    action's status: ``details.result[0]``, or ``details.results[0].output``); None when
-    there is none or it is not one."""
-    try:
-        details = _ComputeAction.model_validate(output.get("reconstruct")).details
-    except ValidationError:
-        return None
-    answers = [*details.result[:1], *(task.output for task in details.results[:1])]
-    for answer in answers:
-        try:
-            return FunctionSummary.model_validate(answer)
-        except ValidationError:
-            continue
-    return None
-
-
-def _summary_fields(run: Run, summary: FunctionSummary, base: Path | None) -> dict[str, Any]:
-    """The run's fields from the function's summary: the product and previews that arrived
-    under ``base`` (where the flow brought them; None: as the function wrote them, on a file
-    system the beamline shares), the iterations and the verdict."""
-    if base is None:
-        product = summary.product
-        previews = summary.previews
-    else:
-        arrived = base / summary.product_relative
-        product = str(arrived) if arrived.exists() else None
-        previews = [str(p) for p in (base / p for p in summary.previews_relative) if p.exists()]
-    fields: dict[str, Any] = {
-        "result": {**run.result, "summary": summary.model_dump(mode="json")},
-        "error": None,
-        "error_step": None,
-        "error_kind": None,
-        "product": product,
-        "previews": previews,
-        "verdict": summary.verdict,
-        "verdict_reasons": summary.verdict_reasons,
-    }
-    if summary.iterations is not None:
-        fields["iteration"] = fields["iterations_total"] = summary.iterations
-    return fields
-
-
-def _success_fields(run: Run, info: FlowRunInfo) -> dict[str, Any]:
-    summary = reconstruction_summary(info.output)
-    if summary is None:
-        return {"result": {**run.result, "summary": None}, "error": None, "error_step": None,
-                "error_kind": None}  # fmt: skip
-    results_dir = run.result.get("results_dir")
-    return _summary_fields(run, summary, Path(results_dir) if results_dir else None)
 
 
 def follow_run(

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from beamflow.backend import FlowRunInfo
 from beamflow.disk import NO_SPACE_ERRNOS, bytes_text
 from beamflow.error_kinds import ErrorKind
-from beamflow.store import Run
+from beamflow.runs.records import Run
 
 # Compute exceptions by type. functions/reconstruct.py raises ValueError for bad input and
 # RuntimeError for a reconstruction that failed on good input (built-ins: they deserialise

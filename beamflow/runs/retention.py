@@ -40,8 +40,10 @@ from beamflow.backend import Backend, BackendError, FlowRunInfo
 from beamflow.cleanup_task import PRODUCT, clean
 from beamflow.config import Settings
 from beamflow.registry import Registry, RegistryError
-from beamflow.runs import run_name_for, run_resources, scan_key
-from beamflow.store import Run, RunStatus, Store
+from beamflow.runs.flow_input import run_resources
+from beamflow.runs.naming import run_name_for, scan_key
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 
 log = logging.getLogger(__name__)
 
