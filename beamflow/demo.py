@@ -34,7 +34,7 @@ from beamflow.config import (
 from beamflow.console import make_console, styled, styled_status, verdict_text
 from beamflow.formats import read_product
 from beamflow.ground_truth import read_ground_truth, score_product
-from beamflow.runs.lifecycle import get_backend, retry_run
+from beamflow.runs.lifecycle import get_run_backend, retry_run
 from beamflow.runs.records import Run, RunStatus
 from beamflow.runs.store import Store
 from beamflow.simulate import simulate_scan
@@ -90,7 +90,7 @@ def prepare_workspace(options: DemoOptions, console: Console) -> Settings:
     settings = load_config(config)
     if settings.backend != "local":
         raise ValueError(f"{config}: the demo runs on the local backend, not {settings.backend}")
-    backend = get_backend(settings)
+    backend = get_run_backend(settings)
     try:
         for result in [*backend.register_functions(), *backend.register_flows()]:
             console.print(f"  registered {result.kind} {result.name}: {result.action}")

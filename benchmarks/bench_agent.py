@@ -96,7 +96,7 @@ def agent_process(config: Path, instant: bool) -> None:
     """``--agent-process``: the edge agent, as `beamflow agent` runs it, optionally with the
     instant compute provider (the real transfer provider either way)."""
     from beamflow.config import load_config
-    from beamflow.local.backend import LocalBackend
+    from beamflow.local.backend import LocalRunBackend
     from beamflow.local.transfer import LocalTransferProvider
     from edge_agent.agent import EdgeAgent
     from edge_agent.logs import setup_logging
@@ -106,7 +106,7 @@ def agent_process(config: Path, instant: bool) -> None:
     backend = None
     if instant:
         transfer = LocalTransferProvider.from_settings(settings)
-        backend = LocalBackend(
+        backend = LocalRunBackend(
             settings, providers={transfer.url: transfer, InstantCompute.url: InstantCompute()}
         )
     agent = EdgeAgent(settings, backend=backend)

@@ -63,10 +63,10 @@ from beamflow.agent_state import (
     state_path,
     write_state,
 )
-from beamflow.backend import Backend, BackendError
 from beamflow.config import Settings
 from beamflow.runs import retention
-from beamflow.runs.lifecycle import get_backend
+from beamflow.runs.backend import RunBackend, RunBackendError
+from beamflow.runs.lifecycle import get_run_backend
 from beamflow.runs.records import RunStatus
 from beamflow.runs.retention import RetentionPass
 from beamflow.runs.store import Store
@@ -123,13 +123,13 @@ class EdgeAgent:
         settings: Settings,
         *,
         store: Store | None = None,
-        backend: Backend | None = None,
+        backend: RunBackend | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.policy = settings.agent
         self.store = store or Store(settings.store_path)
-        self.backend = backend or get_backend(settings)
+        self.backend = backend or get_run_backend(settings)
         self.clock = clock
         self.root = Path(settings.beamline.detector_dir)
         self.changes = ChangedScans()
@@ -192,7 +192,7 @@ class EdgeAgent:
             body = retention.flow_input(self.settings, [], dry_run=False)
             made = ensure(retention.FLOW, body, name="retention",
                           every_seconds=int(self.settings.retention.every_hours * 3600))
-        except BackendError as exc:
+        except RunBackendError as exc:
             log.error("retention timer not set up", extra={"fields": {"error": str(exc)}})
             return
         if made.action != "unchanged":

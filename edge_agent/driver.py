@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from beamflow.backend import Backend, BackendError
 from beamflow.config import Settings
 from beamflow.error_kinds import ErrorKind
+from beamflow.runs.backend import RunBackend, RunBackendError
 from beamflow.runs.lifecycle import create_scan_run, launch_run, sync_run
 from beamflow.runs.records import Run, RunStatus
 from beamflow.runs.request import RunInputError, RunRequest
@@ -66,7 +66,7 @@ class RunDriver:
         self,
         settings: Settings,
         store: Store,
-        backend: Backend,
+        backend: RunBackend,
         stats: AgentStats,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -276,13 +276,13 @@ class RunDriver:
     def _launch(self, run: Run) -> None:
         try:
             run = launch_run(self.settings, self.store, self.backend, run)
-        except BackendError as exc:
+        except RunBackendError as exc:
             self._failed_to_start(run, exc)
             return
         except Exception as exc:  # noqa: BLE001 - e.g. an SDK error the backend let through
             log.exception("run could not start", extra={"fields": {"run": run.id}})
             self._failed_to_start(
-                run, BackendError(f"{type(exc).__name__}: {exc}", transient=True, step="Start")
+                run, RunBackendError(f"{type(exc).__name__}: {exc}", transient=True, step="Start")
             )
             return
         self._retry_at.pop(run.id, None)
@@ -306,7 +306,7 @@ class RunDriver:
             },
         )
 
-    def _failed_to_start(self, run: Run, exc: BackendError) -> None:
+    def _failed_to_start(self, run: Run, exc: RunBackendError) -> None:
         if exc.transient and run.attempt <= self.policy.max_retries:
             self._requeue(run, f"could not start: {exc}", error=str(exc),
                           error_step=exc.step or "Start", error_kind=exc.kind)
@@ -353,7 +353,7 @@ class RunDriver:
             try:
                 if run.backend_run_id:
                     self.backend.cancel_run(run.backend_run_id)
-            except BackendError as exc:
+            except RunBackendError as exc:
                 log.warning("cancel on shutdown failed", extra={"fields": {"run": run.id,
                                                                            "error": str(exc)}})
             self.store.requeue(run.id, status=RunStatus.CANCELLED, next_attempt=False,
@@ -399,7 +399,7 @@ class RunDriver:
     def _poll(self, run: Run, poll: _Poll, now: float) -> None:
         try:
             run = sync_run(self.store, self.backend, run)
-        except BackendError as exc:
+        except RunBackendError as exc:
             if not exc.transient and not self.runs_outlive_agent:
                 # The local backend does not know the run (its record is gone): it is lost,
                 # and handled like any lost run (retried within the budget). A remote

@@ -15,13 +15,13 @@ import pytest
 from typer.testing import CliRunner
 from watchdog.events import FileCreatedEvent
 
-from beamflow.backend import BackendError, FlowRunInfo
 from beamflow.cli import app
 from beamflow.config import Settings, load_config
 from beamflow.error_kinds import ErrorKind
 from beamflow.formats import Geometry
 from beamflow.formats.eiger import data_file_name, master_path, write_data_file, write_master
 from beamflow.registry import Registry, register_functions
+from beamflow.runs.backend import FlowRunInfo, RunBackendError
 from beamflow.runs.records import RunStatus
 from beamflow.runs.store import Store
 from edge_agent.agent import EdgeAgent
@@ -40,7 +40,7 @@ class ScriptedBackend:
         self.runs_outlive_agent = outlive
         self.runs: dict[str, FlowRunInfo] = {}
         self.bodies: dict[str, dict] = {}
-        self.start_faults: list[BackendError] = []
+        self.start_faults: list[RunBackendError] = []
         self.get_calls = 0
         self.cancelled: list[str] = []
 
@@ -61,7 +61,7 @@ class ScriptedBackend:
     def get_run(self, backend_run_id: str) -> FlowRunInfo:
         self.get_calls += 1
         if backend_run_id not in self.runs:
-            raise BackendError(f"no run {backend_run_id}")
+            raise RunBackendError(f"no run {backend_run_id}")
         return self.runs[backend_run_id]
 
     def end(self, backend_run_id: str, status: RunStatus, error: str | None = None,
@@ -314,7 +314,7 @@ def test_a_transient_fault_is_retried_however_it_is_worded(settings: Settings) -
 def test_start_failures(settings: Settings, transient: bool, status: RunStatus,
                         attempt: int) -> None:
     backend, clock = ScriptedBackend(), Clock()
-    backend.start_faults.append(BackendError("service unavailable", transient=transient,
+    backend.start_faults.append(RunBackendError("service unavailable", transient=transient,
                                              step="Start"))
     agent = make_agent(settings, backend, clock)
     write_scan(settings.beamline.detector_dir, "s1")
@@ -438,7 +438,7 @@ def test_a_retried_run_lists_every_attempt_with_its_start_end_error_and_kind(
     from beamflow.status import StatusOptions, create_app
 
     backend, clock = ScriptedBackend(), Clock()
-    backend.start_faults.append(BackendError("service unavailable", transient=True,
+    backend.start_faults.append(RunBackendError("service unavailable", transient=True,
                                              step="Start"))
     agent = make_agent(settings, backend, clock)
     write_scan(settings.beamline.detector_dir, "s1")

@@ -108,10 +108,12 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
 
 
 # Floors, bottom first: a module may import its own floor and those below, never above.
-# The run package spans floors: its record and store lie at the bottom, its run path (the
-# request, the flow's input, the life of a run, its failures and retention) above the backends.
+# The run package spans floors: its record and store lie at the bottom, the interface of the
+# run backends (local, Globus) above the job, and its run path (the request, the flow's input,
+# the life of a run, its failures and retention) above the backends.
 RUN_RECORD = ("beamflow.runs.records", "beamflow.runs.naming", "beamflow.runs.schema",
               "beamflow.runs.store")
+RUN_BACKEND = ("beamflow.runs.backend",)  # the interface the backends implement
 RUN_PATH = ("beamflow.runs.request", "beamflow.runs.flow_input", "beamflow.runs.compute_output",
             "beamflow.runs.failures", "beamflow.runs.lifecycle", "beamflow.runs.retention")
 SCIENCE_AND_STORAGE = (
@@ -119,7 +121,7 @@ SCIENCE_AND_STORAGE = (
     "beamflow.atomic", "beamflow.validation_text", "beamflow.error_kinds",
 )
 ABOVE_SCIENCE = (
-    "beamflow.backend", "beamflow.local", "beamflow.globus", "beamflow.registry", *RUN_PATH,
+    *RUN_BACKEND, "beamflow.local", "beamflow.globus", "beamflow.registry", *RUN_PATH,
     "beamflow.status", "beamflow.cli", "beamflow.demo", "edge_agent", "functions",
 )
 BACKENDS = ("beamflow.local", "beamflow.globus", "beamflow.registry")
@@ -130,7 +132,7 @@ def test_the_run_package_is_the_floors_listed():
     """Every module of beamflow/runs/ stands on a floor above (a new one must be placed), and
     its root imports nothing: importing the store must not pull in the run path."""
     runs = {m for m in MODULES if _under(m, ("beamflow.runs",))} - {"beamflow.runs"}
-    assert runs == set(RUN_RECORD) | set(RUN_PATH)
+    assert runs == {*RUN_RECORD, *RUN_BACKEND, *RUN_PATH}
     assert GRAPH["beamflow.runs"] == set()
 
 
@@ -138,7 +140,7 @@ def test_the_run_package_is_the_floors_listed():
     ("floor", "forbidden"),
     [
         (SCIENCE_AND_STORAGE, ABOVE_SCIENCE),
-        (("beamflow.backend",), (*BACKENDS, *STARTERS)),
+        (RUN_BACKEND, (*BACKENDS, *STARTERS)),
         (BACKENDS, STARTERS),
     ],
     ids=["science-and-storage", "backend-interface", "backends"],
@@ -187,7 +189,8 @@ def test_science_imports_nothing_else_of_beamflow_but_leaf_utilities():
 
 # The backend packages, each reached from outside through its root's public API (its
 # ``__all__``) only: the starters never import one backend's internals. The agent, the demo
-# and the status page do not even name a backend: they get one from beamflow.runs.lifecycle.get_backend.
+# and the status page do not even name a backend: they get one from
+# beamflow.runs.lifecycle.get_run_backend.
 BACKEND_PACKAGES = ("beamflow.local", "beamflow.globus")
 BACKEND_BLIND = ("edge_agent", "beamflow.demo", "beamflow.status")
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from beamflow.backend import FlowRunInfo
 from beamflow.error_kinds import ErrorKind
+from beamflow.runs.backend import FlowRunInfo
 from beamflow.runs.failures import failure_of
 from beamflow.runs.records import Run, RunStatus
 

@@ -14,7 +14,7 @@ from responses.matchers import query_param_matcher
 
 import flows
 from beamflow.globus.auth import flow_run_scope
-from beamflow.globus.backend import GlobusBackend, deployed_flow_checksum
+from beamflow.globus.backend import GlobusRunBackend, deployed_flow_checksum
 from beamflow.globus.errors import LoginRequired
 from beamflow.globus.flows import run_status, steps_from_logs
 from beamflow.globus.transfer import transfer_states
@@ -36,8 +36,8 @@ def settings(tmp_path):
     return make_settings(tmp_path)
 
 
-def backend_for(settings) -> GlobusBackend:
-    return GlobusBackend(settings, network=NO_RETRY)
+def backend_for(settings) -> GlobusRunBackend:
+    return GlobusRunBackend(settings, network=NO_RETRY)
 
 
 def registry(settings) -> Registry:

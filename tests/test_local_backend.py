@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from beamflow.backend import BackendError
 from beamflow.cli import app
 from beamflow.config import Settings, load_config
 from beamflow.runs import lifecycle
+from beamflow.runs.backend import RunBackendError
 from beamflow.runs.flow_input import flow_input_for
 from beamflow.runs.lifecycle import (
     RetryRefused,
@@ -77,9 +77,9 @@ def engine_leftovers(settings: Settings, pid: int | None = None) -> list[int]:
 
 @pytest.fixture(scope="module")
 def backend(settings: Settings) -> Iterator:
-    from beamflow.local import LocalBackend
+    from beamflow.local import LocalRunBackend
 
-    b = LocalBackend(settings, poll_interval=0.05, max_poll_interval=0.5)
+    b = LocalRunBackend(settings, poll_interval=0.05, max_poll_interval=0.5)
     b.register_functions()
     b.register_flows()
     b.warm()
@@ -175,9 +175,9 @@ def test_cli_end_to_end_previews_arrive_on_the_beamline(
     assert steps[0].details["action"]["details"]["files_transferred"] >= 2
 
     # The run's record survives this process: a fresh backend reads how it ended.
-    from beamflow.local import LocalBackend
+    from beamflow.local import LocalRunBackend
 
-    info = LocalBackend(settings).get_run(run.backend_run_id)
+    info = LocalRunBackend(settings).get_run(run.backend_run_id)
     assert info.status == RunStatus.SUCCEEDED
     assert [s.name for s in info.steps] == [s.name for s in steps]
 
@@ -204,7 +204,7 @@ def test_runs_start_wait_tells_the_verdict_and_strict_exits_2_on_suspect(
 
     simulate_scan(workspace / "beamline/detector", "nf", positions=40, probe_size=32,
                   propagation="near-field")
-    monkeypatch.setattr(lifecycle, "get_backend", lambda settings: Shared(backend))
+    monkeypatch.setattr(lifecycle, "get_run_backend", lambda settings: Shared(backend))
     params = [f"--param={k}={v}" for k, v in {**FAST, "propagation": "far-field"}.items()]
     result = CliRunner().invoke(app, [
         "runs", "start", str(workspace / "beamline/detector/nf"), "--wait", "--strict", *params,
@@ -297,12 +297,12 @@ def test_bad_input_and_unregistered_flows_fail_to_start(
     store: Store,
     tmp_path: Path,  # noqa: ANN001
 ) -> None:
-    with pytest.raises(BackendError, match="does not match its schema"):
+    with pytest.raises(RunBackendError, match="does not match its schema"):
         backend.start_run("ptycho_reconstruct", {"run_name": "x"}, label="x", tags=[])
-    from beamflow.local import LocalBackend
+    from beamflow.local import LocalRunBackend
 
-    empty = LocalBackend(settings.model_copy(update={"state_dir": tmp_path}))
-    with pytest.raises(BackendError, match="register flows"):
+    empty = LocalRunBackend(settings.model_copy(update={"state_dir": tmp_path}))
+    with pytest.raises(RunBackendError, match="register flows"):
         empty.start_run("ptycho_reconstruct", {}, label="x", tags=[])
     # Through the run path the run is recorded as FAILED with the reason.
     scan = Path(settings.beamline.detector_dir) / "s1"
@@ -323,12 +323,12 @@ import os, sys, time
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from pathlib import Path
 from beamflow.config import load_config
-from beamflow.local import LocalBackend
+from beamflow.local import LocalRunBackend
 from beamflow.local.engine import worker_pids
 from beamflow.runs.flow_input import flow_input_for
 s = load_config(Path({str(workspace / "beamflow.toml")!r}))
 body = flow_input_for(s, {str(workspace / "beamline/detector/s1")!r}, {FOREVER!r}, "lost-1")
-b = LocalBackend(s)
+b = LocalRunBackend(s)
 run_id = b.start_run("ptycho_reconstruct", body, label="lost", tags=[])
 print(run_id, flush=True)
 (endpoint,) = b._action_providers()[{COMPUTE_URL!r}].endpoints.values()
@@ -373,7 +373,7 @@ def test_cancel_from_another_backend_object_stops_the_run(
     backend,
     store: Store,  # noqa: ANN001
 ) -> None:
-    from beamflow.local import LocalBackend
+    from beamflow.local import LocalRunBackend
 
     scan = Path(settings.beamline.detector_dir) / "s1"
     run = start(settings, store, backend, scan, params=FOREVER)
@@ -386,7 +386,7 @@ def test_cancel_from_another_backend_object_stops_the_run(
     assert run.iterations_total == FOREVER["iterations"]
     assert run.current_step == "Reconstruct" and run.status == RunStatus.ACTIVE
     # As `beamflow runs cancel` does from another process: only the record is shared.
-    other = LocalBackend(settings)
+    other = LocalRunBackend(settings)
     run = cancel_run(settings, run.id, store=store, backend=other)
     run = follow_run(store, other, run, poll_seconds=0.1, timeout=60)
     assert run.status == RunStatus.CANCELLED
@@ -493,9 +493,9 @@ def test_kill_9_of_the_worker_fails_the_run_cleanly_and_one_retry_resumes(
 
 
 def test_closing_the_backend_leaves_running_runs_marked_lost(settings: Settings) -> None:
-    from beamflow.local import LocalBackend
+    from beamflow.local import LocalRunBackend
 
-    mine = LocalBackend(settings, poll_interval=0.05, max_poll_interval=0.5)
+    mine = LocalRunBackend(settings, poll_interval=0.05, max_poll_interval=0.5)
     scan = Path(settings.beamline.detector_dir) / "s1"
     body = flow_input_for(settings, scan, FOREVER, "closing-1")
     run_id = mine.start_run("ptycho_reconstruct", body, label="closing", tags=[])
@@ -512,7 +512,7 @@ def test_closing_the_backend_leaves_running_runs_marked_lost(settings: Settings)
     finally:
         mine.close()
     assert engine.processes() == []
-    info = LocalBackend(settings).get_run(run_id)
+    info = LocalRunBackend(settings).get_run(run_id)
     assert info.status == RunStatus.FAILED
     assert "lost" in info.error
     assert (

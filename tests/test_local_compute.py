@@ -254,7 +254,7 @@ def retried_by_the_agent(error: dict[str, Any]) -> bool:
     error: the kind is read from the flow's failure record as the run path reads it."""
     import json
 
-    from beamflow.backend import FlowRunInfo
+    from beamflow.runs.backend import FlowRunInfo
     from beamflow.runs.failures import failure_of
     from beamflow.runs.records import Run, RunStatus
     from edge_agent.policy import is_transient

@@ -14,9 +14,9 @@ import hdf5plugin  # noqa: F401 - the bitshuffle filter of the simulated data fi
 import numpy as np
 import pytest
 
-from beamflow.backend import FlowRunInfo
 from beamflow.disk import bytes_text, free_space
 from beamflow.error_kinds import ErrorKind
+from beamflow.runs.backend import FlowRunInfo
 from beamflow.runs.failures import failure_of
 from beamflow.runs.records import Run, RunStatus
 from beamflow.runs.store import Store

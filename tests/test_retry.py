@@ -13,11 +13,11 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from beamflow.backend import FlowRunInfo
 from beamflow.cli import app
 from beamflow.config import Settings, load_config
 from beamflow.error_kinds import ErrorKind
 from beamflow.registry import Registry, register_functions
+from beamflow.runs.backend import FlowRunInfo
 from beamflow.runs.lifecycle import RetryRefused, create_scan_run, retry_run
 from beamflow.runs.records import Run, RunStatus
 from beamflow.runs.request import RunRequest

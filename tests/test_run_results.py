@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from beamflow.backend import FlowRunInfo, StepInfo
 from beamflow.cli import app
 from beamflow.config import Settings, load_config
 from beamflow.registry import Registry, register_functions
+from beamflow.runs.backend import FlowRunInfo, StepInfo
 from beamflow.runs.lifecycle import start_scan_run, sync_run
 from beamflow.runs.records import RunStatus
 from beamflow.runs.request import RunRequest

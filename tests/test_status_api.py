@@ -79,7 +79,8 @@ def client(store: Store) -> TestClient:
 
 
 class FakeRetry:
-    """Stands in for beamflow.runs.lifecycle.retry_run: records calls, makes the new run in the store."""
+    """Stands in for beamflow.runs.lifecycle.retry_run: records calls, makes the new run in the
+    store."""
 
     def __init__(self, store: Store, error: Exception | None = None) -> None:
         self.store = store
@@ -460,8 +461,8 @@ def test_retry_validation(store: Store) -> None:
 def test_retry_goes_through_the_shared_run_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # What `beamflow serve` wires: beamflow.runs.lifecycle.retry_run with the configuration. The scan
-    # file is gone, so the new attempt fails at once, with the reason, linked to the old run.
+    # What `beamflow serve` wires: beamflow.runs.lifecycle.retry_run with the configuration. The
+    # scan file is gone, so the new attempt fails at once, with the reason, linked to the old run.
     from functools import partial
 
     from beamflow.runs.lifecycle import retry_run

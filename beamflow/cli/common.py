@@ -26,9 +26,9 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
-from beamflow.backend import Backend, BackendError
 from beamflow.config import CONFIG_NAME, USER_CONFIG, ConfigError, Settings, load_config
 from beamflow.console import make_console
+from beamflow.runs.backend import RunBackend, RunBackendError
 from beamflow.runs.records import Run
 from beamflow.runs.store import Store
 
@@ -182,17 +182,17 @@ def open_store(settings: Settings) -> Store:
     return Store(settings.store_path)
 
 
-def open_backend(settings: Settings, name: str | None = None) -> Backend:
+def open_run_backend(settings: Settings, name: str | None = None) -> RunBackend:
     """The configured backend (or ``name``), through the factory: commands talk to the
     backend interface only. The caller closes it."""
-    from beamflow.runs.lifecycle import get_backend
+    from beamflow.runs.lifecycle import get_run_backend
 
     require_workspace(settings)
     if name is not None and name != settings.backend:
         settings = settings.model_copy(update={"backend": name})
     try:
-        return get_backend(settings)
-    except BackendError as exc:
+        return get_run_backend(settings)
+    except RunBackendError as exc:
         fail(str(exc))
 
 

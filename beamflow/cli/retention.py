@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from beamflow.backend import BackendError
 from beamflow.cli import common
 from beamflow.cli.common import ConfigOption, JsonOption, console, fail, settings_from
+from beamflow.runs.backend import RunBackendError
 
 
 def cleanup(
@@ -35,11 +35,11 @@ def cleanup(
 
     settings = settings_from(config, workspace=True)
     store = common.open_store(settings)
-    backend = common.open_backend(settings)
+    backend = common.open_run_backend(settings)
     try:
         report = apply(settings, store, backend, dry_run=dry_run, older_than=older_than,
                        timeout=timeout)  # fmt: skip
-    except BackendError as exc:
+    except RunBackendError as exc:
         fail(str(exc))
     finally:
         backend.close()

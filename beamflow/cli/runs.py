@@ -11,7 +11,6 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from beamflow.backend import Backend, BackendError
 from beamflow.cli.common import (
     HELP,
     App,
@@ -23,7 +22,7 @@ from beamflow.cli.common import (
     duration,
     err_console,
     fail,
-    open_backend,
+    open_run_backend,
     open_store,
     settings_from,
     warn,
@@ -31,6 +30,7 @@ from beamflow.cli.common import (
 from beamflow.config import Settings
 from beamflow.console import styled, styled_status, verdict_text
 from beamflow.error_kinds import ErrorKind
+from beamflow.runs.backend import RunBackend, RunBackendError
 from beamflow.runs.failures import Failure
 from beamflow.runs.records import Run, RunStatus
 from beamflow.runs.store import Store
@@ -95,15 +95,15 @@ def _find_run(store: Store, run_id: str) -> Run:
 def _refreshed(settings: Settings, store: Store, run: Run) -> Run:
     """``run`` brought up to date from its backend; as it was, with a warning, where the
     backend cannot say."""
-    from beamflow.runs.lifecycle import get_backend, sync_run
+    from beamflow.runs.lifecycle import get_run_backend, sync_run
 
     try:
-        backend = get_backend(settings)
+        backend = get_run_backend(settings)
         try:
             return sync_run(store, backend, run)
         finally:
             backend.close()
-    except BackendError as exc:
+    except RunBackendError as exc:
         warn(f"could not refresh from {run.backend}: {exc}")
         return run
 
@@ -220,7 +220,7 @@ StrictOption = Annotated[
 ]
 
 
-def _follow(settings: Settings, store: Store, backend: Backend, run: Run) -> Run:
+def _follow(settings: Settings, store: Store, backend: RunBackend, run: Run) -> Run:
     """Follow ``run`` with its progress on stderr until it ends; Ctrl-C cancels it."""
     from beamflow.runs.lifecycle import cancel_run, follow_run
 
@@ -300,7 +300,7 @@ def runs_start(
         fail(_STRICT_NEEDS_WAIT, code=2)
     request = RunRequest(scan_path=scan, params=params, label=label, flow=flow)
     store = open_store(settings)
-    backend = open_backend(settings)
+    backend = open_run_backend(settings)
     try:
         if direct:
             try:
@@ -347,7 +347,7 @@ def runs_retry(
         fail(_STRICT_NEEDS_WAIT, code=2)
     store = open_store(settings)
     old = _find_run(store, run_id)
-    backend = open_backend(settings)
+    backend = open_run_backend(settings)
     try:
         try:
             run = retry_run(settings, old.id, store=store, backend=backend)
@@ -378,12 +378,12 @@ def runs_cancel(
     if run.status.finished:
         console.print(f"run {run.id} already ended: {run.status}")
         return
-    backend = open_backend(settings)
+    backend = open_run_backend(settings)
     try:
         run = cancel_run(settings, run.id, store=store, backend=backend)
         if not run.status.finished:
             run = follow_run(store, backend, run, poll_seconds=0.5, timeout=timeout)
-    except BackendError as exc:
+    except RunBackendError as exc:
         fail(f"cannot cancel run {run.id}: {exc}")
     finally:
         backend.close()

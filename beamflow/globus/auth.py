@@ -68,7 +68,6 @@ from globus_sdk.token_storage import (
 from globus_sdk.token_storage.validating_token_storage import IdentityMismatchError
 from globus_sdk.transport import RequestsTransport, RetryConfig
 
-from beamflow.backend import BackendError
 from beamflow.config import Settings, is_uuid
 from beamflow.globus.errors import (
     ClientConsentMissing,
@@ -78,6 +77,7 @@ from beamflow.globus.errors import (
     globus_errors,
     secret_rejected,
 )
+from beamflow.runs.backend import RunBackendError
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def secure_token_file(path: Path) -> Path:
         os.close(fd)
     info = path.stat()
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        raise BackendError(
+        raise RunBackendError(
             f"{path}: the Globus token file belongs to another user (uid {info.st_uid}); "
             "set globus.token_storage to a file of your own"
         )
@@ -258,7 +258,7 @@ def registered_flow_ids(settings: Settings) -> list[str]:
             e.id for e in reg.Registry(settings.registry_path, "globus").entries("flow").values()
         ]
     except reg.RegistryError as exc:
-        raise BackendError(str(exc)) from None
+        raise RunBackendError(str(exc)) from None
 
 
 # -- the login prompt -------------------------------------------------------------------------
@@ -368,7 +368,7 @@ class GlobusAuth:
         try:
             self.storage = SecureSQLiteTokenStorage(self.token_path)
         except (OSError, ValueError, sqlite3.Error) as exc:
-            raise BackendError(
+            raise RunBackendError(
                 f"{self.token_path}: cannot open the Globus token file ({exc}); fix its "
                 "permissions, or set globus.token_storage to another path"
             ) from None
@@ -377,7 +377,7 @@ class GlobusAuth:
             self.app = self._make_app(client_id, requirements)
         except sqlite3.Error as exc:
             self.storage.close()
-            raise BackendError(
+            raise RunBackendError(
                 f"{self.token_path}: the Globus token file is damaged ({exc}); delete it and "
                 "run `beamflow login`"
             ) from None
@@ -597,7 +597,7 @@ class GlobusAuth:
                 try:
                     with globus_errors(f"revoke the token for {rs}"):
                         login_client.oauth2_revoke_token(token)
-                except BackendError as exc:  # report; the tokens are removed here anyway
+                except RunBackendError as exc:  # report; the tokens are removed here anyway
                     problems.append(str(exc))
                     reachable = not exc.transient  # offline: do not wait once per token
                     break
@@ -628,5 +628,5 @@ class GlobusAuth:
 def interactive_auth(settings: Settings) -> GlobusAuth:
     """The Globus login of ``settings`` for a person at a terminal (`beamflow login`,
     `logout`, `whoami`): every registered flow's run scope required, a quick answer on a bad
-    network (:data:`INTERACTIVE`). Raises :class:`BackendError` with what to fix."""
+    network (:data:`INTERACTIVE`). Raises :class:`RunBackendError` with what to fix."""
     return GlobusAuth(settings, flow_ids=registered_flow_ids(settings), network=INTERACTIVE)

@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from beamflow.backend import FlowRunInfo
 from beamflow.reconstruct_job import FunctionSummary
+from beamflow.runs.backend import FlowRunInfo
 from beamflow.runs.records import Run
 
 

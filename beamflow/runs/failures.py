@@ -23,9 +23,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from beamflow.backend import FlowRunInfo
 from beamflow.disk import NO_SPACE_ERRNOS, bytes_text
 from beamflow.error_kinds import ErrorKind
+from beamflow.runs.backend import FlowRunInfo
 from beamflow.runs.records import Run
 
 # Compute exceptions by type. functions/reconstruct.py raises ValueError for bad input and

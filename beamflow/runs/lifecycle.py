@@ -29,11 +29,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from beamflow.backend import Backend, BackendError, StepInfo
 from beamflow.config import Settings
 from beamflow.disk import tree_bytes
 from beamflow.error_kinds import ErrorKind
 from beamflow.reconstruct_job import FunctionSummary
+from beamflow.runs.backend import RunBackend, RunBackendError, StepInfo
 from beamflow.runs.compute_output import success_fields, summary_fields
 from beamflow.runs.failures import failure_of
 from beamflow.runs.flow_input import flow_input_for, transferred
@@ -51,17 +51,17 @@ from beamflow.runs.store import DuplicateRun, Store, StoreError
 from beamflow.validation_text import validation_text
 
 
-def get_backend(settings: Settings) -> Backend:
+def get_run_backend(settings: Settings) -> RunBackend:
     """The backend the configuration names. The packages are imported here, not at the top,
     so a local run does not pay for importing the Globus SDKs (nor the reverse); neither
     package imports this module, so no circle hides behind the late import."""
     if settings.backend == "local":
-        from beamflow.local import LocalBackend
+        from beamflow.local import LocalRunBackend
 
-        return LocalBackend(settings)
-    from beamflow.globus import GlobusBackend
+        return LocalRunBackend(settings)
+    from beamflow.globus import GlobusRunBackend
 
-    return GlobusBackend(settings)
+    return GlobusRunBackend(settings)
 
 
 class RetryRefused(RunInputError):
@@ -93,19 +93,19 @@ def create_scan_run(settings: Settings, store: Store, request: RunRequest) -> Ru
     )
 
 
-def launch_run(settings: Settings, store: Store, backend: Backend, run: Run) -> Run:
+def launch_run(settings: Settings, store: Store, backend: RunBackend, run: Run) -> Run:
     """Start a QUEUED run on the backend; the run becomes ACTIVE with its backend run id.
 
-    Raises :class:`BackendError` (``transient`` when worth a retry) and leaves the run as it
+    Raises :class:`RunBackendError` (``transient`` when worth a retry) and leaves the run as it
     was: the caller decides between failing it and trying again."""
     if run.status != RunStatus.QUEUED:
-        raise BackendError(f"run {run.id} is {run.status.value}, not QUEUED", step="Start")
+        raise RunBackendError(f"run {run.id} is {run.status.value}, not QUEUED", step="Start")
     run_name = run_name_for(run)
     try:
         body = flow_input_for(settings, run.scan_path, run.parameters, run_name, flow=run.flow,
                               fraction=run.fraction)
     except RunInputError as exc:  # often the configuration: fixed, a retry goes through
-        raise BackendError(str(exc), step="Start") from None
+        raise RunBackendError(str(exc), step="Start") from None
     label = (run.label or f"beamflow {run.scan_name} {run_name}")[:128]
     tags = ["beamflow", safe_name(run.scan_name, 100)]
     backend_run_id = backend.start_run(run.flow, body, label=label, tags=tags)
@@ -132,7 +132,7 @@ def launch_run(settings: Settings, store: Store, backend: Backend, run: Run) -> 
 def run_direct(
     settings: Settings,
     store: Store,
-    backend: Backend,
+    backend: RunBackend,
     request: RunRequest,
     *,
     timeout: float | None = None,
@@ -167,7 +167,7 @@ def run_direct(
     try:
         summary = submit("reconstruct", kwargs, timeout=timeout,
                          user_endpoint_config=compute["user_endpoint_config"])
-    except BackendError as exc:
+    except RunBackendError as exc:
         store.record_step(run.id, "Reconstruct", "FAILED", finished_at=time.time())
         return store.update_run(run.id, status=RunStatus.FAILED, error=str(exc),
                                 error_step="Reconstruct", error_kind=exc.kind)  # fmt: skip
@@ -184,17 +184,19 @@ def run_direct(
     return store.update_run(run.id, status=RunStatus.SUCCEEDED, **fields)
 
 
-def start_scan_run(settings: Settings, store: Store, backend: Backend, request: RunRequest) -> Run:
+def start_scan_run(
+    settings: Settings, store: Store, backend: RunBackend, request: RunRequest
+) -> Run:
     """Record and start a run of a scan: ACTIVE, or FAILED with the reason if the backend
     could not start it. Bad arguments raise :class:`RunInputError` before anything is
     recorded."""
     return _launch_or_fail(settings, store, backend, create_scan_run(settings, store, request))
 
 
-def _launch_or_fail(settings: Settings, store: Store, backend: Backend, run: Run) -> Run:
+def _launch_or_fail(settings: Settings, store: Store, backend: RunBackend, run: Run) -> Run:
     try:
         return launch_run(settings, store, backend, run)
-    except BackendError as exc:
+    except RunBackendError as exc:
         run = store.update_run(run.id, status=RunStatus.FAILED, error=str(exc),
                                error_step=exc.step or "Start", error_kind=exc.kind)  # fmt: skip
         store.add_event(run.id, "RunFailed", f"could not start: {exc}", level="error")
@@ -202,10 +204,10 @@ def _launch_or_fail(settings: Settings, store: Store, backend: Backend, run: Run
 
 
 # -- following runs ----------------------------------------------------------------------------
-def sync_run(store: Store, backend: Backend, run: Run) -> Run:
+def sync_run(store: Store, backend: RunBackend, run: Run) -> Run:
     """Bring the stored run up to date with the backend: status, steps with timings,
     iteration progress, and at the end the product and previews (beamline-side paths) or
-    the error and the step it happened in. Raises :class:`BackendError` if the backend
+    the error and the step it happened in. Raises :class:`RunBackendError` if the backend
     cannot say (the stored run is left as it was)."""
     if not run.backend_run_id or run.status.finished:
         return run
@@ -271,7 +273,7 @@ def _compact(details: dict[str, Any]) -> dict[str, Any]:
 
 def follow_run(
     store: Store,
-    backend: Backend,
+    backend: RunBackend,
     run: Run,
     *,
     poll_seconds: float = 1.0,
@@ -285,7 +287,7 @@ def follow_run(
     while True:
         try:
             new = sync_run(store, backend, run)
-        except BackendError as exc:
+        except RunBackendError as exc:
             if not exc.transient:
                 raise
             new = run
@@ -308,7 +310,7 @@ def retry_run(
     run_id: str,
     *,
     store: Store | None = None,
-    backend: Backend | None = None,
+    backend: RunBackend | None = None,
 ) -> Run:
     """Start the one new attempt of a failed or cancelled run (same scan, flow and
     parameters; ``parent_run_id`` links them). It continues from the scan's checkpoints.
@@ -333,13 +335,13 @@ def retry_run(
     store.add_event(new.id, "RetryOf", f"retry of run {old.id} ({cause})")
     if backend is not None:
         return _launch_or_fail(settings, store, backend, new)
-    backend = get_backend(settings)
+    backend = get_run_backend(settings)
     new = _launch_or_fail(settings, store, backend, new)
     if new.status.finished:
         backend.close()
         return new
 
-    def follow(run: Run = new, backend: Backend = backend, store: Store = store) -> None:
+    def follow(run: Run = new, backend: RunBackend = backend, store: Store = store) -> None:
         try:
             follow_run(store, backend, run)  # the store keeps one connection per thread
         except Exception:  # noqa: BLE001 - the run is recorded; following is best effort
@@ -356,7 +358,7 @@ def cancel_run(
     run_id: str,
     *,
     store: Store | None = None,
-    backend: Backend | None = None,
+    backend: RunBackend | None = None,
 ) -> Run:
     """Cancel a run: a QUEUED one at once; a running one through its backend (the store
     shows CANCELLED once the backend has stopped it)."""
@@ -373,7 +375,7 @@ def cancel_run(
         store.add_event(run.id, "RunCancelled", "cancelled before it started")
         return run
     own = backend is None
-    backend = backend or get_backend(settings)
+    backend = backend or get_run_backend(settings)
     try:
         backend.cancel_run(run.backend_run_id)
         store.add_event(run.id, "CancelRequested", f"cancel sent to {backend.name}")
