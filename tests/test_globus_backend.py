@@ -160,7 +160,7 @@ def test_registered_function_is_rebuilt_from_source_as_the_endpoint_does(setting
     report = cleanup(roots=[str(settings.hpc.scratch_dir)], raw_days=1, dry_run=True)
     assert report["items"] == [] and report["dry_run"] is True
     with pytest.raises(ValueError, match="not a directory"):  # it runs, and checks its input
-        function(scan="/x", output_dir="/x", allowed_roots=["/nonexistent-root"])
+        function(scan_path="/x", output_dir="/x", allowed_roots=["/nonexistent-root"])
 
 
 # -- runs ------------------------------------------------------------------------------------
@@ -172,7 +172,7 @@ def test_start_run_sends_body_label_and_tags(settings):
     flow_id = load_response(globus_sdk.SpecificFlowClient.run_flow).metadata["flow_id"]
     _registered(settings, flow_id)
     store_tokens(settings, flow_ids=(flow_id,))
-    body = {"run_name": "scan_017", "scan_is_directory": True}
+    body = {"run_name": "scan_017", "raw_is_directory": True}
     with backend_for(settings) as backend:
         run_id = backend.start_run(FLOW, body, label="scan_017 (50%)", tags=["beamflow", "s17"])
     assert run_id == RUN_ID
@@ -440,7 +440,7 @@ def test_shared_run_path_starts_and_follows_a_globus_run(settings, tmp_path):
         # What the shared path builds is what the flow's schema accepts, sent unchanged.
         jsonschema.validate(sent["body"], flows.load_schema(FLOW))
         assert sent["body"]["compute"]["function_id"] == function_id
-        assert sent["body"]["beamline"]["scan_path"] == "/detector/scan_017"
+        assert sent["body"]["beamline"]["raw_path"] == "/detector/scan_017"
         assert "beamflow" in sent["tags"] and sent["label"]
 
         summary = {"iterations": 100, "product_relative": "product.h5", "previews_relative": []}

@@ -29,7 +29,7 @@ KEY = "s1-30c8fdf0"
 def flow_run(scan_bytes: int | None = 536_000) -> Run:
     """A run of s1 as launch_run records it: the flow's input and what the scan takes."""
     body = {"compute": {"scan_path": f"{HPC}/{KEY}/raw/s1/s1_master.h5"},
-            "beamline": {"scan_path": "/detector/s1"}}  # fmt: skip
+            "beamline": {"raw_path": "/detector/s1"}}  # fmt: skip
     result = {"input": body, **({"scan_bytes": scan_bytes} if scan_bytes else {})}
     return Run(id="r1", scan_name="s1", scan_path=f"{WS}/beamline/detector/s1/s1_master.h5",
                flow="ptycho_reconstruct", backend="local", status=RunStatus.FAILED,
@@ -107,7 +107,7 @@ def test_the_compute_function_says_which_disk_filled_and_what_the_run_needs(
 
     monkeypatch.setattr(beamflow.reconstruct, "run_reconstruction", fills_the_disk)
     with pytest.raises(OSError) as raised:
-        run_task(scan=str(master), output_dir=str(out), allowed_roots=[str(scratch)],
+        run_task(scan_path=str(master), output_dir=str(out), allowed_roots=[str(scratch)],
                  checkpoint_dir=str(scratch / "checkpoints"), parameters={"device": "cpu"})
     assert raised.value.errno == errno.ENOSPC
     text = raised.value.strerror

@@ -210,7 +210,7 @@ def test_the_compute_function_passes_every_setting_to_the_job(tmp_path, captured
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "s_master.h5").write_bytes(b"")
     with pytest.raises(RuntimeError, match="captured"):
-        reconstruct(scan=str(tmp_path / "raw" / "s_master.h5"), output_dir=str(tmp_path / "o"),
+        reconstruct(scan_path=str(tmp_path / "raw" / "s_master.h5"), output_dir=str(tmp_path / "o"),
                     allowed_roots=[str(tmp_path)], parameters={**CHANGED, "device": "cpu"})
     assert captured["job"].params.model_dump(include=set(ENGINE_SETTINGS)) == CHANGED
 

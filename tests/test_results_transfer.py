@@ -81,5 +81,5 @@ def test_the_function_leaves_an_empty_previews_directory(tmp_path: Path, monkeyp
     scan = tmp_path / "s1.cxi"
     scan.write_bytes(b"")
     out = tmp_path / "out"
-    summary = reconstruct(scan=str(scan), output_dir=str(out), allowed_roots=[str(tmp_path)])
+    summary = reconstruct(scan_path=str(scan), output_dir=str(out), allowed_roots=[str(tmp_path)])
     assert summary["previews"] == [] and (out / "previews").is_dir()

@@ -118,7 +118,7 @@ def test_what_the_compute_function_returns_is_a_function_summary(tmp_path: Path)
 
     master = simulate_scan(tmp_path / "hpc" / "raw", "s1", positions=40, probe_size=32)
     out = tmp_path / "hpc" / "runs" / "r1"
-    answer = reconstruct(scan=str(master.parent), output_dir=str(out),
+    answer = reconstruct(scan_path=str(master.parent), output_dir=str(out),
                          allowed_roots=[str(tmp_path / "hpc")], run_name="r1",
                          parameters={"iterations": 2, "preview_every": 0, "device": "cpu"})
     summary = FunctionSummary.model_validate(answer)

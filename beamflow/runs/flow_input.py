@@ -11,6 +11,17 @@ The same layout on the local backend and at a facility:
   ``runs/<run name>/`` (what the function writes).
 
 The ``<scan key>`` and ``<run name>`` are :mod:`beamflow.runs.naming`'s.
+
+One name per meaning, the same from the agent to the compute function:
+
+- ``scan_path``: the scan's file (its master file, or its ``.cxi`` file) on the machine that
+  reads it: the run's on the beamline (``Run.scan_path``), and ``compute.scan_path`` on the
+  compute nodes, passed to the ``reconstruct`` function as its argument ``scan_path``;
+- ``raw_path``: the scan's raw data as a path in a Globus collection, what the first
+  transfer moves: the master file's directory (with its data files) or the one scan file,
+  ``beamline.raw_path`` copied to ``hpc.raw_path`` (``raw_is_directory``: moved recursively);
+- ``results_path``: the run's results directory in a collection, ``hpc.results_path`` (the
+  function's ``output_dir``) copied back to ``beamline.results_path``.
 """
 
 from __future__ import annotations
@@ -72,8 +83,6 @@ def flow_input_for(
     scan = scan_location(settings, scan_path)
     beamline_root = Path(settings.beamline.collection_root).resolve()
     moved = transferred(scan)
-    master = moved != scan
-    is_dir = moved.is_dir()
     key = scan_key(scan)
 
     preview_dir = Path(settings.beamline.preview_dir).resolve()
@@ -88,7 +97,7 @@ def flow_input_for(
     hpc_root = PurePosixPath(str(settings.hpc.collection_root))
     scratch = PurePosixPath(str(settings.hpc.scratch_dir))
     work = scratch / key
-    raw = work / "raw" / moved.name
+    raw = work / "raw" / moved.name  # the copy of what was moved
     run_dir = work / "runs" / run_name
     allowed = [str(scratch)]
     if settings.hpc.node_local_dir:
@@ -125,15 +134,15 @@ def flow_input_for(
         return {"run_name": run_name, "compute": compute, "reconstruction": reconstruction}
 
     compute.update(
-        scan_path=str(raw / scan.name) if master else str(raw),
+        scan_path=str(raw / scan.name) if moved != scan else str(raw),
         output_dir=str(run_dir),
     )
     return {
         "run_name": run_name,
-        "scan_is_directory": is_dir,
+        "raw_is_directory": moved.is_dir(),
         "beamline": {
             "collection_id": settings.beamline.collection_id,
-            "scan_path": _collection_path(
+            "raw_path": _collection_path(
                 PurePosixPath(str(moved)), PurePosixPath(str(beamline_root)), "scan"
             ),
             "results_path": _collection_path(
@@ -144,7 +153,7 @@ def flow_input_for(
         },
         "hpc": {
             "collection_id": settings.hpc.collection_id,
-            "scan_path": _collection_path(raw, hpc_root, "hpc.scratch_dir"),
+            "raw_path": _collection_path(raw, hpc_root, "hpc.scratch_dir"),
             "results_path": _collection_path(run_dir, hpc_root, "hpc.scratch_dir"),
         },
         "compute": compute,

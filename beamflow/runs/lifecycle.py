@@ -151,7 +151,7 @@ def run_direct(
     body = flow_input_for(settings, run.scan_path, run.parameters, run_name, flow=run.flow)
     compute = body["compute"]
     kwargs = {  # what flows/ptycho_shared_fs.json passes to the function, key for key
-        "scan": compute["scan_path"],
+        "scan_path": compute["scan_path"],
         "output_dir": compute["output_dir"],
         "checkpoint_dir": compute["checkpoint_dir"],
         "node_local_dir": compute["node_local_dir"],
