@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from beamflow.config import Settings
 from beamflow.error_kinds import ErrorKind
 from beamflow.runs.backend import RunBackend, RunBackendError
-from beamflow.runs.lifecycle import create_scan_run, launch_run, sync_run
+from beamflow.runs.lifecycle import create_scan_run, launch_run, record_refused_run, sync_run
 from beamflow.runs.records import Run, RunStatus
 from beamflow.runs.request import RunInputError, RunRequest
 from beamflow.runs.store import DuplicateRun, Store
@@ -150,16 +150,16 @@ class RunDriver:
     ) -> Run | None:
         part = part_of(fraction)
         params = {**self.settings.reconstruction.model_dump(), **extra}
+        request = RunRequest(
+            scan_path=state.path, params=params, dedupe_key=dedupe_key(state.path, part),
+            fraction=fraction, flow=self.policy.flow,
+        )  # fmt: skip
         try:
-            request = RunRequest(
-                scan_path=state.path, params=params, dedupe_key=dedupe_key(state.path, part),
-                fraction=fraction, flow=self.policy.flow,
-            )  # fmt: skip
             run = create_scan_run(self.settings, self.store, request)
         except DuplicateRun:
             return None
         except RunInputError as exc:
-            return self._record_refused(state, part, fraction, params, exc)
+            return self._record_refused(state, request, exc)
         self.stats.queued += 1
         self._schedule_needed = True
         log.info(
@@ -178,23 +178,14 @@ class RunDriver:
         return run
 
     def _record_refused(
-        self, state: ScanState, part: str, fraction: float, params: dict, exc: Exception
+        self, state: ScanState, request: RunRequest, exc: RunInputError
     ) -> Run | None:
         """A scan part that cannot even be queued (the scan vanished, the configured
         parameters are invalid) is recorded as a failed run once, visible with the reason,
         instead of being tried again at every look."""
-        if not state.path.exists():
-            return None  # gone: nothing to record
-        try:
-            run = self.store.create_run(
-                scan_name=state.name, scan_path=str(state.path.resolve()), flow=self.policy.flow,
-                backend=self.backend.name, parameters=params,
-                dedupe_key=dedupe_key(state.path, part), fraction=fraction,
-            )  # fmt: skip
-        except DuplicateRun:
+        run = record_refused_run(self.settings, self.store, request, exc)
+        if run is None:
             return None
-        run = self.store.update_run(run.id, status=RunStatus.FAILED, error=str(exc),
-                                    error_step="Queue", error_kind=ErrorKind.BAD_INPUT)
         self.stats.failed += 1
         log.error("run refused", extra={"fields": {"run": run.id, "scan": state.name,
                                                    "error": str(exc)}})  # fmt: skip

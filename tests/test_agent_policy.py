@@ -376,6 +376,26 @@ def test_an_unreadable_scan_fails_at_once_naming_the_file(settings: Settings) ->
     assert good.status == RunStatus.ACTIVE
 
 
+def test_a_scan_part_that_cannot_be_queued_is_recorded_failed_once(settings: Settings) -> None:
+    # Parameters the run path refuses (set past the configuration's own check): each scan gets
+    # one failed run that says why, through the run path's API, and is not asked again.
+    settings.reconstruction.iterations = -1
+    backend, clock = ScriptedBackend(), Clock()
+    agent = make_agent(settings, backend, clock)
+    master = write_scan(settings.beamline.detector_dir, "s1")
+    step(agent, clock, 2.0)
+    (run,) = runs_of(agent.store)
+    assert (run.status, run.error_step, run.error_kind) == (
+        RunStatus.FAILED, "Queue", ErrorKind.BAD_INPUT)
+    assert run.error.startswith("parameter iterations=-1")
+    assert (run.scan_name, run.scan_path, run.backend) == ("s1", str(master.resolve()), "local")
+    assert run.dedupe_key == dedupe_key(master, "final") and run.parameters["iterations"] == -1
+    assert agent.stats.failed == 1
+    step(agent, clock, 100.0, passes=2)
+    assert runs_of(agent.store) == [agent.store.require_run(run.id)] and backend.runs == {}
+    assert agent.stats.failed == 1
+
+
 def test_a_restarted_agent_reattaches_and_starts_what_was_queued(settings: Settings) -> None:
     settings.agent.max_concurrent_runs = 1
     backend, clock = ScriptedBackend(), Clock()

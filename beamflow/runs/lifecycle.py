@@ -6,6 +6,7 @@ followed and reported the same way wherever it came from.
 
     request = RunRequest(scan_path=..., params={...}, dedupe_key=...)
     run = create_scan_run(settings, store, request)       # QUEUED
+    run = record_refused_run(settings, store, request, refusal)   # FAILED: what it refused
     run = launch_run(settings, store, backend, run)       # ACTIVE, with backend_run_id
     run = sync_run(store, backend, run)                   # status, steps, error, previews
     run = start_scan_run(settings, store, backend, request)   # create + launch
@@ -91,6 +92,29 @@ def create_scan_run(settings: Settings, store: Store, request: RunRequest) -> Ru
         fraction=request.fraction,
         iterations_total=merged["iterations"],
     )
+
+
+def record_refused_run(
+    settings: Settings, store: Store, request: RunRequest, refusal: RunInputError
+) -> Run | None:
+    """Record the run :func:`create_scan_run` refused (``refusal``: the scan's file is not
+    there or not one, the parameters are invalid) as FAILED in its Queue step, of kind
+    bad_input, once under the request's ``dedupe_key``: the scan is seen with the reason
+    instead of being asked again at every look. None when the scan is gone (nothing to
+    record) or its key has a run already."""
+    scan = Path(request.scan_path)
+    if not scan.exists():
+        return None
+    try:
+        run = store.create_run(
+            scan_name=scan_name(scan), scan_path=str(scan.resolve()), flow=request.flow,
+            backend=settings.backend, parameters=request.params, dedupe_key=request.dedupe_key,
+            label=request.label, fraction=request.fraction,
+        )  # fmt: skip
+    except DuplicateRun:
+        return None
+    return store.update_run(run.id, status=RunStatus.FAILED, error=str(refusal),
+                            error_step="Queue", error_kind=ErrorKind.BAD_INPUT)  # fmt: skip
 
 
 def launch_run(settings: Settings, store: Store, backend: RunBackend, run: Run) -> Run:
