@@ -554,20 +554,6 @@ class GlobusAuth:
             )
         return text + "; then run `sudo beamflow-as-agent doctor` to check"
 
-    def missing_consents(self) -> list[str]:
-        """Resource servers whose stored tokens do not cover the required scopes.
-
-        Reads the token file; checks dependent (data_access) consents with Auth when an
-        identity is known, so it may call the network."""
-        missing = []
-        for resource_server in self.app.scope_requirements:
-            try:
-                with globus_errors(f"check the consents for {resource_server}"):
-                    self.app.token_storage.get_token_data(resource_server)
-            except LoginRequired:
-                missing.append(resource_server)
-        return missing
-
     def login(self, *, force: bool = False) -> bool:
         """Log in (a person: URL and code; a service: client credentials). Returns whether a
         login flow ran (False: the stored tokens already cover every scope)."""

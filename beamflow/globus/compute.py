@@ -6,7 +6,6 @@ it is imported inside those functions; the status check uses globus-sdk's own Co
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import time
 from collections.abc import Callable
@@ -24,10 +23,6 @@ def function_source(function: Callable[..., Any]) -> str:
         return inspect.getsource(function)
     except (OSError, TypeError) as exc:
         raise RunBackendError(f"cannot read the source of {function!r}: {exc}") from None
-
-
-def source_checksum(function: Callable[..., Any]) -> str:
-    return hashlib.sha256(function_source(function).encode()).hexdigest()
 
 
 def compute_client(auth: GlobusAuth) -> Any:
