@@ -24,13 +24,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from beamflow.config import (
-    CONFIG_NAME,
-    RECONSTRUCTION_DEFAULTS,
-    Settings,
-    load_config,
-    local_workspace_toml,
-)
+from beamflow.config import CONFIG_NAME, RECONSTRUCTION_DEFAULTS, Settings, load_config
 from beamflow.console import make_console, styled, styled_status, verdict_text
 from beamflow.formats import read_product
 from beamflow.ground_truth import read_ground_truth, score_product
@@ -39,6 +33,7 @@ from beamflow.runs.records import Run, RunStatus
 from beamflow.runs.store import Store
 from beamflow.simulate import simulate_scan
 from beamflow.status.server import build_app, free_port, serve_in_thread
+from beamflow.workspace_toml import local_workspace_toml
 from edge_agent.agent import EdgeAgent
 from edge_agent.policy import FINAL, dedupe_key
 
