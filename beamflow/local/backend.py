@@ -37,7 +37,8 @@ from beamflow.atomic import atomic_write_json
 from beamflow.config import ConfigError, Settings
 from beamflow.error_kinds import ErrorKind
 from beamflow.local.actions import ActionProvider, iso_time
-from beamflow.local.interpreter import FlowDefinitionError, FlowRunner, RunResult
+from beamflow.local.flow_run import RunResult
+from beamflow.local.interpreter import FlowDefinitionError, FlowRunner
 from beamflow.local.validation import validate_input
 from beamflow.processes import pid_alive
 from beamflow.registry import (
