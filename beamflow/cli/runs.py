@@ -1,5 +1,6 @@
 """`beamflow runs list|show|start|retry|cancel`: the run store, and runs started, followed,
-retried and cancelled through the shared run path (beamflow.runs) on the configured backend."""
+retried and cancelled through the shared run path (beamflow.runs.lifecycle) on the configured
+backend."""
 
 from __future__ import annotations
 
@@ -236,6 +237,18 @@ def _follow(settings: Settings, store: Store, backend: RunBackend, run: Run) -> 
             raise typer.Exit(130) from None
 
 
+def _follow_and_report(settings: Settings, store: Store, backend: RunBackend, run: Run, *,
+                       wait: bool, as_json: bool, strict: bool) -> None:
+    """The end of `runs start` and `runs retry`: a run that started is followed until it ends
+    when asked (``wait``) or when it is local, then reported (see :func:`_report`)."""
+    if run.status != RunStatus.FAILED and (wait or backend.name == "local"):
+        if not wait:  # a local run lives in the process that started it: leaving would lose it
+            err_console.print("the local backend runs flows inside this process: following "
+                              "the run (Ctrl-C cancels it)")
+        run = _follow(settings, store, backend, run)
+    _report(store, run, as_json, strict)
+
+
 def _report(store: Store, run: Run, as_json: bool, strict: bool = False) -> None:
     """Print how the run ended (or stands); exit 1 if it failed, 2 if ``strict`` and its
     result is suspect."""
@@ -313,18 +326,8 @@ def runs_start(
             run = start_scan_run(settings, store, backend, request)
         except RunInputError as exc:
             fail(str(exc))
-        if run.status == RunStatus.FAILED:
-            _report(store, run, as_json)
-        if backend.name == "local" and not wait:
-            # A local run lives in the process that started it: leaving would lose it.
-            err_console.print(
-                "the local backend runs flows inside this process: following the run "
-                "(Ctrl-C cancels it)"
-            )
-            wait = True
-        if wait:
-            run = _follow(settings, store, backend, run)
-        _report(store, run, as_json, strict)
+        _follow_and_report(settings, store, backend, run, wait=wait, as_json=as_json,
+                           strict=strict)  # fmt: skip
     finally:
         backend.close()
 
@@ -354,9 +357,8 @@ def runs_retry(
         except RunInputError as exc:
             fail(str(exc))
         err_console.print(f"run {run.id} retries {old.id} (attempt {run.attempt})")
-        if run.status != RunStatus.FAILED and (wait or backend.name == "local"):
-            run = _follow(settings, store, backend, run)
-        _report(store, run, as_json, strict)
+        _follow_and_report(settings, store, backend, run, wait=wait, as_json=as_json,
+                           strict=strict)  # fmt: skip
     finally:
         backend.close()
 

@@ -388,47 +388,29 @@ class GlobusAuth:
     def _make_app(
         self, client_id: str, requirements: dict[str, list[Scope]]
     ) -> globus_sdk.GlobusApp:
-        transport = self._transport()
-        app: globus_sdk.GlobusApp
+        client_options: dict[str, Any] = {"app_name": APP_NAME, "transport": self._transport(),
+                                          "retry_config": self.network.retry_config()}
         login_client: globus_sdk.AuthLoginClient
+        app_type: type[globus_sdk.GlobusApp]
         if self.is_service:
-            login_client = AgentAuthClient(
-                client_id,
-                self.client_secret,
-                app_name=APP_NAME,
-                transport=transport,
-                retry_config=self.network.retry_config(),
-            )
+            login_client = AgentAuthClient(client_id, self.client_secret, **client_options)
             # No person to ask: a token problem is met by the grant again (which records the
             # client's consents to what it asks), a 403 asking for a consent likewise.
-            app = globus_sdk.ClientApp(
-                APP_NAME,
-                login_client=login_client,
-                scope_requirements=requirements,
-                config=GlobusAppConfig(
-                    token_storage=self.storage,
-                    token_validation_error_handler=self._renew_client_tokens,
-                    auto_redrive_gares=True,
-                ),
+            app_type, config = globus_sdk.ClientApp, GlobusAppConfig(
+                token_storage=self.storage,
+                token_validation_error_handler=self._renew_client_tokens,
+                auto_redrive_gares=True,
             )
         else:
-            login_client = globus_sdk.NativeAppAuthClient(
-                client_id,
-                app_name=APP_NAME,
-                transport=transport,
-                retry_config=self.network.retry_config(),
+            login_client = globus_sdk.NativeAppAuthClient(client_id, **client_options)
+            app_type, config = globus_sdk.UserApp, GlobusAppConfig(
+                token_storage=self.storage,
+                request_refresh_tokens=True,
+                login_flow_manager=TerminalLoginFlowManager,
+                token_validation_error_handler=None,
             )
-            app = globus_sdk.UserApp(
-                APP_NAME,
-                login_client=login_client,
-                scope_requirements=requirements,
-                config=GlobusAppConfig(
-                    token_storage=self.storage,
-                    request_refresh_tokens=True,
-                    login_flow_manager=TerminalLoginFlowManager,
-                    token_validation_error_handler=None,
-                ),
-            )
+        app = app_type(APP_NAME, login_client=login_client, scope_requirements=requirements,
+                       config=config)
         # The consent check (dependent scopes) has its own Auth client inside the app; give
         # it the same patience as ours, so an offline check fails as quickly.
         for validator in app.token_storage.validators:
