@@ -11,7 +11,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
-from beamflow.store import RunStatus
+from beamflow.runs.records import RunStatus
 
 STATUS_STYLE = {
     RunStatus.QUEUED: "blue",

@@ -24,20 +24,16 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from beamflow.config import (
-    CONFIG_NAME,
-    RECONSTRUCTION_DEFAULTS,
-    Settings,
-    load_config,
-    local_workspace_toml,
-)
+from beamflow.config import CONFIG_NAME, RECONSTRUCTION_DEFAULTS, Settings, load_config
 from beamflow.console import make_console, styled, styled_status, verdict_text
 from beamflow.formats import read_product
 from beamflow.ground_truth import read_ground_truth, score_product
-from beamflow.runs import get_backend, retry_run
+from beamflow.runs.lifecycle import get_run_backend, retry_run
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 from beamflow.simulate import simulate_scan
 from beamflow.status.server import build_app, free_port, serve_in_thread
-from beamflow.store import Run, RunStatus, Store
+from beamflow.workspace_toml import local_workspace_toml
 from edge_agent.agent import EdgeAgent
 from edge_agent.policy import FINAL, dedupe_key
 
@@ -89,7 +85,7 @@ def prepare_workspace(options: DemoOptions, console: Console) -> Settings:
     settings = load_config(config)
     if settings.backend != "local":
         raise ValueError(f"{config}: the demo runs on the local backend, not {settings.backend}")
-    backend = get_backend(settings)
+    backend = get_run_backend(settings)
     try:
         for result in [*backend.register_functions(), *backend.register_flows()]:
             console.print(f"  registered {result.kind} {result.name}: {result.action}")

@@ -53,7 +53,7 @@ from pydantic import BaseModel, ValidationError
 
 from beamflow import __version__
 from beamflow.atomic import atomic_write_json
-from beamflow.backend import RegistrationResult
+from beamflow.runs.backend import RegistrationResult
 
 # A timer (Globus Timers) runs a registered flow on a schedule: the retention flow's.
 Kind = Literal["function", "flow", "timer"]

@@ -96,7 +96,7 @@ def agent_process(config: Path, instant: bool) -> None:
     """``--agent-process``: the edge agent, as `beamflow agent` runs it, optionally with the
     instant compute provider (the real transfer provider either way)."""
     from beamflow.config import load_config
-    from beamflow.local.backend import LocalBackend
+    from beamflow.local.backend import LocalRunBackend
     from beamflow.local.transfer import LocalTransferProvider
     from edge_agent.agent import EdgeAgent
     from edge_agent.logs import setup_logging
@@ -106,7 +106,7 @@ def agent_process(config: Path, instant: bool) -> None:
     backend = None
     if instant:
         transfer = LocalTransferProvider.from_settings(settings)
-        backend = LocalBackend(
+        backend = LocalRunBackend(
             settings, providers={transfer.url: transfer, InstantCompute.url: InstantCompute()}
         )
     agent = EdgeAgent(settings, backend=backend)
@@ -201,8 +201,9 @@ def step_duration(store: Any, run_id: str, name: str) -> float:
 # -- the measurements ---------------------------------------------------------------------------
 def live_scans(base: Path, *, observer: str, scans: int, instant: bool) -> None:
     from beamflow.config import load_config
+    from beamflow.runs.records import RunStatus
+    from beamflow.runs.store import Store
     from beamflow.simulate import simulate_scan
-    from beamflow.store import RunStatus, Store
 
     ws = workspace(base, f"live-{observer}-{'instant' if instant else 'real'}",
                    observer=observer, iterations=5, device="cpu")  # fmt: skip
@@ -269,7 +270,8 @@ def tiny_scan(staging: Path, name: str) -> Path:
 
 def burst(base: Path, *, scans: int, concurrency: int) -> None:
     from beamflow.config import load_config
-    from beamflow.store import RunStatus, Store
+    from beamflow.runs.records import RunStatus
+    from beamflow.runs.store import Store
 
     ws = workspace(base, "burst", max_concurrent_runs=concurrency)
     settings = load_config(ws / "beamflow.toml")

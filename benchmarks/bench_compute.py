@@ -190,8 +190,9 @@ def main() -> None:
                     name = f"{kind}-{i}"
                     begin = time.perf_counter()
                     summary = runner.run(
-                        reconstruct, scan=str(master.parent), output_dir=str(hpc / "runs" / name),
-                        allowed_roots=[str(hpc)], parameters=parameters, run_name=name,
+                        reconstruct, scan_path=str(master.parent),
+                        output_dir=str(hpc / "runs" / name), allowed_roots=[str(hpc)],
+                        parameters=parameters, run_name=name,
                     )  # fmt: skip
                     wall = time.perf_counter() - begin
                     if i:

@@ -22,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from beamflow.store import RunStatus, Store
+from beamflow.runs.records import RunStatus
+from beamflow.runs.store import Store
 
 TARGET_MS = 100.0
 STATUSES = [RunStatus.SUCCEEDED] * 8 + [RunStatus.FAILED, RunStatus.CANCELLED]

@@ -53,8 +53,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from beamflow import retention
-from beamflow import runs as run_path
 from beamflow.agent_state import (
     HEARTBEAT_SECONDS,
     MAX_LISTED,
@@ -65,10 +63,13 @@ from beamflow.agent_state import (
     state_path,
     write_state,
 )
-from beamflow.backend import Backend, BackendError
 from beamflow.config import Settings
-from beamflow.retention import RetentionPass
-from beamflow.store import RunStatus, Store
+from beamflow.runs import retention
+from beamflow.runs.backend import RunBackend, RunBackendError
+from beamflow.runs.lifecycle import get_run_backend
+from beamflow.runs.records import RunStatus
+from beamflow.runs.retention import RetentionPass
+from beamflow.runs.store import Store
 
 from .driver import AgentStats, RunDriver
 from .policy import FINAL, dedupe_key
@@ -122,13 +123,13 @@ class EdgeAgent:
         settings: Settings,
         *,
         store: Store | None = None,
-        backend: Backend | None = None,
+        backend: RunBackend | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.policy = settings.agent
         self.store = store or Store(settings.store_path)
-        self.backend = backend or run_path.get_backend(settings)
+        self.backend = backend or get_run_backend(settings)
         self.clock = clock
         self.root = Path(settings.beamline.detector_dir)
         self.changes = ChangedScans()
@@ -191,7 +192,7 @@ class EdgeAgent:
             body = retention.flow_input(self.settings, [], dry_run=False)
             made = ensure(retention.FLOW, body, name="retention",
                           every_seconds=int(self.settings.retention.every_hours * 3600))
-        except BackendError as exc:
+        except RunBackendError as exc:
             log.error("retention timer not set up", extra={"fields": {"error": str(exc)}})
             return
         if made.action != "unchanged":

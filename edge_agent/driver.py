@@ -16,11 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from beamflow import runs as run_path
-from beamflow.backend import Backend, BackendError
 from beamflow.config import Settings
 from beamflow.error_kinds import ErrorKind
-from beamflow.store import DuplicateRun, Run, RunStatus, Store
+from beamflow.runs.backend import RunBackend, RunBackendError
+from beamflow.runs.lifecycle import create_scan_run, launch_run, record_refused_run, sync_run
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.request import RunInputError, RunRequest
+from beamflow.runs.store import DuplicateRun, Store
 
 from .policy import KEY_PREFIX, dedupe_key, is_transient, part_of, retry_delay
 from .scans import Readiness, ScanState
@@ -64,7 +66,7 @@ class RunDriver:
         self,
         settings: Settings,
         store: Store,
-        backend: Backend,
+        backend: RunBackend,
         stats: AgentStats,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -148,16 +150,16 @@ class RunDriver:
     ) -> Run | None:
         part = part_of(fraction)
         params = {**self.settings.reconstruction.model_dump(), **extra}
+        request = RunRequest(
+            scan_path=state.path, params=params, dedupe_key=dedupe_key(state.path, part),
+            fraction=fraction, flow=self.policy.flow,
+        )  # fmt: skip
         try:
-            request = run_path.RunRequest(
-                scan_path=state.path, params=params, dedupe_key=dedupe_key(state.path, part),
-                fraction=fraction, flow=self.policy.flow,
-            )  # fmt: skip
-            run = run_path.create_scan_run(self.settings, self.store, request)
+            run = create_scan_run(self.settings, self.store, request)
         except DuplicateRun:
             return None
-        except run_path.RunInputError as exc:
-            return self._record_refused(state, part, fraction, params, exc)
+        except RunInputError as exc:
+            return self._record_refused(state, request, exc)
         self.stats.queued += 1
         self._schedule_needed = True
         log.info(
@@ -176,23 +178,14 @@ class RunDriver:
         return run
 
     def _record_refused(
-        self, state: ScanState, part: str, fraction: float, params: dict, exc: Exception
+        self, state: ScanState, request: RunRequest, exc: RunInputError
     ) -> Run | None:
         """A scan part that cannot even be queued (the scan vanished, the configured
         parameters are invalid) is recorded as a failed run once, visible with the reason,
         instead of being tried again at every look."""
-        if not state.path.exists():
-            return None  # gone: nothing to record
-        try:
-            run = self.store.create_run(
-                scan_name=state.name, scan_path=str(state.path.resolve()), flow=self.policy.flow,
-                backend=self.backend.name, parameters=params,
-                dedupe_key=dedupe_key(state.path, part), fraction=fraction,
-            )  # fmt: skip
-        except DuplicateRun:
+        run = record_refused_run(self.settings, self.store, request, exc)
+        if run is None:
             return None
-        run = self.store.update_run(run.id, status=RunStatus.FAILED, error=str(exc),
-                                    error_step="Queue", error_kind=ErrorKind.BAD_INPUT)
         self.stats.failed += 1
         log.error("run refused", extra={"fields": {"run": run.id, "scan": state.name,
                                                    "error": str(exc)}})  # fmt: skip
@@ -273,14 +266,14 @@ class RunDriver:
 
     def _launch(self, run: Run) -> None:
         try:
-            run = run_path.launch_run(self.settings, self.store, self.backend, run)
-        except BackendError as exc:
+            run = launch_run(self.settings, self.store, self.backend, run)
+        except RunBackendError as exc:
             self._failed_to_start(run, exc)
             return
         except Exception as exc:  # noqa: BLE001 - e.g. an SDK error the backend let through
             log.exception("run could not start", extra={"fields": {"run": run.id}})
             self._failed_to_start(
-                run, BackendError(f"{type(exc).__name__}: {exc}", transient=True, step="Start")
+                run, RunBackendError(f"{type(exc).__name__}: {exc}", transient=True, step="Start")
             )
             return
         self._retry_at.pop(run.id, None)
@@ -304,7 +297,7 @@ class RunDriver:
             },
         )
 
-    def _failed_to_start(self, run: Run, exc: BackendError) -> None:
+    def _failed_to_start(self, run: Run, exc: RunBackendError) -> None:
         if exc.transient and run.attempt <= self.policy.max_retries:
             self._requeue(run, f"could not start: {exc}", error=str(exc),
                           error_step=exc.step or "Start", error_kind=exc.kind)
@@ -351,7 +344,7 @@ class RunDriver:
             try:
                 if run.backend_run_id:
                     self.backend.cancel_run(run.backend_run_id)
-            except BackendError as exc:
+            except RunBackendError as exc:
                 log.warning("cancel on shutdown failed", extra={"fields": {"run": run.id,
                                                                            "error": str(exc)}})
             self.store.requeue(run.id, status=RunStatus.CANCELLED, next_attempt=False,
@@ -396,8 +389,8 @@ class RunDriver:
 
     def _poll(self, run: Run, poll: _Poll, now: float) -> None:
         try:
-            run = run_path.sync_run(self.store, self.backend, run)
-        except BackendError as exc:
+            run = sync_run(self.store, self.backend, run)
+        except RunBackendError as exc:
             if not exc.transient and not self.runs_outlive_agent:
                 # The local backend does not know the run (its record is gone): it is lost,
                 # and handled like any lost run (retried within the budget). A remote

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from beamflow.store import Run
+from beamflow.runs.records import Run
 
 KEY_PREFIX = "agent:"
 FINAL = "final"
@@ -30,7 +30,7 @@ def part_of(fraction: float | None) -> str:
 
 def is_transient(run: Run) -> bool:
     """Faults worth a retry, by the kind stored on the run where the error was understood
-    (beamflow.failures): a lost run or worker, a transient transfer, service or network
+    (beamflow.runs.failures): a lost run or worker, a transient transfer, service or network
     fault, a timeout, a full disk (after a longer wait: agent.no_space_backoff_seconds).
     Bad input is never retried; a reconstruction that failed on good input (it diverged) is
     not either: the same input fails again. A failure of no known kind is not retried."""

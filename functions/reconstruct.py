@@ -6,8 +6,11 @@ endpoint (the same version: the registered checksum includes it).
 
 Flow kwargs (``flows/ptycho_reconstruct.json``, task kwargs)::
 
-    reconstruct(scan=..., output_dir=..., allowed_roots=[...], parameters={...},
+    reconstruct(scan_path=..., output_dir=..., allowed_roots=[...], parameters={...},
                 checkpoint_dir=..., node_local_dir=None, run_name=...)
+
+``scan_path`` is the scan's file (master or ``.cxi``) as the compute nodes see it, the flow
+input's ``compute.scan_path``.
 
 Every path must resolve (symlinks followed, ``..`` collapsed) inside one of
 ``allowed_roots``; anything else is refused before a byte is read. The GPU is the one the
@@ -25,7 +28,7 @@ from typing import Any
 
 def reconstruct(
     *,
-    scan: str,
+    scan_path: str,
     output_dir: str,
     allowed_roots: list[str],
     parameters: dict[str, Any] | None = None,
@@ -33,7 +36,8 @@ def reconstruct(
     node_local_dir: str | None = None,
     run_name: str | None = None,
 ) -> dict[str, Any]:
-    """Reconstruct ``scan`` into ``output_dir`` (product.h5, previews/); return a summary.
+    """Reconstruct the scan at ``scan_path`` into ``output_dir`` (product.h5, previews/);
+    return a summary.
 
     The steps (check the request, confine its paths, pick the device, build the job, run
     it, report) are beamflow.job.task's: this body only reaches them on the endpoint.
@@ -42,9 +46,9 @@ def reconstruct(
         from beamflow.job.task import run_task
     except ImportError as exc:
         raise RuntimeError(
-            f"scan {scan!r}: beamflow.job is not importable on this endpoint ({exc}); "
+            f"scan {scan_path!r}: beamflow.job is not importable on this endpoint ({exc}); "
             "install beamflow (same version as the registered function) in its environment"
         ) from None
-    return run_task(scan=scan, output_dir=output_dir, allowed_roots=allowed_roots,
+    return run_task(scan_path=scan_path, output_dir=output_dir, allowed_roots=allowed_roots,
                     parameters=parameters, checkpoint_dir=checkpoint_dir,
                     node_local_dir=node_local_dir, run_name=run_name)

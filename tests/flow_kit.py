@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from beamflow.config import Settings, load_config, local_workspace_toml
+from beamflow.config import Settings, load_config
+from beamflow.workspace_toml import local_workspace_toml
 
 FUNCTION_ID = "44444444-4444-4444-8444-444444444444"
 

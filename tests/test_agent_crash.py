@@ -18,8 +18,9 @@ from process_kit import pid_running
 from typer.testing import CliRunner
 
 from beamflow.cli import app
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 from beamflow.simulate import simulate_scan
-from beamflow.store import Run, RunStatus, Store
 
 BEAMFLOW = Path(sys.executable).with_name("beamflow")
 SCANS = ("k1", "k2", "k3")

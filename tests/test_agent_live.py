@@ -18,8 +18,9 @@ from typer.testing import CliRunner
 
 from beamflow.cli import app
 from beamflow.config import Settings, load_config
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 from beamflow.simulate import simulate_scan
-from beamflow.store import Run, RunStatus, Store
 from edge_agent.agent import EdgeAgent
 from edge_agent.scans import scan_files
 

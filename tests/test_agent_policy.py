@@ -15,14 +15,15 @@ import pytest
 from typer.testing import CliRunner
 from watchdog.events import FileCreatedEvent
 
-from beamflow.backend import BackendError, FlowRunInfo
 from beamflow.cli import app
 from beamflow.config import Settings, load_config
 from beamflow.error_kinds import ErrorKind
 from beamflow.formats import Geometry
 from beamflow.formats.eiger import data_file_name, master_path, write_data_file, write_master
 from beamflow.registry import Registry, register_functions
-from beamflow.store import RunStatus, Store
+from beamflow.runs.backend import FlowRunInfo, RunBackendError
+from beamflow.runs.records import RunStatus
+from beamflow.runs.store import Store
 from edge_agent.agent import EdgeAgent
 from edge_agent.policy import dedupe_key, is_transient, retry_delay
 from edge_agent.scans import find_scans, scan_files
@@ -39,7 +40,7 @@ class ScriptedBackend:
         self.runs_outlive_agent = outlive
         self.runs: dict[str, FlowRunInfo] = {}
         self.bodies: dict[str, dict] = {}
-        self.start_faults: list[BackendError] = []
+        self.start_faults: list[RunBackendError] = []
         self.get_calls = 0
         self.cancelled: list[str] = []
 
@@ -60,7 +61,7 @@ class ScriptedBackend:
     def get_run(self, backend_run_id: str) -> FlowRunInfo:
         self.get_calls += 1
         if backend_run_id not in self.runs:
-            raise BackendError(f"no run {backend_run_id}")
+            raise RunBackendError(f"no run {backend_run_id}")
         return self.runs[backend_run_id]
 
     def end(self, backend_run_id: str, status: RunStatus, error: str | None = None,
@@ -313,7 +314,7 @@ def test_a_transient_fault_is_retried_however_it_is_worded(settings: Settings) -
 def test_start_failures(settings: Settings, transient: bool, status: RunStatus,
                         attempt: int) -> None:
     backend, clock = ScriptedBackend(), Clock()
-    backend.start_faults.append(BackendError("service unavailable", transient=transient,
+    backend.start_faults.append(RunBackendError("service unavailable", transient=transient,
                                              step="Start"))
     agent = make_agent(settings, backend, clock)
     write_scan(settings.beamline.detector_dir, "s1")
@@ -326,7 +327,7 @@ def test_start_failures(settings: Settings, transient: bool, status: RunStatus,
 
 
 def test_only_lost_and_transient_faults_are_worth_a_retry() -> None:
-    from beamflow.store import Run
+    from beamflow.runs.records import Run
 
     def run(kind: ErrorKind | None) -> Run:
         return Run(id="r", scan_name="s", scan_path="/d/s", flow="f", backend="local",
@@ -373,6 +374,26 @@ def test_an_unreadable_scan_fails_at_once_naming_the_file(settings: Settings) ->
     assert len(backend.runs) == 1  # only the good scan went to the backend
     (good,) = agent.store.list_runs(scan="good")
     assert good.status == RunStatus.ACTIVE
+
+
+def test_a_scan_part_that_cannot_be_queued_is_recorded_failed_once(settings: Settings) -> None:
+    # Parameters the run path refuses (set past the configuration's own check): each scan gets
+    # one failed run that says why, through the run path's API, and is not asked again.
+    settings.reconstruction.iterations = -1
+    backend, clock = ScriptedBackend(), Clock()
+    agent = make_agent(settings, backend, clock)
+    master = write_scan(settings.beamline.detector_dir, "s1")
+    step(agent, clock, 2.0)
+    (run,) = runs_of(agent.store)
+    assert (run.status, run.error_step, run.error_kind) == (
+        RunStatus.FAILED, "Queue", ErrorKind.BAD_INPUT)
+    assert run.error.startswith("parameter iterations=-1")
+    assert (run.scan_name, run.scan_path, run.backend) == ("s1", str(master.resolve()), "local")
+    assert run.dedupe_key == dedupe_key(master, "final") and run.parameters["iterations"] == -1
+    assert agent.stats.failed == 1
+    step(agent, clock, 100.0, passes=2)
+    assert runs_of(agent.store) == [agent.store.require_run(run.id)] and backend.runs == {}
+    assert agent.stats.failed == 1
 
 
 def test_a_restarted_agent_reattaches_and_starts_what_was_queued(settings: Settings) -> None:
@@ -437,7 +458,7 @@ def test_a_retried_run_lists_every_attempt_with_its_start_end_error_and_kind(
     from beamflow.status import StatusOptions, create_app
 
     backend, clock = ScriptedBackend(), Clock()
-    backend.start_faults.append(BackendError("service unavailable", transient=True,
+    backend.start_faults.append(RunBackendError("service unavailable", transient=True,
                                              step="Start"))
     agent = make_agent(settings, backend, clock)
     write_scan(settings.beamline.detector_dir, "s1")

@@ -108,20 +108,34 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
 
 
 # Floors, bottom first: a module may import its own floor and those below, never above.
+# The run package spans floors: its record and store lie at the bottom, the interface of the
+# run backends (local, Globus) above the job, and its run path (the request, the flow's input,
+# the life of a run, its failures and retention) above the backends.
+RUN_RECORD = ("beamflow.runs.records", "beamflow.runs.naming", "beamflow.runs.schema",
+              "beamflow.runs.store")
+RUN_BACKEND = ("beamflow.runs.backend",)  # the interface the backends implement
+RUN_PATH = ("beamflow.runs.request", "beamflow.runs.flow_input", "beamflow.runs.compute_output",
+            "beamflow.runs.failures", "beamflow.runs.lifecycle", "beamflow.runs.retention")
 SCIENCE_AND_STORAGE = (
-    "beamflow.ptycho", "beamflow.checkpoint", "beamflow.formats", "beamflow.store",
+    "beamflow.ptycho", "beamflow.checkpoint", "beamflow.formats", *RUN_RECORD,
     "beamflow.atomic", "beamflow.validation_text", "beamflow.error_kinds",
 )
 JOB = ("beamflow.job",)
 ABOVE_JOB = (
-    "beamflow.backend", "beamflow.local", "beamflow.globus", "beamflow.registry",
-    "beamflow.runs", "beamflow.failures", "beamflow.retention", "beamflow.status",
-    "beamflow.cli", "beamflow.demo", "edge_agent", "functions",
+    *RUN_BACKEND, "beamflow.local", "beamflow.globus", "beamflow.registry", *RUN_PATH,
+    "beamflow.status", "beamflow.cli", "beamflow.demo", "edge_agent", "functions",
 )
 ABOVE_SCIENCE = (*JOB, *ABOVE_JOB)
 BACKENDS = ("beamflow.local", "beamflow.globus", "beamflow.registry")
-STARTERS = ("beamflow.runs", "beamflow.failures", "beamflow.status", "beamflow.cli",
-            "beamflow.demo", "edge_agent")
+STARTERS = (*RUN_PATH, "beamflow.status", "beamflow.cli", "beamflow.demo", "edge_agent")
+
+
+def test_the_run_package_is_the_floors_listed():
+    """Every module of beamflow/runs/ stands on a floor above (a new one must be placed), and
+    its root imports nothing: importing the store must not pull in the run path."""
+    runs = {m for m in MODULES if _under(m, ("beamflow.runs",))} - {"beamflow.runs"}
+    assert runs == {*RUN_RECORD, *RUN_BACKEND, *RUN_PATH}
+    assert GRAPH["beamflow.runs"] == set()
 
 
 @pytest.mark.parametrize(
@@ -129,7 +143,7 @@ STARTERS = ("beamflow.runs", "beamflow.failures", "beamflow.status", "beamflow.c
     [
         (SCIENCE_AND_STORAGE, ABOVE_SCIENCE),
         (JOB, ABOVE_JOB),
-        (("beamflow.backend",), (*BACKENDS, *STARTERS)),
+        (RUN_BACKEND, (*BACKENDS, *STARTERS)),
         (BACKENDS, STARTERS),
     ],
     ids=["science-and-storage", "job", "backend-interface", "backends"],
@@ -200,7 +214,8 @@ def test_science_imports_nothing_else_of_beamflow_but_leaf_utilities():
 
 # The backend packages, each reached from outside through its root's public API (its
 # ``__all__``) only: the starters never import one backend's internals. The agent, the demo
-# and the status page do not even name a backend: they get one from beamflow.runs.get_backend.
+# and the status page do not even name a backend: they get one from
+# beamflow.runs.lifecycle.get_run_backend.
 BACKEND_PACKAGES = ("beamflow.local", "beamflow.globus")
 BACKEND_BLIND = ("edge_agent", "beamflow.demo", "beamflow.status")
 

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from beamflow.cli import app
 from beamflow.config import load_config
-from beamflow.store import RunStatus, Store
+from beamflow.runs.records import RunStatus
+from beamflow.runs.store import Store
 
 runner = CliRunner()
 

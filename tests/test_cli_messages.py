@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from beamflow.cli import app
 from beamflow.cli.workspace import FIRST_STEPS
 from beamflow.config import load_config
-from beamflow.store import RunStatus, Store
+from beamflow.runs.records import RunStatus
+from beamflow.runs.store import Store
 
 runner = CliRunner()
 BRACKETED = "[bold]day[red]1[/]"  # rich markup, if anything still read it

@@ -6,14 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from beamflow.config import (
-    ConfigError,
-    Settings,
-    find_config,
-    globus_workspace_toml,
-    load_config,
-    local_workspace_toml,
-)
+from beamflow.config import ConfigError, Settings, find_config, load_config
+from beamflow.workspace_toml import globus_workspace_toml, local_workspace_toml
 
 
 def write(tmp_path: Path, text: str) -> Path:

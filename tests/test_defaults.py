@@ -8,7 +8,7 @@ import tomllib
 
 import pytest
 
-from beamflow import config
+from beamflow import config, workspace_toml
 from beamflow.config import Reconstruction
 from beamflow.job.models import ReconstructJob, RunParameters
 
@@ -32,7 +32,7 @@ def test_every_builder_agrees_with_the_config_model(tmp_path):
     assert (job.device, job.checkpoint_every, job.preview_every) == (
         d.device, d.checkpoint_every, d.preview_every)
     assert RunParameters().model_dump(include=set(Reconstruction.model_fields)) == d.model_dump()
-    for text in (config.local_workspace_toml(), config.globus_workspace_toml()):
+    for text in (workspace_toml.local_workspace_toml(), workspace_toml.globus_workspace_toml()):
         written = tomllib.loads(text)["reconstruction"]
         expected = d.model_dump(include=set(written))
         expected["device"] = written["device"]  # the Globus template names the GPU on purpose

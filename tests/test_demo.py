@@ -16,7 +16,8 @@ import pytest
 
 from beamflow.config import load_config
 from beamflow.local.engine import engine_processes
-from beamflow.store import RunStatus, Store
+from beamflow.runs.records import RunStatus
+from beamflow.runs.store import Store
 
 DEMO = [sys.executable, "-m", "beamflow.cli", "demo", "--probe-size", "32", "--rate", "200"]
 

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from beamflow.backend import FlowRunInfo
 from beamflow.error_kinds import ErrorKind
-from beamflow.failures import failure_of
-from beamflow.store import Run, RunStatus
+from beamflow.runs.backend import FlowRunInfo
+from beamflow.runs.failures import failure_of
+from beamflow.runs.records import Run, RunStatus
 
 WS = "/home/op/ws"
 HPC_RUN = f"{WS}/hpc/bad-30c8fdf0"
@@ -19,7 +19,7 @@ HPC_RUN = f"{WS}/hpc/bad-30c8fdf0"
 def run_of(scan_path: str, compute_scan: str, collection_scan: str) -> Run:
     """A run as launch_run records it: the flow's input beside the user's scan path."""
     body = {"compute": {"scan_path": compute_scan},
-            "beamline": {"scan_path": collection_scan}}  # fmt: skip
+            "beamline": {"raw_path": collection_scan}}  # fmt: skip
     return Run(id="r1", scan_name="bad", scan_path=scan_path, flow="ptycho_reconstruct",
                backend="local", status=RunStatus.FAILED, created_at=0, updated_at=0,
                result={"input": body})  # fmt: skip

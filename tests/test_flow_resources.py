@@ -14,14 +14,17 @@ from endpoint_kit import DEPLOY, user_config
 from flow_kit import FUNCTION_ID, scan_workspace
 
 import flows
-from beamflow.config import ConfigError, load_config, local_workspace_toml
+from beamflow.config import ConfigError, load_config
 from beamflow.local.actions import ActionStatus, RunContext
 from beamflow.local.clock import ManualClock
 from beamflow.local.compute import ComputeRequest
 from beamflow.local.interpreter import FlowRunner
 from beamflow.local.validation import validate_input
-from beamflow.runs import RunRequest, create_scan_run, flow_input_for, launch_run
-from beamflow.store import Store
+from beamflow.runs.flow_input import flow_input_for
+from beamflow.runs.lifecycle import create_scan_run, launch_run
+from beamflow.runs.request import RunRequest
+from beamflow.runs.store import Store
+from beamflow.workspace_toml import local_workspace_toml
 
 TRANSFER = "https://transfer.actions.globus.org/transfer"
 COMPUTE = "https://compute.actions.globus.org/v3"

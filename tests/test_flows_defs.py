@@ -23,7 +23,7 @@ from beamflow.local.validation import (
     validate_definition,
     validate_input,
 )
-from beamflow.runs import flow_input_for
+from beamflow.runs.flow_input import flow_input_for
 
 TRANSFER = "https://transfer.actions.globus.org/transfer"
 COMPUTE = "https://compute.actions.globus.org/v3"
@@ -144,7 +144,7 @@ BAD = [
     ("reconstruction.position_correction", "yes"),
     ("run_name", "a/b"),
     ("run_name", ""),
-    ("scan_is_directory", "yes"),
+    ("raw_is_directory", "yes"),
     ("run_name", _DELETE),
     ("compute", _DELETE),
     ("reconstruction.iterations", _DELETE),
@@ -198,7 +198,7 @@ def test_the_flow_moves_the_scan_and_the_results(settings) -> None:  # noqa: ANN
     assert raw["DATA"] == [
         {
             "source_path": "/detector/s1",
-            "destination_path": body["hpc"]["scan_path"],
+            "destination_path": body["hpc"]["raw_path"],
             "recursive": True,
         }
     ]
@@ -214,7 +214,7 @@ def test_the_flow_moves_the_scan_and_the_results(settings) -> None:  # noqa: ANN
     task = compute.bodies[0]["tasks"][0]
     assert task["function_id"] == FUNCTION_ID
     assert task["kwargs"]["parameters"] == body["reconstruction"]
-    assert task["kwargs"]["scan"] == body["compute"]["scan_path"]
+    assert task["kwargs"]["scan_path"] == body["compute"]["scan_path"]
     assert result.output["reconstruct"]["details"]["result"] == [{"iterations": 5}]
 
 
@@ -232,18 +232,34 @@ def test_a_failed_step_is_named_with_its_cause(settings) -> None:  # noqa: ANN00
     assert len(transfer.bodies) == 1  # results were not transferred
 
 
-# -- the inputs beamflow builds (beamflow.runs) --------------------------------------------------
+@pytest.mark.parametrize("name", ["ptycho_reconstruct", "ptycho_shared_fs"])
+def test_the_function_gets_each_input_by_its_own_name(name: str) -> None:
+    """One name per meaning from the agent to the function: the compute step passes the
+    function its every argument, each from the input's key of the same name."""
+    import inspect
+
+    from functions.reconstruct import reconstruct
+
+    (task,) = flows.load_definition(name)["States"]["Reconstruct"]["Parameters"]["tasks"]
+    kwargs = {key.removesuffix(".$"): path for key, path in task["kwargs"].items()}
+    assert set(kwargs) == set(inspect.signature(reconstruct).parameters)
+    renamed = {"run_name": "$.run_name", "parameters": "$.reconstruction"}
+    assert kwargs == {key: renamed.get(key, f"$.compute.{key}") for key in kwargs}
+
+
+# -- the inputs beamflow builds (beamflow.runs.flow_input) ---------------------------------------
 def test_flow_input_maps_local_paths_to_collection_paths(settings, tmp_path: Path) -> None:  # noqa: ANN001
-    from beamflow.runs import RunInputError, parse_param
+    from beamflow.runs.request import RunInputError, parse_param
 
     master = settings.beamline.detector_dir / "s1" / "s1_master.h5"
     body = flow_input_for(settings, master, {}, "r1", function_id=FUNCTION_ID)
     # A master file moves with its directory (the data files sit next to it).
-    assert body["scan_is_directory"] is True
-    assert body["beamline"]["scan_path"] == "/detector/s1"
-    assert body["hpc"]["scan_path"].endswith("/raw/s1")
-    assert body["compute"]["scan_path"].endswith("/raw/s1/s1_master.h5")
+    assert body["raw_is_directory"] is True
+    assert body["beamline"]["raw_path"] == "/detector/s1"
+    assert body["hpc"]["raw_path"].endswith("/raw/s1")
     hpc_root = str(settings.hpc.collection_root)
+    # The function reads the scan's file in the copy, by the one name scan_path.
+    assert body["compute"]["scan_path"] == hpc_root + body["hpc"]["raw_path"] + "/s1_master.h5"
     assert body["compute"]["output_dir"] == hpc_root + body["hpc"]["results_path"]
     assert body["compute"]["allowed_roots"] == [str(settings.hpc.scratch_dir)]
     # Runs of one scan share its checkpoints; each has its own results.
@@ -254,8 +270,9 @@ def test_flow_input_maps_local_paths_to_collection_paths(settings, tmp_path: Pat
     cxi = settings.beamline.detector_dir / "one.cxi"
     cxi.write_bytes(b"")
     single = flow_input_for(settings, cxi, {}, "r3", function_id=FUNCTION_ID)
-    assert single["scan_is_directory"] is False
-    assert single["hpc"]["scan_path"].endswith("/raw/one.cxi")
+    assert single["raw_is_directory"] is False
+    assert single["hpc"]["raw_path"].endswith("/raw/one.cxi")
+    assert single["compute"]["scan_path"] == hpc_root + single["hpc"]["raw_path"]
 
     outside = tmp_path.parent / f"{tmp_path.name}-outside"
     outside.mkdir()

@@ -13,11 +13,11 @@ from globus_testkit import NO_RETRY, globus_workspace, make_settings, register, 
 from typer.testing import CliRunner
 
 import flows
-from beamflow.backend import BackendError
 from beamflow.cli import app
-from beamflow.globus.backend import GlobusBackend
+from beamflow.globus.backend import GlobusRunBackend
 from beamflow.globus.flows import validate_flow
 from beamflow.registry import Registry
+from beamflow.runs.backend import RunBackendError
 
 pytestmark = pytest.mark.usefixtures("mocked")
 SCOPE = "urn:globus:auth:scope:transfer.api.globus.org:all"
@@ -93,7 +93,7 @@ def test_service_errors_other_than_a_refusal_are_errors(tmp_path):
     store_tokens(settings)
     register("flows", "/flows/validate", {"error": {"code": "FORBIDDEN"}}, method="POST",
              status=403)  # fmt: skip
-    with GlobusBackend(settings, network=NO_RETRY) as backend, pytest.raises(BackendError):
+    with GlobusRunBackend(settings, network=NO_RETRY) as backend, pytest.raises(RunBackendError):
         backend.validate_flow("f", flows.load_definition("ptycho_shared_fs"), None)
     client = globus_sdk.FlowsClient(authorizer=globus_sdk.NullAuthorizer())
     response = load_response(globus_sdk.FlowsClient.validate_flow)
@@ -109,8 +109,8 @@ def test_register_flows_sends_nothing_the_service_refuses(tmp_path, mocked):
         {"loc": ["definition", "States", "Reconstruct", "Parameters"],
          "msg": "unknown key user_endpoint_config", "type": "value_error"}]}},
         method="POST", status=422)  # fmt: skip
-    backend = GlobusBackend(settings, network=NO_RETRY)
-    with backend, pytest.raises(BackendError) as caught:
+    backend = GlobusRunBackend(settings, network=NO_RETRY)
+    with backend, pytest.raises(RunBackendError) as caught:
         backend.register_flows()
     message = str(caught.value)
     assert message.startswith(f"flows/{flows.flow_names()[0]}.json: Globus Flows refuses")

@@ -25,7 +25,7 @@ def root(tmp_path: Path) -> Path:
 
 def call(root: Path, **overrides: Any) -> Any:
     kwargs: dict[str, Any] = {
-        "scan": str(root / "raw" / "s1"),
+        "scan_path": str(root / "raw" / "s1"),
         "output_dir": str(root / "runs" / "r1"),
         "allowed_roots": [str(root)],
         "parameters": {"iterations": 2, "device": "cpu"},
@@ -59,7 +59,7 @@ def test_the_body_is_self_contained() -> None:
         ({"parameters": {"algorithm": "magic"}}, "parameters.algorithm"),
         ({"parameters": {"colour": "blue"}}, "parameters.colour"),
         ({"allowed_roots": []}, "allowed_roots"),
-        ({"scan": ""}, "scan"),
+        ({"scan_path": ""}, "scan_path"),
     ],
 )
 def test_arguments_are_validated(root: Path, overrides: dict, message: str) -> None:
@@ -73,7 +73,7 @@ def test_paths_outside_the_roots_are_refused(root: Path, tmp_path: Path) -> None
     (outside / "s9").mkdir(parents=True)
     (root / "raw" / "escape").symlink_to(outside / "s9")
     cases = {
-        "scan": str(outside / "s9"),
+        "scan_path": str(outside / "s9"),
         "output_dir": str(outside / "out"),
         "checkpoint_dir": str(root / ".." / "ckpt"),
         "node_local_dir": str(outside),
@@ -82,11 +82,11 @@ def test_paths_outside_the_roots_are_refused(root: Path, tmp_path: Path) -> None
         with pytest.raises(ValueError, match="outside the allowed roots.*refused"):
             call(root, **{key: value})
     with pytest.raises(ValueError, match="resolves to .*elsewhere/s9, outside"):
-        call(root, scan=str(root / "raw" / "escape"))
+        call(root, scan_path=str(root / "raw" / "escape"))
     with pytest.raises(ValueError, match="must be an absolute path"):
         call(root, allowed_roots=["hpc"])
     with pytest.raises(ValueError, match="does not exist"):
-        call(root, scan=str(root / "raw" / "missing"))
+        call(root, scan_path=str(root / "raw" / "missing"))
     assert not (outside / "out").exists()
 
 
@@ -112,7 +112,7 @@ def test_reconstructs_a_small_scan(tmp_path: Path) -> None:
     master = simulate_scan(tmp_path / "hpc" / "raw", "s1", positions=40, probe_size=32)
     out = tmp_path / "hpc" / "runs" / "r1"
     summary = reconstruct(
-        scan=str(master.parent),
+        scan_path=str(master.parent),
         output_dir=str(out),
         checkpoint_dir=str(tmp_path / "hpc" / "ckpt"),
         allowed_roots=[str(tmp_path / "hpc")],

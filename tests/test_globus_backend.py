@@ -14,12 +14,12 @@ from responses.matchers import query_param_matcher
 
 import flows
 from beamflow.globus.auth import flow_run_scope
-from beamflow.globus.backend import GlobusBackend, deployed_flow_checksum
+from beamflow.globus.backend import GlobusRunBackend, deployed_flow_checksum
 from beamflow.globus.errors import LoginRequired
 from beamflow.globus.flows import run_status, steps_from_logs
 from beamflow.globus.transfer import transfer_states
 from beamflow.registry import Registry, flow_checksum, function_checksum
-from beamflow.store import Run, RunStatus
+from beamflow.runs.records import Run, RunStatus
 
 FLOW = "ptycho_reconstruct"
 FLOW_ID = "24bc4997-b483-4c25-a19c-64b0afc00743"  # the SDK fixtures' flow
@@ -36,8 +36,8 @@ def settings(tmp_path):
     return make_settings(tmp_path)
 
 
-def backend_for(settings) -> GlobusBackend:
-    return GlobusBackend(settings, network=NO_RETRY)
+def backend_for(settings) -> GlobusRunBackend:
+    return GlobusRunBackend(settings, network=NO_RETRY)
 
 
 def registry(settings) -> Registry:
@@ -160,7 +160,7 @@ def test_registered_function_is_rebuilt_from_source_as_the_endpoint_does(setting
     report = cleanup(roots=[str(settings.hpc.scratch_dir)], raw_days=1, dry_run=True)
     assert report["items"] == [] and report["dry_run"] is True
     with pytest.raises(ValueError, match="not a directory"):  # it runs, and checks its input
-        function(scan="/x", output_dir="/x", allowed_roots=["/nonexistent-root"])
+        function(scan_path="/x", output_dir="/x", allowed_roots=["/nonexistent-root"])
 
 
 # -- runs ------------------------------------------------------------------------------------
@@ -172,7 +172,7 @@ def test_start_run_sends_body_label_and_tags(settings):
     flow_id = load_response(globus_sdk.SpecificFlowClient.run_flow).metadata["flow_id"]
     _registered(settings, flow_id)
     store_tokens(settings, flow_ids=(flow_id,))
-    body = {"run_name": "scan_017", "scan_is_directory": True}
+    body = {"run_name": "scan_017", "raw_is_directory": True}
     with backend_for(settings) as backend:
         run_id = backend.start_run(FLOW, body, label="scan_017 (50%)", tags=["beamflow", "s17"])
     assert run_id == RUN_ID
@@ -338,7 +338,7 @@ def test_failed_run_names_the_step_the_cause_and_the_transfer_fault(settings):
     assert "raw scan" in info.error and "permission denied on /detector/scan_017" in info.error
     # The run path reads the fault's kind and its cause from the flow's failure record.
     assert info.output["failure"] == failure
-    from beamflow.failures import failure_of
+    from beamflow.runs.failures import failure_of
 
     run = Run(id="r", scan_name="scan_017", scan_path="/bl/detector/scan_017",
               flow="ptycho_reconstruct", backend="globus", status=RunStatus.ACTIVE,
@@ -415,12 +415,13 @@ def test_transfer_states_of_the_shipped_flow():
     }
 
 
-# -- the shared run path (beamflow.runs) on the Globus backend ----------------------------------
+# -- the shared run path (beamflow.runs.lifecycle) on the Globus backend -----------------------
 def test_shared_run_path_starts_and_follows_a_globus_run(settings, tmp_path):
     import jsonschema
 
-    from beamflow.runs import RunRequest, start_scan_run, sync_run
-    from beamflow.store import Store
+    from beamflow.runs.lifecycle import start_scan_run, sync_run
+    from beamflow.runs.request import RunRequest
+    from beamflow.runs.store import Store
 
     scan = tmp_path / "beamline" / "detector" / "scan_017"
     scan.mkdir(parents=True)
@@ -439,7 +440,7 @@ def test_shared_run_path_starts_and_follows_a_globus_run(settings, tmp_path):
         # What the shared path builds is what the flow's schema accepts, sent unchanged.
         jsonschema.validate(sent["body"], flows.load_schema(FLOW))
         assert sent["body"]["compute"]["function_id"] == function_id
-        assert sent["body"]["beamline"]["scan_path"] == "/detector/scan_017"
+        assert sent["body"]["beamline"]["raw_path"] == "/detector/scan_017"
         assert "beamflow" in sent["tags"] and sent["label"]
 
         summary = {"iterations": 100, "product_relative": "product.h5", "previews_relative": []}

@@ -34,7 +34,7 @@ from typer.testing import CliRunner
 
 from beamflow.cli import app
 from beamflow.globus.auth import GlobusAuth, scope_requirements
-from beamflow.globus.backend import GlobusBackend
+from beamflow.globus.backend import GlobusRunBackend
 from beamflow.globus.errors import ClientConsentMissing, ClientSecretRejected, LoginRequired
 from beamflow.registry import Registry, flow_checksum
 
@@ -78,7 +78,7 @@ def test_client_grant_asks_every_dependency_and_auth_holds_the_clients_consents(
     keys = AuthKeys()
     client_grant(keys, scope_requirements(client, [flow_id]))
     consents(CLIENT_ID, all_trees(client, [flow_id]))
-    with GlobusBackend(client, network=NO_RETRY) as backend:
+    with GlobusRunBackend(client, network=NO_RETRY) as backend:
         backend.start_run(FLOW, {"run_name": "s1"}, label="s1", tags=["beamflow"])
     (asked,) = granted_scopes(mocked)
     flow_scope = globus_sdk.SpecificFlowClient(flow_id).scopes.user.scope_string
@@ -98,7 +98,7 @@ def test_a_flow_registered_after_the_grant_is_granted_again_without_a_login(clie
     flow_id = start_flow_run(client)  # registered now: no token for its resource server
     client_grant(keys, scope_requirements(client, [flow_id]))
     consents(CLIENT_ID, all_trees(client, [flow_id]))
-    with GlobusBackend(client, network=NO_RETRY) as backend:
+    with GlobusRunBackend(client, network=NO_RETRY) as backend:
         backend.start_run(FLOW, {}, label="x", tags=[])
     assert len(granted_scopes(mocked)) == 2 and flow_id in granted_scopes(mocked)[1]
     assert calls(mocked, f"/flows/{flow_id}/run", "POST")
@@ -117,7 +117,7 @@ def test_a_consent_gone_since_is_granted_again_when_the_sdk_finds_it_missing(cli
     mocked.replace("GET", f"https://auth.globus.org/v2/api/identities/{CLIENT_ID}/consents",
                    json={"consents": []})  # revoked
     consents(CLIENT_ID, all_trees(client, [flow_id]))  # recorded again by the next grant
-    with GlobusBackend(client, network=NO_RETRY) as backend:
+    with GlobusRunBackend(client, network=NO_RETRY) as backend:
         backend.start_run(FLOW, {}, label="x", tags=[])
     assert len(granted_scopes(mocked)) == 2  # the login, then the one the check caused
     assert len(calls(mocked, f"/identities/{CLIENT_ID}/consents")) >= 3  # login, check, after
@@ -129,7 +129,7 @@ def test_consents_auth_does_not_hold_are_an_admins_task_not_a_login(client, mock
     keys = AuthKeys()
     client_grant(keys, scope_requirements(client, [flow_id]))
     consents(CLIENT_ID, [])  # Auth recorded nothing for the client
-    with GlobusBackend(client, network=NO_RETRY) as backend, \
+    with GlobusRunBackend(client, network=NO_RETRY) as backend, \
             pytest.raises(ClientConsentMissing) as caught:  # fmt: skip
         backend.start_run(FLOW, {}, label="x", tags=[])
     text = str(caught.value)
@@ -147,7 +147,7 @@ def test_a_rejected_secret_names_the_client(client, mocked):
     assert "Rotating the client secret" in result.output
     assert "Traceback" not in result.output
     start_flow_run(client)
-    with GlobusBackend(client, network=NO_RETRY) as backend, \
+    with GlobusRunBackend(client, network=NO_RETRY) as backend, \
             pytest.raises(ClientSecretRejected, match=CLIENT_ID):  # fmt: skip
         backend.start_run(FLOW, {}, label="x", tags=[])
 
@@ -189,7 +189,7 @@ def test_a_person_short_of_a_consent_is_told_to_log_in(tmp_path, monkeypatch, mo
     flow_id = start_flow_run(settings)
     store_tokens(settings, flow_ids=(flow_id,), identity_id=IDENTITY)
     consents(IDENTITY, [], client=CLIENT_ID)
-    with GlobusBackend(settings, network=NO_RETRY) as backend, \
+    with GlobusRunBackend(settings, network=NO_RETRY) as backend, \
             pytest.raises(LoginRequired, match="beamflow login"):  # fmt: skip
         backend.start_run(FLOW, {}, label="x", tags=[])
     assert not calls(mocked, "/v2/oauth2/token", "POST")  # a person is never granted silently
@@ -201,7 +201,7 @@ def test_a_person_with_every_consent_starts_the_run(tmp_path, monkeypatch, mocke
     flow_id = start_flow_run(settings)
     store_tokens(settings, flow_ids=(flow_id,), identity_id=IDENTITY)
     consents(IDENTITY, all_trees(settings, [flow_id]))
-    with GlobusBackend(settings, network=NO_RETRY) as backend:
+    with GlobusRunBackend(settings, network=NO_RETRY) as backend:
         backend.start_run(FLOW, {}, label="x", tags=[])
     assert calls(mocked, f"/identities/{IDENTITY}/consents")
     assert calls(mocked, f"/flows/{flow_id}/run", "POST")

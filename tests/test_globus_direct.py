@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from beamflow.cli import app
 from beamflow.registry import Registry, function_checksum
+from beamflow.runs.store import Store
 from beamflow.simulate import simulate_scan
-from beamflow.store import Store
 
 runner = CliRunner()
 
@@ -71,9 +71,9 @@ def test_direct_run_submits_the_shared_fs_arguments_and_records_the_result(
     (payload,) = body["tasks"][meta["function_id"]]
     serde = ComputeSerializer()
     _args, kwargs = (serde.deserialize(b) for b in serde.unpack_buffers(payload))
-    assert set(kwargs) == {"scan", "output_dir", "checkpoint_dir", "node_local_dir",
+    assert set(kwargs) == {"scan_path", "output_dir", "checkpoint_dir", "node_local_dir",
                            "allowed_roots", "run_name", "parameters"}
-    assert kwargs["scan"].endswith("s1") or kwargs["scan"].endswith("s1_master.h5")
+    assert kwargs["scan_path"].endswith("s1") or kwargs["scan_path"].endswith("s1_master.h5")
     assert kwargs["parameters"]["algorithm"] == settings.reconstruction.algorithm
     polls = [c for c in mocked.calls if c.request.url.endswith(path)]
     assert len(polls) == 2 and slept == [5.0]  # pending, one poll interval, then done

@@ -17,7 +17,7 @@ import flows
 from beamflow.cli import app
 from beamflow.config import ConfigError, load_config
 from beamflow.globus.auth import GlobusAuth
-from beamflow.globus.backend import GlobusBackend
+from beamflow.globus.backend import GlobusRunBackend
 from beamflow.globus.doctor import _flow_on_service
 from beamflow.registry import Registry, flow_checksum
 
@@ -58,7 +58,7 @@ def test_flows_are_deployed_startable_by_the_agent_and_the_staff(workspace, mock
         register("flows", "/flows", {"id": f"0000000{i}-0000-4000-8000-000000000000"},
                  method="POST")
     register("flows", "/flows/validate", {"scopes": {}}, method="POST")
-    with GlobusBackend(settings, network=NO_RETRY) as backend:
+    with GlobusRunBackend(settings, network=NO_RETRY) as backend:
         results = backend.register_flows()
     created = sent(mocked, "POST", "/flows")
     assert len(created) == len(names)
@@ -80,7 +80,7 @@ def test_changed_roles_update_the_flow(workspace, mocked):
         fid = flow_id if i == 0 else f"{flow_id[:-1]}{i}"
         registry.record("flow", name, fid, deployed_flow_checksum(settings, name))
         register("flows", f"/flows/{fid}", {"id": fid})
-    with GlobusBackend(settings, network=NO_RETRY) as backend:
+    with GlobusRunBackend(settings, network=NO_RETRY) as backend:
         assert {r.action for r in backend.register_flows()} == {"unchanged"}
     other = "99999999-1111-4222-8333-444444444444"
     config = workspace / "beamflow.toml"
@@ -90,7 +90,7 @@ def test_changed_roles_update_the_flow(workspace, mocked):
         fid = flow_id if i == 0 else f"{flow_id[:-1]}{i}"
         register("flows", f"/flows/{fid}", {"id": fid}, method="PUT")
     register("flows", "/flows/validate", {"scopes": {}}, method="POST")
-    with GlobusBackend(settings, network=NO_RETRY) as backend:
+    with GlobusRunBackend(settings, network=NO_RETRY) as backend:
         assert {r.action for r in backend.register_flows()} == {"updated"}
     (put, *_) = sent(mocked, "PUT", flow_id)
     assert put["flow_starters"] == [AGENT_URN, f"urn:globus:groups:id:{other}"]
@@ -122,7 +122,7 @@ def test_every_run_carries_its_managers_and_monitors(workspace):
     Registry(settings.registry_path, "globus").record(
         "flow", "ptycho_reconstruct", flow_id, flow_checksum("ptycho_reconstruct"))
     store_tokens(settings, flow_ids=(flow_id,))
-    with GlobusBackend(settings, network=NO_RETRY) as backend:
+    with GlobusRunBackend(settings, network=NO_RETRY) as backend:
         backend.start_run("ptycho_reconstruct", {}, label="x", tags=[])
     body = json.loads(get_last_request().body)
     assert body["run_managers"] == [STAFF_URN] and body["run_monitors"] == [STAFF_URN]

@@ -15,11 +15,23 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from beamflow import runs
-from beamflow.backend import BackendError
 from beamflow.cli import app
 from beamflow.config import Settings, load_config
-from beamflow.store import Run, RunStatus, Store
+from beamflow.runs import lifecycle
+from beamflow.runs.backend import RunBackendError
+from beamflow.runs.flow_input import flow_input_for
+from beamflow.runs.lifecycle import (
+    RetryRefused,
+    cancel_run,
+    follow_run,
+    retry_run,
+    start_scan_run,
+    sync_run,
+)
+from beamflow.runs.naming import scan_key
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.request import SHARED_FS_FLOW, RunInputError, RunRequest, scan_location
+from beamflow.runs.store import Store
 
 
 def _missing() -> str | None:
@@ -65,9 +77,9 @@ def engine_leftovers(settings: Settings, pid: int | None = None) -> list[int]:
 
 @pytest.fixture(scope="module")
 def backend(settings: Settings) -> Iterator:
-    from beamflow.local import LocalBackend
+    from beamflow.local import LocalRunBackend
 
-    b = LocalBackend(settings, poll_interval=0.05, max_poll_interval=0.5)
+    b = LocalRunBackend(settings, poll_interval=0.05, max_poll_interval=0.5)
     b.register_functions()
     b.register_flows()
     b.warm()
@@ -106,7 +118,7 @@ def store(settings: Settings) -> Store:
 
 
 def start(settings: Settings, store: Store, backend, scan: Path, **request) -> Run:  # noqa: ANN001
-    return runs.start_scan_run(settings, store, backend, runs.RunRequest(scan_path=scan, **request))
+    return start_scan_run(settings, store, backend, RunRequest(scan_path=scan, **request))
 
 
 def wait_for_step(backend, run_id: str, step: str, status: str = "ACTIVE") -> None:  # noqa: ANN001
@@ -163,9 +175,9 @@ def test_cli_end_to_end_previews_arrive_on_the_beamline(
     assert steps[0].details["action"]["details"]["files_transferred"] >= 2
 
     # The run's record survives this process: a fresh backend reads how it ended.
-    from beamflow.local import LocalBackend
+    from beamflow.local import LocalRunBackend
 
-    info = LocalBackend(settings).get_run(run.backend_run_id)
+    info = LocalRunBackend(settings).get_run(run.backend_run_id)
     assert info.status == RunStatus.SUCCEEDED
     assert [s.name for s in info.steps] == [s.name for s in steps]
 
@@ -192,7 +204,7 @@ def test_runs_start_wait_tells_the_verdict_and_strict_exits_2_on_suspect(
 
     simulate_scan(workspace / "beamline/detector", "nf", positions=40, probe_size=32,
                   propagation="near-field")
-    monkeypatch.setattr(runs, "get_backend", lambda settings: Shared(backend))
+    monkeypatch.setattr(lifecycle, "get_run_backend", lambda settings: Shared(backend))
     params = [f"--param={k}={v}" for k, v in {**FAST, "propagation": "far-field"}.items()]
     result = CliRunner().invoke(app, [
         "runs", "start", str(workspace / "beamline/detector/nf"), "--wait", "--strict", *params,
@@ -228,7 +240,7 @@ def test_a_corrupt_scan_fails_with_its_cause_first_in_the_users_path(
     scan = _broken_scan(workspace, "bad1")
     run = start(settings, store, backend, scan, params=FAST)
     assert run.status == RunStatus.ACTIVE and run.backend_run_id
-    run = runs.follow_run(store, backend, run, poll_seconds=0.05)
+    run = follow_run(store, backend, run, poll_seconds=0.05)
     assert run.status == RunStatus.FAILED
     # The cause first, the beamline's file (not the cluster's copy), no class names.
     assert run.error == (
@@ -240,15 +252,15 @@ def test_a_corrupt_scan_fails_with_its_cause_first_in_the_users_path(
     assert "TransferResultsToBeamline" not in statuses
     # The step and the whole chain stay in the run's details and its events.
     chain = run.result["failure"]["chain"]
-    key = runs.scan_key(runs.scan_location(settings, scan))
+    key = scan_key(scan_location(settings, scan))
     hpc_copy = str(Path(settings.hpc.scratch_dir) / key / "raw")
     assert "ScanFormatError" in chain and "ValueError" in chain and hpc_copy in chain
     (ended,) = [e for e in store.events(run.id) if e.code == "RunFailed"]
     assert "Reconstruct" in ended.message and "ScanFormatError" in ended.message
 
     # A retry would not help: it is refused, and no run is made.
-    with pytest.raises(runs.RetryRefused, match="a retry would not help"):
-        runs.retry_run(settings, run.id, store=store, backend=backend)
+    with pytest.raises(RetryRefused, match="a retry would not help"):
+        retry_run(settings, run.id, store=store, backend=backend)
     assert [r.id for r in store.list_runs(scan=str(scan))] == [run.id]
     shown = CliRunner().invoke(app, ["runs", "show", run.id, "--config",
                                      str(workspace / "beamflow.toml")])  # fmt: skip
@@ -267,10 +279,10 @@ def test_a_failing_transfer_names_the_step(
     scan.mkdir()
     (scan / "s2_master.h5").write_bytes(b"x")
     # Something in the way on the HPC side: the raw directory is a file.
-    work = Path(settings.hpc.scratch_dir) / runs.scan_key(runs.scan_location(settings, scan))
+    work = Path(settings.hpc.scratch_dir) / scan_key(scan_location(settings, scan))
     work.mkdir(parents=True)
     (work / "raw").write_bytes(b"in the way")
-    run = runs.follow_run(
+    run = follow_run(
         store, backend, start(settings, store, backend, scan), poll_seconds=0.05
     )
     assert run.status == RunStatus.FAILED
@@ -285,18 +297,18 @@ def test_bad_input_and_unregistered_flows_fail_to_start(
     store: Store,
     tmp_path: Path,  # noqa: ANN001
 ) -> None:
-    with pytest.raises(BackendError, match="does not match its schema"):
+    with pytest.raises(RunBackendError, match="does not match its schema"):
         backend.start_run("ptycho_reconstruct", {"run_name": "x"}, label="x", tags=[])
-    from beamflow.local import LocalBackend
+    from beamflow.local import LocalRunBackend
 
-    empty = LocalBackend(settings.model_copy(update={"state_dir": tmp_path}))
-    with pytest.raises(BackendError, match="register flows"):
+    empty = LocalRunBackend(settings.model_copy(update={"state_dir": tmp_path}))
+    with pytest.raises(RunBackendError, match="register flows"):
         empty.start_run("ptycho_reconstruct", {}, label="x", tags=[])
     # Through the run path the run is recorded as FAILED with the reason.
     scan = Path(settings.beamline.detector_dir) / "s1"
     run = start(settings, store, empty, scan)
     assert run.status == RunStatus.FAILED and "register" in run.error
-    with pytest.raises(runs.RunInputError, match="unknown parameter 'colour'"):
+    with pytest.raises(RunInputError, match="unknown parameter 'colour'"):
         start(settings, store, backend, scan, params={"colour": "red"})
 
 
@@ -311,12 +323,12 @@ import os, sys, time
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from pathlib import Path
 from beamflow.config import load_config
-from beamflow.local import LocalBackend
+from beamflow.local import LocalRunBackend
 from beamflow.local.engine import worker_pids
-from beamflow.runs import flow_input_for
+from beamflow.runs.flow_input import flow_input_for
 s = load_config(Path({str(workspace / "beamflow.toml")!r}))
 body = flow_input_for(s, {str(workspace / "beamline/detector/s1")!r}, {FOREVER!r}, "lost-1")
-b = LocalBackend(s)
+b = LocalRunBackend(s)
 run_id = b.start_run("ptycho_reconstruct", body, label="lost", tags=[])
 print(run_id, flush=True)
 (endpoint,) = b._action_providers()[{COMPUTE_URL!r}].endpoints.values()
@@ -351,7 +363,7 @@ os._exit(0)  # the process ends with its run still going
     run = store.create_run(scan_name="s1", scan_path=str(workspace / "beamline/detector/s1"),
                            flow="ptycho_reconstruct", backend="local")
     run = store.update_run(run.id, status=RunStatus.ACTIVE, backend_run_id=run_id)
-    run = runs.sync_run(store, backend, run)
+    run = sync_run(store, backend, run)
     assert run.status == RunStatus.FAILED and run.error_kind == "lost"
     assert run.error.startswith("lost: the process running it ended")
 
@@ -361,22 +373,22 @@ def test_cancel_from_another_backend_object_stops_the_run(
     backend,
     store: Store,  # noqa: ANN001
 ) -> None:
-    from beamflow.local import LocalBackend
+    from beamflow.local import LocalRunBackend
 
     scan = Path(settings.beamline.detector_dir) / "s1"
     run = start(settings, store, backend, scan, params=FOREVER)
     wait_for_step(backend, run.backend_run_id, "Reconstruct")
     # While it runs, the store shows how far the reconstruction got.
     deadline = time.monotonic() + 30
-    while not (run := runs.sync_run(store, backend, run)).iteration:
+    while not (run := sync_run(store, backend, run)).iteration:
         assert time.monotonic() < deadline, "no iteration progress reported"
         time.sleep(0.1)
     assert run.iterations_total == FOREVER["iterations"]
     assert run.current_step == "Reconstruct" and run.status == RunStatus.ACTIVE
     # As `beamflow runs cancel` does from another process: only the record is shared.
-    other = LocalBackend(settings)
-    run = runs.cancel_run(settings, run.id, store=store, backend=other)
-    run = runs.follow_run(store, other, run, poll_seconds=0.1, timeout=60)
+    other = LocalRunBackend(settings)
+    run = cancel_run(settings, run.id, store=store, backend=other)
+    run = follow_run(store, other, run, poll_seconds=0.1, timeout=60)
     assert run.status == RunStatus.CANCELLED
     assert {s.name: s.status for s in store.steps(run.id)}["Reconstruct"] == "CANCELLED"
 
@@ -394,7 +406,7 @@ def pool_processes(backend) -> set[int]:  # noqa: ANN001
 
 def wait_for_iteration(store: Store, backend, run, at_least: int):  # noqa: ANN001, ANN201
     deadline = time.monotonic() + 60
-    while (run := runs.sync_run(store, backend, run)).iteration is None or (
+    while (run := sync_run(store, backend, run)).iteration is None or (
         run.iteration < at_least
     ):
         assert run.status == RunStatus.ACTIVE, run.error
@@ -417,14 +429,14 @@ def test_cancel_stops_the_reconstruction_which_checkpoints_and_the_next_run_resu
     worker = reconstruction_worker(backend)
     pool = pool_processes(backend)
     assert len(pool) == 2  # the interchange and the worker pool's manager
-    run = runs.cancel_run(settings, run.id, store=store, backend=backend)
-    run = runs.follow_run(store, backend, run, poll_seconds=0.05, timeout=60)
+    run = cancel_run(settings, run.id, store=store, backend=backend)
+    run = follow_run(store, backend, run, poll_seconds=0.05, timeout=60)
     assert run.status == RunStatus.CANCELLED
     assert pool_processes(backend) == pool  # only the worker was stopped
     with pytest.raises(ProcessLookupError):
         os.kill(worker, signal.SIGCONT)
     stopped_at = run.iteration
-    resumed = runs.follow_run(store, backend, start(
+    resumed = follow_run(store, backend, start(
         settings, store, backend, scan, params={**FAST, "iterations": stopped_at + 2}),
         poll_seconds=0.05)  # fmt: skip
     assert resumed.status == RunStatus.SUCCEEDED, resumed.error
@@ -443,7 +455,7 @@ def test_kill_9_of_the_worker_fails_the_run_cleanly_and_one_retry_resumes(
     run = wait_for_iteration(store, backend, run, 5)
     # The kill comes after this run committed a checkpoint (they are written beside the
     # iterations, within a time budget), so what the retry resumes from is this run's.
-    work = Path(settings.hpc.scratch_dir) / runs.scan_key(runs.scan_location(settings, scan))
+    work = Path(settings.hpc.scratch_dir) / scan_key(scan_location(settings, scan))
     latest = work / "checkpoints" / "LATEST.json"
     deadline = time.monotonic() + 60
     while not (latest.exists() and json.loads(latest.read_text())["time"] > run.started_at):
@@ -451,7 +463,7 @@ def test_kill_9_of_the_worker_fails_the_run_cleanly_and_one_retry_resumes(
         time.sleep(0.05)
     saved = json.loads(latest.read_text())["iteration"]
     os.kill(reconstruction_worker(backend), signal.SIGKILL)
-    run = runs.follow_run(store, backend, run, poll_seconds=0.05, timeout=60)
+    run = follow_run(store, backend, run, poll_seconds=0.05, timeout=60)
     assert run.status == RunStatus.FAILED and run.error_step == "Reconstruct"
     assert run.error.startswith("the worker process running reconstruct ended")
     assert run.error_kind == "lost" and "WorkerLost" in run.result["failure"]["chain"]
@@ -461,9 +473,9 @@ def test_kill_9_of_the_worker_fails_the_run_cleanly_and_one_retry_resumes(
     def retry() -> None:
         barrier.wait()
         try:
-            outcomes.append(runs.retry_run(settings, run.id, store=Store(settings.store_path),
+            outcomes.append(retry_run(settings, run.id, store=Store(settings.store_path),
                                            backend=backend))  # fmt: skip
-        except runs.RetryRefused as exc:
+        except RetryRefused as exc:
             outcomes.append(exc)
 
     threads = [threading.Thread(target=retry) for _ in range(2)]
@@ -472,20 +484,20 @@ def test_kill_9_of_the_worker_fails_the_run_cleanly_and_one_retry_resumes(
     for t in threads:
         t.join()
     (new,) = [o for o in outcomes if not isinstance(o, Exception)]
-    (refused,) = [o for o in outcomes if isinstance(o, runs.RetryRefused)]
+    (refused,) = [o for o in outcomes if isinstance(o, RetryRefused)]
     assert refused.retry_id == new.id
-    retry = runs.follow_run(store, backend, new, poll_seconds=0.05)
+    retry = follow_run(store, backend, new, poll_seconds=0.05)
     assert retry.status == RunStatus.SUCCEEDED, retry.error
     assert retry.result["summary"]["resumed_from_iteration"] >= saved >= 1
     assert [r.id for r in store.list_runs(limit=None) if r.parent_run_id == run.id] == [new.id]
 
 
 def test_closing_the_backend_leaves_running_runs_marked_lost(settings: Settings) -> None:
-    from beamflow.local import LocalBackend
+    from beamflow.local import LocalRunBackend
 
-    mine = LocalBackend(settings, poll_interval=0.05, max_poll_interval=0.5)
+    mine = LocalRunBackend(settings, poll_interval=0.05, max_poll_interval=0.5)
     scan = Path(settings.beamline.detector_dir) / "s1"
-    body = runs.flow_input_for(settings, scan, FOREVER, "closing-1")
+    body = flow_input_for(settings, scan, FOREVER, "closing-1")
     run_id = mine.start_run("ptycho_reconstruct", body, label="closing", tags=[])
     engine = None
     try:
@@ -500,7 +512,7 @@ def test_closing_the_backend_leaves_running_runs_marked_lost(settings: Settings)
     finally:
         mine.close()
     assert engine.processes() == []
-    info = LocalBackend(settings).get_run(run_id)
+    info = LocalRunBackend(settings).get_run(run_id)
     assert info.status == RunStatus.FAILED
     assert "lost" in info.error
     assert (
@@ -515,8 +527,8 @@ def test_shared_filesystem_flow_writes_results_in_place(
     store: Store,  # noqa: ANN001
 ) -> None:
     scan = Path(settings.beamline.detector_dir) / "s1"
-    run = start(settings, store, backend, scan, params=FAST, flow=runs.SHARED_FS_FLOW)
-    run = runs.follow_run(store, backend, run, poll_seconds=0.05)
+    run = start(settings, store, backend, scan, params=FAST, flow=SHARED_FS_FLOW)
+    run = follow_run(store, backend, run, poll_seconds=0.05)
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert [s.name for s in store.steps(run.id)] == ["Reconstruct"]
     assert run.product and Path(run.product).is_file()

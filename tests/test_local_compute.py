@@ -254,9 +254,9 @@ def retried_by_the_agent(error: dict[str, Any]) -> bool:
     error: the kind is read from the flow's failure record as the run path reads it."""
     import json
 
-    from beamflow.backend import FlowRunInfo
-    from beamflow.failures import failure_of
-    from beamflow.store import Run, RunStatus
+    from beamflow.runs.backend import FlowRunInfo
+    from beamflow.runs.failures import failure_of
+    from beamflow.runs.records import Run, RunStatus
     from edge_agent.policy import is_transient
 
     cause = json.dumps({"status": "FAILED", "details": {"error": error}})
@@ -543,8 +543,8 @@ def test_kill_9_of_the_owner_leaves_no_engine_process(tmp_path: Path) -> None:
 
 def test_compute_engine_config_names_an_endpoint_config_yaml(tmp_path: Path) -> None:
     from beamflow.config import load_config as load
-    from beamflow.config import local_workspace_toml
     from beamflow.local.compute import engine_from_settings
+    from beamflow.workspace_toml import local_workspace_toml
 
     toml = tmp_path / "beamflow.toml"
     toml.write_text(local_workspace_toml().replace(

@@ -14,11 +14,12 @@ import hdf5plugin  # noqa: F401 - the bitshuffle filter of the simulated data fi
 import numpy as np
 import pytest
 
-from beamflow.backend import FlowRunInfo
 from beamflow.disk import bytes_text, free_space
 from beamflow.error_kinds import ErrorKind
-from beamflow.failures import failure_of
-from beamflow.store import Run, RunStatus, Store
+from beamflow.runs.backend import FlowRunInfo
+from beamflow.runs.failures import failure_of
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 
 WS = "/home/op/ws"
 HPC = "/scratch/beamflow"
@@ -28,7 +29,7 @@ KEY = "s1-30c8fdf0"
 def flow_run(scan_bytes: int | None = 536_000) -> Run:
     """A run of s1 as launch_run records it: the flow's input and what the scan takes."""
     body = {"compute": {"scan_path": f"{HPC}/{KEY}/raw/s1/s1_master.h5"},
-            "beamline": {"scan_path": "/detector/s1"}}  # fmt: skip
+            "beamline": {"raw_path": "/detector/s1"}}  # fmt: skip
     result = {"input": body, **({"scan_bytes": scan_bytes} if scan_bytes else {})}
     return Run(id="r1", scan_name="s1", scan_path=f"{WS}/beamline/detector/s1/s1_master.h5",
                flow="ptycho_reconstruct", backend="local", status=RunStatus.FAILED,
@@ -106,7 +107,7 @@ def test_the_compute_function_says_which_disk_filled_and_what_the_run_needs(
 
     monkeypatch.setattr(beamflow.job.run, "run_reconstruction", fills_the_disk)
     with pytest.raises(OSError) as raised:
-        run_task(scan=str(master), output_dir=str(out), allowed_roots=[str(scratch)],
+        run_task(scan_path=str(master), output_dir=str(out), allowed_roots=[str(scratch)],
                  checkpoint_dir=str(scratch / "checkpoints"), parameters={"device": "cpu"})
     assert raised.value.errno == errno.ENOSPC
     text = raised.value.strerror
@@ -172,12 +173,12 @@ def test_a_requeued_run_keeps_each_attempt_as_it_ended(tmp_path: Path) -> None:
 def test_a_store_of_schema_2_gains_the_attempts(tmp_path: Path) -> None:
     import sqlite3
 
-    from beamflow.store import _MIGRATIONS, SCHEMA_VERSION
+    from beamflow.runs.schema import MIGRATIONS, SCHEMA_VERSION
 
     path = tmp_path / "runs.sqlite"
     conn = sqlite3.connect(path)
     for number in (0, 1):
-        conn.executescript(_MIGRATIONS[number])
+        conn.executescript(MIGRATIONS[number])
     conn.execute("PRAGMA user_version = 2")
     conn.execute("INSERT INTO runs (id, scan_name, scan_path, flow, backend, status, "
                  "created_at, updated_at, attempt) VALUES ('r1', 's1', '/d/s1', 'f', 'local', "

@@ -85,7 +85,7 @@ def test_the_cli_and_the_compute_function_carry_the_cause(holograms, tmp_path, m
     from functions.reconstruct import reconstruct
 
     with pytest.raises(RuntimeError, match="try --propagation near-field"):
-        reconstruct(scan=str(holograms), output_dir=str(tmp_path / "fn"),
+        reconstruct(scan_path=str(holograms), output_dir=str(tmp_path / "fn"),
                     allowed_roots=[str(holograms.parent), str(tmp_path)],
                     parameters={"iterations": 5, "device": "cpu"})
 

@@ -30,8 +30,8 @@ from beamflow.job.models import (
     settings_used,
 )
 from beamflow.ptycho.state import ReconParams
+from beamflow.runs.records import Run
 from beamflow.status.views import parameters_of
-from beamflow.store import Run
 
 FLOWS = ("ptycho_reconstruct", "ptycho_shared_fs")
 
@@ -210,7 +210,7 @@ def test_the_compute_function_passes_every_setting_to_the_job(tmp_path, captured
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "s_master.h5").write_bytes(b"")
     with pytest.raises(RuntimeError, match="captured"):
-        reconstruct(scan=str(tmp_path / "raw" / "s_master.h5"), output_dir=str(tmp_path / "o"),
+        reconstruct(scan_path=str(tmp_path / "raw" / "s_master.h5"), output_dir=str(tmp_path / "o"),
                     allowed_roots=[str(tmp_path)], parameters={**CHANGED, "device": "cpu"})
     assert captured["job"].params.model_dump(include=set(ENGINE_SETTINGS)) == CHANGED
 
@@ -219,7 +219,7 @@ def test_the_run_parameters_of_a_flow_run_carry_every_setting():
     import jsonschema
 
     from beamflow.config import Settings
-    from beamflow.runs import reconstruction_params
+    from beamflow.runs.request import reconstruction_params
 
     body = RunParameters(**CHANGED).model_dump()
     assert jsonschema.Draft7Validator(flow_parameters_schema()).is_valid(body)

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import flows
 from beamflow import registry as reg
 from beamflow.cli import app
-from beamflow.config import local_workspace_toml
+from beamflow.workspace_toml import local_workspace_toml
 
 
 class FakeService:

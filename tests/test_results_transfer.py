@@ -13,7 +13,7 @@ import flows
 from beamflow.job.models import ReconstructSummary
 from beamflow.local.interpreter import FlowRunner
 from beamflow.local.transfer import LocalTransferProvider
-from beamflow.runs import flow_input_for
+from beamflow.runs.flow_input import flow_input_for
 from functions.reconstruct import reconstruct
 
 
@@ -81,5 +81,5 @@ def test_the_function_leaves_an_empty_previews_directory(tmp_path: Path, monkeyp
     scan = tmp_path / "s1.cxi"
     scan.write_bytes(b"")
     out = tmp_path / "out"
-    summary = reconstruct(scan=str(scan), output_dir=str(out), allowed_roots=[str(tmp_path)])
+    summary = reconstruct(scan_path=str(scan), output_dir=str(out), allowed_roots=[str(tmp_path)])
     assert summary["previews"] == [] and (out / "previews").is_dir()

@@ -21,7 +21,9 @@ import flows
 from beamflow.cleanup_task import clean
 from beamflow.cli import app
 from beamflow.config import ConfigError, load_config
-from beamflow.retention import (
+from beamflow.runs.naming import scan_key
+from beamflow.runs.records import RunStatus
+from beamflow.runs.retention import (
     FLOW,
     Item,
     Report,
@@ -31,8 +33,7 @@ from beamflow.retention import (
     in_flight,
     record,
 )
-from beamflow.runs import scan_key
-from beamflow.store import RunStatus, Store
+from beamflow.runs.store import Store
 
 DAY = 86400.0
 
@@ -255,9 +256,9 @@ def test_cleanup_and_the_agents_pass_run_the_retention_flow_locally(workspace):
     assert sorted(kinds) == ["checkpoints", "previews", "raw"]
     # The agent's pass: the same flow, started and followed without blocking.
     scan_dir(hpc, "later-00000009", 20)
-    from beamflow.runs import get_backend
+    from beamflow.runs.lifecycle import get_run_backend
 
-    backend = get_backend(settings)
+    backend = get_run_backend(settings)
     try:
         now = [0.0]
         agent_pass = RetentionPass(settings, store, backend, clock=lambda: now[0])

@@ -15,11 +15,12 @@ from globus_sdk.testing import load_response
 from globus_sdk.token_storage import SQLiteTokenStorage, TokenStorageData
 from globus_testkit import NO_RETRY, make_settings, register, store_tokens
 
-from beamflow.globus.backend import GlobusBackend
+from beamflow.globus.backend import GlobusRunBackend
 from beamflow.registry import Registry
-from beamflow.retention import FLOW, RetentionPass, flow_input
-from beamflow.runs import scan_key
-from beamflow.store import RunStatus, Store
+from beamflow.runs.naming import scan_key
+from beamflow.runs.records import RunStatus
+from beamflow.runs.retention import FLOW, RetentionPass, flow_input
+from beamflow.runs.store import Store
 
 pytestmark = pytest.mark.usefixtures("mocked")
 
@@ -54,7 +55,7 @@ def test_the_timer_runs_the_retention_flow_and_is_made_again_when_it_changes(set
     made = load_response(globus_sdk.TimersClient.create_timer, case="flow_timer_success")
     first_id = made.metadata["timer_id"]
     body = flow_input(settings, [], dry_run=False)
-    with GlobusBackend(settings, network=NO_RETRY) as backend:
+    with GlobusRunBackend(settings, network=NO_RETRY) as backend:
         result = backend.ensure_timer(FLOW, body, every_seconds=86400, name="retention")
         assert result.action == "created" and result.id == first_id
         (post,) = calls(mocked, "POST", "/v2/timer")
@@ -105,7 +106,7 @@ def test_the_agent_records_what_the_timers_runs_deleted_once(settings, mocked):
                                             "details": {"result": [report]}}}}})  # fmt: skip
     register("flows", f"/runs/{done}/log", {"entries": [], "has_next_page": False})
     now = [0.0]
-    with GlobusBackend(settings, network=NO_RETRY) as backend:
+    with GlobusRunBackend(settings, network=NO_RETRY) as backend:
         agent_pass = RetentionPass(settings, store, backend, clock=lambda: now[0])
         agent_pass.tick()
         assert agent_pass.running is None  # on Globus the Timer runs the flow, not the agent

@@ -13,14 +13,16 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from beamflow import runs
-from beamflow.backend import FlowRunInfo
 from beamflow.cli import app
 from beamflow.config import Settings, load_config
 from beamflow.error_kinds import ErrorKind
 from beamflow.registry import Registry, register_functions
+from beamflow.runs.backend import FlowRunInfo
+from beamflow.runs.lifecycle import RetryRefused, create_scan_run, retry_run
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.request import RunRequest
+from beamflow.runs.store import Store
 from beamflow.status.app import StatusOptions, create_app
-from beamflow.store import Run, RunStatus, Store
 
 
 class StartingBackend:
@@ -62,7 +64,7 @@ def failed_run(settings: Settings, store: Store, kind: ErrorKind, name: str = "s
     scan = Path(settings.beamline.detector_dir) / name
     scan.mkdir(parents=True)
     (scan / f"{name}_master.h5").write_bytes(b"")  # a scan directory (never read here)
-    run = runs.create_scan_run(settings, store, runs.RunRequest(scan_path=scan))
+    run = create_scan_run(settings, store, RunRequest(scan_path=scan))
     return store.update_run(run.id, status=RunStatus.FAILED, error_step="Reconstruct",
                             error="the worker ended", error_kind=kind)  # fmt: skip
 
@@ -72,14 +74,14 @@ def test_two_retries_at_once_start_one_run(settings: Settings) -> None:
     old = failed_run(settings, store, ErrorKind.LOST)
     backend = StartingBackend()
     barrier = threading.Barrier(4)
-    outcomes: list[Run | runs.RetryRefused] = []
+    outcomes: list[Run | RetryRefused] = []
 
     def retry() -> None:
         barrier.wait()
         try:
-            outcomes.append(runs.retry_run(settings, old.id, store=Store(settings.store_path),
+            outcomes.append(retry_run(settings, old.id, store=Store(settings.store_path),
                                            backend=backend))  # fmt: skip
-        except runs.RetryRefused as exc:
+        except RetryRefused as exc:
             outcomes.append(exc)
 
     threads = [threading.Thread(target=retry) for _ in range(4)]
@@ -88,7 +90,7 @@ def test_two_retries_at_once_start_one_run(settings: Settings) -> None:
     for t in threads:
         t.join()
     (new,) = [o for o in outcomes if isinstance(o, Run)]
-    refusals = [o for o in outcomes if isinstance(o, runs.RetryRefused)]
+    refusals = [o for o in outcomes if isinstance(o, RetryRefused)]
     assert len(refusals) == 3 and {r.retry_id for r in refusals} == {new.id}
     assert all(f"retried already, as run {new.id}" in str(r) for r in refusals)
     assert len(backend.started) == 1 and new.status == RunStatus.ACTIVE
@@ -96,15 +98,15 @@ def test_two_retries_at_once_start_one_run(settings: Settings) -> None:
     assert store.count_runs() == 2
     # Its retry, once it fails too, may be retried in turn (a chain, never a fan).
     store.update_run(new.id, status=RunStatus.FAILED, error="lost", error_kind=ErrorKind.LOST)
-    third = runs.retry_run(settings, new.id, store=store, backend=backend)
+    third = retry_run(settings, new.id, store=store, backend=backend)
     assert (third.parent_run_id, third.attempt) == (new.id, 3)
 
 
 def test_a_run_that_failed_on_bad_input_is_not_retried(settings: Settings) -> None:
     store = Store(settings.store_path)
     old = failed_run(settings, store, ErrorKind.BAD_INPUT)
-    with pytest.raises(runs.RetryRefused, match="bad input: a retry would not help") as info:
-        runs.retry_run(settings, old.id, store=store, backend=StartingBackend())
+    with pytest.raises(RetryRefused, match="bad input: a retry would not help") as info:
+        retry_run(settings, old.id, store=store, backend=StartingBackend())
     assert info.value.retry_id is None and store.count_runs() == 1
 
 
@@ -132,7 +134,7 @@ def test_the_api_answers_409_and_the_page_hides_the_button(settings: Settings) -
     store = Store(settings.store_path)
     old = failed_run(settings, store, ErrorKind.LOST)
     bad = failed_run(settings, store, ErrorKind.BAD_INPUT, "s2")
-    retry = partial(runs.retry_run, settings, store=store, backend=StartingBackend())
+    retry = partial(retry_run, settings, store=store, backend=StartingBackend())
     client = TestClient(create_app(store, StatusOptions(), retry=retry),
                         base_url="http://127.0.0.1:8765")  # fmt: skip
     page = client.get(f"/runs/{old.id}").text

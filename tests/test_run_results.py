@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from beamflow import runs
-from beamflow.backend import FlowRunInfo, StepInfo
 from beamflow.cli import app
 from beamflow.config import Settings, load_config
 from beamflow.registry import Registry, register_functions
-from beamflow.store import RunStatus, Store
+from beamflow.runs.backend import FlowRunInfo, StepInfo
+from beamflow.runs.lifecycle import start_scan_run, sync_run
+from beamflow.runs.records import RunStatus
+from beamflow.runs.request import RunRequest
+from beamflow.runs.store import Store
 
 
 class OneRunBackend:
@@ -56,7 +58,7 @@ def started(settings: Settings, backend: OneRunBackend):  # noqa: ANN201
     scan.mkdir(parents=True)
     (scan / "s1_master.h5").write_bytes(b"")  # a scan directory (never read here)
     store = Store(settings.store_path)
-    run = runs.start_scan_run(settings, store, backend, runs.RunRequest(scan_path=scan))
+    run = start_scan_run(settings, store, backend, RunRequest(scan_path=scan))
     assert run.status == RunStatus.ACTIVE
     return store, run
 
@@ -68,7 +70,7 @@ def test_progress_is_read_from_the_running_step(settings: Settings) -> None:
                     details={"type": "Action", "iteration": 12, "iterations_total": 40,
                              "loss": 0.5})  # fmt: skip
     backend.info = FlowRunInfo(backend_run_id="b1", status=RunStatus.ACTIVE, steps=[step])
-    run = runs.sync_run(store, backend, run)
+    run = sync_run(store, backend, run)
     assert (run.current_step, run.iteration, run.iterations_total) == ("Reconstruct", 12, 40)
     # Details that are not progress (a negative count, text) are no progress at all.
     for details in ({"iteration": -1}, {"iteration": "twelve"}, {"type": "Action"}):
@@ -88,7 +90,7 @@ def test_the_summary_gives_product_previews_iterations_and_verdict(settings: Set
                "host": "gpu-node-7"}  # fmt: skip
     output = {"reconstruct": {"status": "SUCCEEDED", "details": {"result": [summary]}}}
     backend.info = FlowRunInfo(backend_run_id="b1", status=RunStatus.SUCCEEDED, output=output)
-    run = runs.sync_run(store, backend, run)
+    run = sync_run(store, backend, run)
     assert run.status == RunStatus.SUCCEEDED
     assert run.product == str(results / "product.h5")
     assert run.previews == [str(results / "previews/object_phase.png")]  # probe never came
@@ -102,7 +104,7 @@ def test_a_summary_that_is_not_one_is_no_summary(settings: Settings) -> None:
     store, run = started(settings, backend)
     output = {"reconstruct": {"details": {"results": [{"output": {"iterations": "many"}}]}}}
     backend.info = FlowRunInfo(backend_run_id="b1", status=RunStatus.SUCCEEDED, output=output)
-    run = runs.sync_run(store, backend, run)
+    run = sync_run(store, backend, run)
     assert run.status == RunStatus.SUCCEEDED
     assert (run.product, run.verdict, run.result["summary"]) == (None, None, None)
 
@@ -116,7 +118,7 @@ def test_what_the_compute_function_returns_is_a_function_summary(tmp_path: Path)
 
     master = simulate_scan(tmp_path / "hpc" / "raw", "s1", positions=40, probe_size=32)
     out = tmp_path / "hpc" / "runs" / "r1"
-    answer = reconstruct(scan=str(master.parent), output_dir=str(out),
+    answer = reconstruct(scan_path=str(master.parent), output_dir=str(out),
                          allowed_roots=[str(tmp_path / "hpc")], run_name="r1",
                          parameters={"iterations": 2, "preview_every": 0, "device": "cpu"})
     summary = FunctionSummary.model_validate(answer)

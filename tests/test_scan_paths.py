@@ -21,9 +21,12 @@ from beamflow.cli import app
 from beamflow.config import load_config
 from beamflow.formats import Geometry
 from beamflow.formats.eiger import data_file_name, master_path, write_data_file, write_master
-from beamflow.runs import RunRequest, create_scan_run
+from beamflow.runs.lifecycle import create_scan_run
+from beamflow.runs.naming import scan_labels
+from beamflow.runs.records import RunStatus
+from beamflow.runs.request import RunRequest
+from beamflow.runs.store import Store
 from beamflow.status import StatusOptions, create_app
-from beamflow.store import RunStatus, Store, scan_labels
 
 ROOT = Path(__file__).resolve().parents[1]  # this checkout's beamflow, whatever the cwd
 NAME = "demo_scan_001"
@@ -167,7 +170,7 @@ def test_a_scan_outside_the_beamline_collection_is_refused_before_a_run_is_queue
     settings = load_config(ws / "beamflow.toml")
     outside = write_scan(ws.parent / "elsewhere")
     before = len(store.list_runs())
-    from beamflow.runs import RunInputError
+    from beamflow.runs.request import RunInputError
 
     with pytest.raises(RunInputError, match="outside the beamline collection root"):
         create_scan_run(settings, store, RunRequest(scan_path=outside))
@@ -194,7 +197,7 @@ def test_one_scan_has_one_path_however_it_was_named(workspace) -> None:
 
 
 def test_a_directory_that_is_not_one_scan_is_refused_naming_why(workspace) -> None:
-    from beamflow.runs import RunInputError
+    from beamflow.runs.request import RunInputError
 
     ws, store, runs = workspace
     settings = load_config(ws / "beamflow.toml")

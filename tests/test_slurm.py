@@ -149,7 +149,7 @@ def test_reconstruction_runs_in_a_slurm_job_through_the_endpoint_engine(
             summary = submit(
                 engine,
                 reconstruct,
-                scan=str(master.parent),
+                scan_path=str(master.parent),
                 output_dir=str(out),
                 checkpoint_dir=str(ckpt),
                 allowed_roots=[str(hpc)],

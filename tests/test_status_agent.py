@@ -11,9 +11,9 @@ from test_agent_policy import Clock, ScriptedBackend, make_agent, settings, step
 
 from beamflow.agent_state import read_state, state_path, write_state
 from beamflow.config import Settings
+from beamflow.runs.store import Store
 from beamflow.status import StatusOptions, create_app
 from beamflow.status.server import options_for
-from beamflow.store import Store
 
 __all__ = ["settings"]  # the fixture, imported
 

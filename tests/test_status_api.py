@@ -17,11 +17,12 @@ from typer.testing import CliRunner
 
 from beamflow.cli import app as cli_app
 from beamflow.config import Settings
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 from beamflow.status import StatusOptions, create_app
 from beamflow.status.security import COOKIE
 from beamflow.status.server import StatusConfigError, options_for, serve_in_thread
 from beamflow.status.views import format_duration, preview_kind
-from beamflow.store import Run, RunStatus, Store
 
 LOOPBACK = "http://127.0.0.1:8765"
 TOKEN = "s3cret-token-for-tests-0123456789"
@@ -78,7 +79,8 @@ def client(store: Store) -> TestClient:
 
 
 class FakeRetry:
-    """Stands in for beamflow.runs.retry_run: records calls, makes the new run in the store."""
+    """Stands in for beamflow.runs.lifecycle.retry_run: records calls, makes the new run in the
+    store."""
 
     def __init__(self, store: Store, error: Exception | None = None) -> None:
         self.store = store
@@ -459,11 +461,11 @@ def test_retry_validation(store: Store) -> None:
 def test_retry_goes_through_the_shared_run_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # What `beamflow serve` wires: beamflow.runs.retry_run with the configuration. The scan
-    # file is gone, so the new attempt fails at once, with the reason, linked to the old run.
+    # What `beamflow serve` wires: beamflow.runs.lifecycle.retry_run with the configuration. The
+    # scan file is gone, so the new attempt fails at once, with the reason, linked to the old run.
     from functools import partial
 
-    from beamflow.runs import retry_run
+    from beamflow.runs.lifecycle import retry_run
 
     settings = Settings(state_dir=tmp_path / "state")
     store = Store(settings.store_path)

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 from browser_kit import BROWSER_MARKS
 
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 from beamflow.status import StatusOptions, create_app
 from beamflow.status.server import serve_in_thread
-from beamflow.store import Run, RunStatus, Store
 
 XSS_SCAN = '<img src=x onerror="window.__pwned=1">'
 

@@ -13,9 +13,10 @@ from test_status_browser import shot, until
 
 from beamflow.agent_state import AgentState, state_path, write_state
 from beamflow.error_kinds import ErrorKind
+from beamflow.runs.records import RunStatus
+from beamflow.runs.store import Store
 from beamflow.status import StatusOptions, create_app
 from beamflow.status.server import serve_in_thread
-from beamflow.store import RunStatus, Store
 
 pytestmark = BROWSER_MARKS
 

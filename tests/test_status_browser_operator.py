@@ -13,9 +13,10 @@ from browser_kit import BROWSER_MARKS
 from test_status_browser import draw_previews, shot, until
 
 from beamflow.agent_state import AgentState, WatchedScan, state_path, write_state
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 from beamflow.status import StatusOptions, create_app
 from beamflow.status.server import serve_in_thread
-from beamflow.store import Run, RunStatus, Store
 
 TOKEN = "browser-test-token-0123456789abcdef"
 pytestmark = BROWSER_MARKS

@@ -12,9 +12,10 @@ import pytest
 from browser_kit import BROWSER_MARKS
 from test_status_browser import shot, until
 
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 from beamflow.status import StatusOptions, create_app
 from beamflow.status.server import serve_in_thread
-from beamflow.store import Run, RunStatus, Store
 
 pytestmark = BROWSER_MARKS
 

@@ -17,9 +17,10 @@ import pytest
 from browser_kit import BROWSER_MARKS, CHROMIUM, FLAGS
 
 from beamflow.ptycho.quality.previews import PREVIEW_NAMES, write_previews
+from beamflow.runs.records import RunStatus
+from beamflow.runs.store import Store
 from beamflow.status import StatusOptions, create_app
 from beamflow.status.server import serve_in_thread
-from beamflow.store import RunStatus, Store
 
 pytestmark = BROWSER_MARKS
 

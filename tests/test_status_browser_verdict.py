@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from browser_kit import BROWSER_MARKS, CHROMIUM, FLAGS
 
+from beamflow.runs.records import RunStatus
+from beamflow.runs.store import Store
 from beamflow.status import StatusOptions, create_app
 from beamflow.status.server import serve_in_thread
-from beamflow.store import RunStatus, Store
 
 REASON = ("The data look like near-field holograms (their content moves with the scan, "
           "R² 0.85; no stationary central diffraction peak), but a far-field model was used: "

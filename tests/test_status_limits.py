@@ -12,11 +12,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from beamflow.config import Settings
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 from beamflow.status import StatusOptions, create_app
 from beamflow.status.security import BODY_LIMIT, COOKIE
 from beamflow.status.server import options_for, serve_in_thread
 from beamflow.status.sessions import Sessions
-from beamflow.store import Run, RunStatus, Store
 
 TOKEN = "s3cret-token-for-tests-0123456789"
 EXPOSED = "http://10.0.0.5:8765"

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 from beamflow.status import StatusOptions, create_app
 from beamflow.status.server import serve_in_thread
-from beamflow.store import Run, RunStatus, Store
 
 TOKEN = "netns-test-token-0123456789abcdef"
 IP = shutil.which("ip")

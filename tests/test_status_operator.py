@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 from beamflow.status import StatusOptions, create_app
-from beamflow.store import Run, RunStatus, Store
 
 LOOPBACK = "http://127.0.0.1:8765"
 TOKEN = "s3cret-token-for-tests-0123456789"

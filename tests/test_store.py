@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from beamflow.store import SCHEMA_VERSION, DuplicateRun, RunStatus, Store, StoreError
+from beamflow.runs.records import RunStatus
+from beamflow.runs.schema import SCHEMA_VERSION
+from beamflow.runs.store import DuplicateRun, Store, StoreError
 
 
 @pytest.fixture
@@ -111,11 +113,11 @@ def test_a_store_of_schema_1_opens_and_is_migrated(tmp_path: Path) -> None:
     """A run store written by the previous beamflow: its runs keep their names and paths
     (a row without a path keeps the name that stood for it), a finished reconstruction
     its verdict, and a run already retried the id of its retry."""
-    from beamflow.store import _MIGRATIONS
+    from beamflow.runs.schema import MIGRATIONS
 
     path = tmp_path / "runs.sqlite"
     conn = sqlite3.connect(path)
-    conn.executescript(_MIGRATIONS[0])
+    conn.executescript(MIGRATIONS[0])
     conn.execute("PRAGMA user_version = 1")
     summary = '{"summary": {"verdict": "suspect", "verdict_reasons": ["probe collapsed"]}}'
     rows = [  # id, scan, scan_path, status, created_at, result, parent_run_id

@@ -26,9 +26,9 @@ from typer.testing import CliRunner
 from beamflow import __version__
 from beamflow.cli import app
 from beamflow.config import load_config
-from beamflow.globus.probe import PROBE, probe_endpoint
-from beamflow.probe import Reference, WorkerReport, judge, probe_worker
+from beamflow.globus.worker_check import PROBE, check_endpoint_workers
 from beamflow.registry import Registry
+from beamflow.worker_check import Reference, WorkerReport, judge, probe_worker
 
 PARSL = metadata.version("parsl")
 GCE = metadata.version("globus-compute-endpoint")
@@ -153,7 +153,7 @@ def globus_setup(tmp_path: Path, *, endpoint_version: str = GCE, resources: str 
 @pytest.mark.usefixtures("mocked")
 def test_the_probe_goes_through_globus_compute_and_passes(tmp_path: Path, mocked) -> None:
     settings, _config, meta = globus_setup(tmp_path)
-    checks = by_name(probe_endpoint(settings, timeout=5, poll_seconds=0))
+    checks = by_name(check_endpoint_workers(settings, timeout=5, poll_seconds=0))
     assert checks["worker probe"].outcome == "ok", checks["worker probe"]
     assert meta["endpoint_id"] in checks["worker probe"].detail
     assert checks["worker globus-compute-endpoint"].outcome == "ok"
@@ -175,8 +175,8 @@ def test_the_probe_goes_through_globus_compute_and_passes(tmp_path: Path, mocked
         meta["function_id"]  # fmt: skip
     # Once registered, a second probe only checks the function is still there.
     register("compute", f"/v2/functions/{meta['function_id']}", {"function_uuid": "x"})
-    assert by_name(probe_endpoint(settings, timeout=5, poll_seconds=0))["worker probe"].outcome \
-        == "ok"  # fmt: skip
+    again = by_name(check_endpoint_workers(settings, timeout=5, poll_seconds=0))
+    assert again["worker probe"].outcome == "ok"
     assert len([c for c in mocked.calls if c.request.url.endswith("/v3/functions")]) == 1
 
 
@@ -204,7 +204,7 @@ def test_a_probe_that_never_answers_says_where_to_look(tmp_path: Path, monkeypat
 
     responses.replace(responses.GET, f"https://compute.api.globus.org/v2/tasks/{meta['task_id']}",
                       json={"task_id": meta["task_id"], "status": "waiting-for-ep"})  # fmt: skip
-    checks = probe_endpoint(settings, timeout=0.01, poll_seconds=0.02)
+    checks = check_endpoint_workers(settings, timeout=0.01, poll_seconds=0.02)
     (probe,) = checks
     assert probe.outcome == "fail" and "no result within" in probe.detail
     assert "endpoint.log" in probe.fix
@@ -215,7 +215,7 @@ def test_resources_the_endpoint_template_refuses_fail_the_probe(tmp_path: Path) 
     settings, _config, _meta = globus_setup(
         tmp_path, resources='\n[cluster.preview]\nqueue = "debug"\n'
         '[cluster.final]\npartition = "long"\nwalltime = "08:00:00"\n')  # fmt: skip
-    checks = by_name(probe_endpoint(settings, timeout=5, poll_seconds=0))
+    checks = by_name(check_endpoint_workers(settings, timeout=5, poll_seconds=0))
     preview = checks["cluster.preview"]  # a PBS variable sent to a Slurm endpoint
     assert preview.outcome == "fail" and "'queue'" in preview.detail
     assert "partition" in preview.fix and "walltime" in preview.fix
@@ -232,7 +232,7 @@ def test_as_the_agent_the_probe_goes_with_the_final_resources_and_the_mapped_acc
     settings, _config, meta = globus_setup(
         tmp_path, resources=f'\n[cluster]\nservice_account = "{me}"\n'
         '[cluster.final]\npartition = "long"\nwalltime = "08:00:00"\n')  # fmt: skip
-    checks = by_name(probe_endpoint(settings, timeout=5, poll_seconds=0, as_agent=True))
+    checks = by_name(check_endpoint_workers(settings, timeout=5, poll_seconds=0, as_agent=True))
     assert checks["worker probe"].outcome == "ok"
     assert "as the agent's client" in checks["worker probe"].detail
     assert checks["worker user"].outcome == "ok"
@@ -242,6 +242,6 @@ def test_as_the_agent_the_probe_goes_with_the_final_resources_and_the_mapped_acc
     other = settings.model_copy(deep=True)
     other.cluster.service_account = "beamflow-svc"
     register("compute", f"/v2/functions/{meta['function_id']}", {"function_uuid": "x"})
-    again = probe_endpoint(other, timeout=5, poll_seconds=0, as_agent=True)
+    again = check_endpoint_workers(other, timeout=5, poll_seconds=0, as_agent=True)
     user = by_name(again)["worker user"]
     assert user.outcome == "fail" and "'beamflow-svc'" in user.detail  # not a warning now

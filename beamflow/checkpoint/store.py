@@ -261,8 +261,10 @@ class FileImages:
         self._file, self._layout, self._attrs = None, None, {}
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def _fsync(path: Path) -> None:
+    """fsync a file or a directory (its entries: a rename in it), raising if it cannot: a
+    checkpoint is committed only once it would survive a power cut."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -285,14 +287,6 @@ def _write_durable(path: Path, data: bytes) -> None:
         os.close(fd)
         raise
     os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def commit(
@@ -327,7 +321,7 @@ def commit(
     try:
         _write_durable(tmp, image)
         step("temp_written", tmp)
-        _fsync_file(tmp)
+        _fsync(tmp)
         step("temp_fsynced", tmp)
         os.replace(tmp, final)
     except BaseException:
@@ -335,7 +329,7 @@ def commit(
             tmp.unlink()
         raise
     step("renamed", final)
-    _fsync_dir(directory)
+    _fsync(directory)
     step("dir_fsynced", final)
 
     record = LatestRecord(file=name, iteration=int(iteration), sha256=digest,
@@ -345,7 +339,7 @@ def commit(
     latest_tmp = _tmp_path(directory, LATEST_NAME, owner)
     try:
         _write_durable(latest_tmp, dumps(record.__dict__).encode())
-        _fsync_file(latest_tmp)
+        _fsync(latest_tmp)
         step("latest_temp_written", latest_tmp)
         os.replace(latest_tmp, directory / LATEST_NAME)
     except BaseException:
@@ -353,7 +347,7 @@ def commit(
             latest_tmp.unlink()
         raise
     step("latest_renamed", directory / LATEST_NAME)
-    _fsync_dir(directory)
+    _fsync(directory)
     apply_retention(directory, keep=keep, current_iteration=int(iteration),
                     protect=[final, *protect], latest_file=name)
     step("committed", final)

@@ -3,7 +3,7 @@ run store, the backend, and the option types that read the same on every command
 
 Imports: a command module imports at its top only what is cheap (typer, rich, pydantic, the
 config and the store). What costs start-up time is imported inside the command that needs
-it: the reconstruction engine and everything that pulls it in (numpy, h5py: beamflow.runs,
+it: the reconstruction engine and everything that pulls it in (numpy, h5py: beamflow.runs.lifecycle,
 beamflow.job.run, beamflow.simulate), the Globus SDKs, the local flow interpreter
 (jsonschema), the web server. `beamflow --help` and `beamflow runs list` stay quick, and the
 memory budget of `beamflow reconstruct` is not spent on libraries it never uses. No import
@@ -26,10 +26,11 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
-from beamflow.backend import Backend, BackendError
 from beamflow.config import CONFIG_NAME, USER_CONFIG, ConfigError, Settings, load_config
 from beamflow.console import make_console
-from beamflow.store import Run, Store
+from beamflow.runs.backend import RunBackend, RunBackendError
+from beamflow.runs.records import Run
+from beamflow.runs.store import Store
 
 
 def summary(command: click.Command) -> str:
@@ -181,17 +182,17 @@ def open_store(settings: Settings) -> Store:
     return Store(settings.store_path)
 
 
-def open_backend(settings: Settings, name: str | None = None) -> Backend:
+def open_run_backend(settings: Settings, name: str | None = None) -> RunBackend:
     """The configured backend (or ``name``), through the factory: commands talk to the
     backend interface only. The caller closes it."""
-    from beamflow.runs import get_backend
+    from beamflow.runs.lifecycle import get_run_backend
 
     require_workspace(settings)
     if name is not None and name != settings.backend:
         settings = settings.model_copy(update={"backend": name})
     try:
-        return get_backend(settings)
-    except BackendError as exc:
+        return get_run_backend(settings)
+    except RunBackendError as exc:
         fail(str(exc))
 
 

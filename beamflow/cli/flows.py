@@ -12,7 +12,6 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from beamflow.backend import BackendError
 from beamflow.cli.common import (
     HELP,
     App,
@@ -24,6 +23,7 @@ from beamflow.cli.common import (
     warn,
 )
 from beamflow.console import styled
+from beamflow.runs.backend import RunBackendError
 
 app = App(help="Validate and try flow definitions (offline; --remote asks Globus).",
                   **HELP)
@@ -72,7 +72,7 @@ def _service_accepts(file: Path, definition: Any, schema: Any, config: Path | No
 
     try:
         check = validate_with_service(settings_from(config), file.name, definition, schema)
-    except BackendError as exc:
+    except RunBackendError as exc:
         fail(str(exc))
     for problem in check.problems:
         print(f"Globus Flows: {problem}")

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
-from beamflow.backend import BackendError
 from beamflow.cli.common import ConfigOption, JsonOption, console, fail, settings_from, warn
 from beamflow.config import Settings
 from beamflow.console import styled
+from beamflow.runs.backend import RunBackendError
 
 if TYPE_CHECKING:
     from beamflow.globus import GlobusAuth
@@ -28,7 +28,7 @@ def _auth(settings: Settings) -> GlobusAuth:
 
     try:
         return interactive_auth(settings)
-    except BackendError as exc:
+    except RunBackendError as exc:
         fail(str(exc))
 
 
@@ -44,7 +44,7 @@ def login(
     with _auth(settings) as auth:
         try:
             ran = auth.login(force=force)
-        except BackendError as exc:
+        except RunBackendError as exc:
             fail(str(exc))
         if auth.is_service:
             console.print(Text.assemble(styled("tokens obtained", "green"),
@@ -78,7 +78,7 @@ def whoami(as_json: JsonOption = False, config: ConfigOption = None) -> None:
     with _auth(settings) as auth:
         try:
             info = auth.userinfo()
-        except BackendError as exc:
+        except RunBackendError as exc:
             fail(str(exc))
         tokens = auth.tokens()
     if as_json:
@@ -135,17 +135,17 @@ def doctor(
         if as_agent:
             fail("--as-agent probes as the Globus agent; this workspace uses the local "
                  "backend", code=2)  # fmt: skip
-        from beamflow.local import check_local, probe_local
+        from beamflow.local import check_local, check_local_workers
 
         checks = check_local(settings)
         if probe:
-            checks += probe_local(settings, timeout=probe_timeout)
+            checks += check_local_workers(settings, timeout=probe_timeout)
     else:
-        from beamflow.globus import probe_endpoint, run_checks
+        from beamflow.globus import check_endpoint_workers, run_checks
 
         checks = run_checks(settings)
         if probe:
-            checks += probe_endpoint(settings, timeout=probe_timeout, as_agent=as_agent)
+            checks += check_endpoint_workers(settings, timeout=probe_timeout, as_agent=as_agent)
     failed = [c for c in checks if c.outcome == "fail"]
     if as_json:
         print(json.dumps([c.model_dump() for c in checks]))

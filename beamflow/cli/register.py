@@ -7,16 +7,16 @@ from typing import Annotated, Literal
 
 import typer
 
-from beamflow.backend import BackendError
 from beamflow.cli.common import (
     HELP,
     App,
     ConfigOption,
     err_console,
     fail,
-    open_backend,
+    open_run_backend,
     settings_from,
 )
+from beamflow.runs.backend import RunBackendError
 
 app = App(help="Register compute functions and flows (idempotent).", **HELP)
 
@@ -37,11 +37,11 @@ def _register(
     if backend_name not in (None, "local", "globus"):
         fail(f"--backend must be 'local' or 'globus', not {backend_name!r}", code=2)
     settings = settings_from(config, workspace=True)
-    backend = open_backend(settings, backend_name)
+    backend = open_run_backend(settings, backend_name)
     try:
         register = backend.register_functions if kind == "functions" else backend.register_flows
         results = register(dry_run=dry_run)
-    except BackendError as exc:
+    except RunBackendError as exc:
         fail(str(exc))
     finally:
         backend.close()

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from beamflow.backend import BackendError
 from beamflow.cli import common
 from beamflow.cli.common import ConfigOption, JsonOption, console, fail, settings_from
+from beamflow.runs.backend import RunBackendError
 
 
 def cleanup(
@@ -30,16 +30,16 @@ def cleanup(
     """Delete what [retention] says is due now: the cluster's raw copies and checkpoints of
     scans untouched for long enough (through the retention flow, on the compute endpoint),
     and the previews of old runs here. Products and run records stay, and say what went."""
-    from beamflow.retention import WHAT, size_text
-    from beamflow.retention import cleanup as apply
+    from beamflow.runs.retention import WHAT, size_text
+    from beamflow.runs.retention import cleanup as apply
 
     settings = settings_from(config, workspace=True)
     store = common.open_store(settings)
-    backend = common.open_backend(settings)
+    backend = common.open_run_backend(settings)
     try:
         report = apply(settings, store, backend, dry_run=dry_run, older_than=older_than,
                        timeout=timeout)  # fmt: skip
-    except BackendError as exc:
+    except RunBackendError as exc:
         fail(str(exc))
     finally:
         backend.close()

@@ -1,5 +1,6 @@
 """`beamflow runs list|show|start|retry|cancel`: the run store, and runs started, followed,
-retried and cancelled through the shared run path (beamflow.runs) on the configured backend."""
+retried and cancelled through the shared run path (beamflow.runs.lifecycle) on the configured
+backend."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from beamflow.backend import Backend, BackendError
 from beamflow.cli.common import (
     HELP,
     App,
@@ -23,7 +23,7 @@ from beamflow.cli.common import (
     duration,
     err_console,
     fail,
-    open_backend,
+    open_run_backend,
     open_store,
     settings_from,
     warn,
@@ -31,8 +31,10 @@ from beamflow.cli.common import (
 from beamflow.config import Settings
 from beamflow.console import styled, styled_status, verdict_text
 from beamflow.error_kinds import ErrorKind
-from beamflow.failures import Failure
-from beamflow.store import Run, RunStatus, Store
+from beamflow.runs.backend import RunBackend, RunBackendError
+from beamflow.runs.failures import Failure
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 
 app = App(help="List, inspect, start, retry and cancel runs.", **HELP)
 
@@ -94,15 +96,15 @@ def _find_run(store: Store, run_id: str) -> Run:
 def _refreshed(settings: Settings, store: Store, run: Run) -> Run:
     """``run`` brought up to date from its backend; as it was, with a warning, where the
     backend cannot say."""
-    from beamflow.runs import get_backend, sync_run
+    from beamflow.runs.lifecycle import get_run_backend, sync_run
 
     try:
-        backend = get_backend(settings)
+        backend = get_run_backend(settings)
         try:
             return sync_run(store, backend, run)
         finally:
             backend.close()
-    except BackendError as exc:
+    except RunBackendError as exc:
         warn(f"could not refresh from {run.backend}: {exc}")
         return run
 
@@ -219,9 +221,9 @@ StrictOption = Annotated[
 ]
 
 
-def _follow(settings: Settings, store: Store, backend: Backend, run: Run) -> Run:
+def _follow(settings: Settings, store: Store, backend: RunBackend, run: Run) -> Run:
     """Follow ``run`` with its progress on stderr until it ends; Ctrl-C cancels it."""
-    from beamflow.runs import cancel_run, follow_run
+    from beamflow.runs.lifecycle import cancel_run, follow_run
 
     with RunProgress(run) as progress:
         try:
@@ -233,6 +235,18 @@ def _follow(settings: Settings, store: Store, backend: Backend, run: Run) -> Run
             run = cancel_run(settings, run.id, store=store, backend=backend)
             follow_run(store, backend, run, poll_seconds=0.5, timeout=30)
             raise typer.Exit(130) from None
+
+
+def _follow_and_report(settings: Settings, store: Store, backend: RunBackend, run: Run, *,
+                       wait: bool, as_json: bool, strict: bool) -> None:
+    """The end of `runs start` and `runs retry`: a run that started is followed until it ends
+    when asked (``wait``) or when it is local, then reported (see :func:`_report`)."""
+    if run.status != RunStatus.FAILED and (wait or backend.name == "local"):
+        if not wait:  # a local run lives in the process that started it: leaving would lose it
+            err_console.print("the local backend runs flows inside this process: following "
+                              "the run (Ctrl-C cancels it)")
+        run = _follow(settings, store, backend, run)
+    _report(store, run, as_json, strict)
 
 
 def _report(store: Store, run: Run, as_json: bool, strict: bool = False) -> None:
@@ -284,7 +298,8 @@ def runs_start(
     config: ConfigOption = None,
 ) -> None:
     """Start one flow run of SCAN through the configured backend and record it."""
-    from beamflow.runs import RunInputError, RunRequest, parse_param, run_direct, start_scan_run
+    from beamflow.runs.lifecycle import run_direct, start_scan_run
+    from beamflow.runs.request import RunInputError, RunRequest, parse_param
 
     settings = settings_from(config, workspace=True)
     try:
@@ -298,7 +313,7 @@ def runs_start(
         fail(_STRICT_NEEDS_WAIT, code=2)
     request = RunRequest(scan_path=scan, params=params, label=label, flow=flow)
     store = open_store(settings)
-    backend = open_backend(settings)
+    backend = open_run_backend(settings)
     try:
         if direct:
             try:
@@ -311,18 +326,8 @@ def runs_start(
             run = start_scan_run(settings, store, backend, request)
         except RunInputError as exc:
             fail(str(exc))
-        if run.status == RunStatus.FAILED:
-            _report(store, run, as_json)
-        if backend.name == "local" and not wait:
-            # A local run lives in the process that started it: leaving would lose it.
-            err_console.print(
-                "the local backend runs flows inside this process: following the run "
-                "(Ctrl-C cancels it)"
-            )
-            wait = True
-        if wait:
-            run = _follow(settings, store, backend, run)
-        _report(store, run, as_json, strict)
+        _follow_and_report(settings, store, backend, run, wait=wait, as_json=as_json,
+                           strict=strict)  # fmt: skip
     finally:
         backend.close()
 
@@ -337,23 +342,23 @@ def runs_retry(
 ) -> None:
     """Start a new attempt of a failed run (same scan, flow and parameters; it continues from
     the scan's checkpoints)."""
-    from beamflow.runs import RunInputError, retry_run
+    from beamflow.runs.lifecycle import retry_run
+    from beamflow.runs.request import RunInputError
 
     settings = settings_from(config, workspace=True)
     if strict and not (wait or settings.backend == "local"):
         fail(_STRICT_NEEDS_WAIT, code=2)
     store = open_store(settings)
     old = _find_run(store, run_id)
-    backend = open_backend(settings)
+    backend = open_run_backend(settings)
     try:
         try:
             run = retry_run(settings, old.id, store=store, backend=backend)
         except RunInputError as exc:
             fail(str(exc))
         err_console.print(f"run {run.id} retries {old.id} (attempt {run.attempt})")
-        if run.status != RunStatus.FAILED and (wait or backend.name == "local"):
-            run = _follow(settings, store, backend, run)
-        _report(store, run, as_json, strict)
+        _follow_and_report(settings, store, backend, run, wait=wait, as_json=as_json,
+                           strict=strict)  # fmt: skip
     finally:
         backend.close()
 
@@ -367,7 +372,7 @@ def runs_cancel(
     config: ConfigOption = None,
 ) -> None:
     """Cancel a queued or running run."""
-    from beamflow.runs import cancel_run, follow_run
+    from beamflow.runs.lifecycle import cancel_run, follow_run
 
     settings = settings_from(config, workspace=True)
     store = open_store(settings)
@@ -375,12 +380,12 @@ def runs_cancel(
     if run.status.finished:
         console.print(f"run {run.id} already ended: {run.status}")
         return
-    backend = open_backend(settings)
+    backend = open_run_backend(settings)
     try:
         run = cancel_run(settings, run.id, store=store, backend=backend)
         if not run.status.finished:
             run = follow_run(store, backend, run, poll_seconds=0.5, timeout=timeout)
-    except BackendError as exc:
+    except RunBackendError as exc:
         fail(f"cannot cancel run {run.id}: {exc}")
     finally:
         backend.close()

@@ -71,7 +71,7 @@ def serve(
     config: ConfigOption = None,
 ) -> None:
     """Status page and JSON API (/api/runs, /api/runs/{id}, /healthz): live runs, previews."""
-    from beamflow.runs import retry_run
+    from beamflow.runs.lifecycle import retry_run
     from beamflow.status.security import is_loopback
     from beamflow.status.server import StatusConfigError, build_app, make_server
 

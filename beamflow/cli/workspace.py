@@ -16,8 +16,9 @@ from rich.progress import (
 from rich.text import Text
 
 from beamflow.cli.common import ConfigOption, console, err_console, fail, settings_from
-from beamflow.config import CONFIG_NAME, globus_workspace_toml, local_workspace_toml
+from beamflow.config import CONFIG_NAME
 from beamflow.console import styled
+from beamflow.workspace_toml import globus_workspace_toml, local_workspace_toml
 
 # `simulate --probe-drift` at most --probe-size / this: the beam stays well inside its window.
 DRIFT_PER_PROBE = 8

@@ -92,6 +92,20 @@ def dataset(f: h5py.File, path: Path, key: str) -> h5py.Dataset:
     return obj
 
 
+def frame_stack(f: h5py.File, path: Path, key: str, count: str = "N") -> h5py.Dataset:
+    """The frames at ``key``: a dataset of rank 3 (``count``, H, W) holding at least one
+    frame, or a ScanFormatError saying what it holds instead."""
+    ds = dataset(f, path, key)
+    if ds.ndim != 3:
+        raise ScanFormatError(
+            path, key,
+            f"frames must be rank 3 ({count}, H, W), found rank {ds.ndim} (shape {ds.shape})",
+        )  # fmt: skip
+    if ds.shape[0] == 0:
+        raise ScanFormatError(path, key, "holds no frames")
+    return ds
+
+
 def read_array(f: h5py.File, path: Path, key: str, ndim: int | None = None) -> np.ndarray:
     ds = dataset(f, path, key)
     if ndim is not None and ds.ndim != ndim:

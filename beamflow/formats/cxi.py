@@ -35,7 +35,7 @@ from pydantic import ValidationError
 
 from beamflow.validation_text import validation_text
 
-from ._h5 import atomic_h5, dataset, open_h5, read_array, read_scalar
+from ._h5 import atomic_h5, dataset, frame_stack, open_h5, read_array, read_scalar
 from .errors import ScanFormatError
 from .scan import EV_J, Geometry, Scan, check_positions
 
@@ -124,16 +124,8 @@ def read_cxi(path: Path, *, max_frames: int | None = None, allow_partial: bool =
     path = Path(path)
     with open_h5(path) as f:
         data_key = DATA if f.get(DATA, getlink=True) is not None else DETECTOR_DATA
-        ds = dataset(f, path, data_key)
-        if ds.ndim != 3:
-            raise ScanFormatError(
-                path,
-                data_key,
-                f"frames must be rank 3 (N, H, W), found rank {ds.ndim} (shape {ds.shape})",
-            )
+        ds = frame_stack(f, path, data_key)
         n, h, w = (int(s) for s in ds.shape)
-        if n == 0:
-            raise ScanFormatError(path, data_key, "holds no frames")
         if h != w:
             raise ScanFormatError(path, data_key, f"frames must be square, found {h}×{w}")
         if np.issubdtype(ds.dtype, np.complexfloating) or not np.issubdtype(ds.dtype, np.number):

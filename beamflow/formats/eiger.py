@@ -46,7 +46,16 @@ from pydantic import ValidationError
 
 from beamflow.validation_text import validation_text
 
-from ._h5 import atomic_h5, dataset, length_scale, open_h5, read_array, read_length_m, read_scalar
+from ._h5 import (
+    atomic_h5,
+    dataset,
+    frame_stack,
+    length_scale,
+    open_h5,
+    read_array,
+    read_length_m,
+    read_scalar,
+)
 from .errors import ScanFormatError
 from .scan import Geometry, Scan, ZonePlateOptics, check_positions
 
@@ -261,15 +270,7 @@ def _probe_data(
     if not file.exists():
         raise ScanFormatError(master, link, f"data file {file.name} does not exist (yet)")
     with open_h5(file) as f:
-        ds = dataset(f, file, key)
-        if ds.ndim != 3:
-            raise ScanFormatError(
-                file,
-                key,
-                f"frames must be rank 3 (K, H, W), found rank {ds.ndim} (shape {ds.shape})",
-            )
-        if ds.shape[0] == 0:
-            raise ScanFormatError(file, key, "holds no frames")
+        ds = frame_stack(f, file, key, count="K")
         try:
             last = ds[ds.shape[0] - 1]
         except (OSError, ValueError) as exc:

@@ -68,7 +68,6 @@ from globus_sdk.token_storage import (
 from globus_sdk.token_storage.validating_token_storage import IdentityMismatchError
 from globus_sdk.transport import RequestsTransport, RetryConfig
 
-from beamflow.backend import BackendError
 from beamflow.config import Settings, is_uuid
 from beamflow.globus.errors import (
     ClientConsentMissing,
@@ -78,6 +77,7 @@ from beamflow.globus.errors import (
     globus_errors,
     secret_rejected,
 )
+from beamflow.runs.backend import RunBackendError
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def secure_token_file(path: Path) -> Path:
         os.close(fd)
     info = path.stat()
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        raise BackendError(
+        raise RunBackendError(
             f"{path}: the Globus token file belongs to another user (uid {info.st_uid}); "
             "set globus.token_storage to a file of your own"
         )
@@ -258,7 +258,7 @@ def registered_flow_ids(settings: Settings) -> list[str]:
             e.id for e in reg.Registry(settings.registry_path, "globus").entries("flow").values()
         ]
     except reg.RegistryError as exc:
-        raise BackendError(str(exc)) from None
+        raise RunBackendError(str(exc)) from None
 
 
 # -- the login prompt -------------------------------------------------------------------------
@@ -368,7 +368,7 @@ class GlobusAuth:
         try:
             self.storage = SecureSQLiteTokenStorage(self.token_path)
         except (OSError, ValueError, sqlite3.Error) as exc:
-            raise BackendError(
+            raise RunBackendError(
                 f"{self.token_path}: cannot open the Globus token file ({exc}); fix its "
                 "permissions, or set globus.token_storage to another path"
             ) from None
@@ -377,7 +377,7 @@ class GlobusAuth:
             self.app = self._make_app(client_id, requirements)
         except sqlite3.Error as exc:
             self.storage.close()
-            raise BackendError(
+            raise RunBackendError(
                 f"{self.token_path}: the Globus token file is damaged ({exc}); delete it and "
                 "run `beamflow login`"
             ) from None
@@ -388,47 +388,29 @@ class GlobusAuth:
     def _make_app(
         self, client_id: str, requirements: dict[str, list[Scope]]
     ) -> globus_sdk.GlobusApp:
-        transport = self._transport()
-        app: globus_sdk.GlobusApp
+        client_options: dict[str, Any] = {"app_name": APP_NAME, "transport": self._transport(),
+                                          "retry_config": self.network.retry_config()}
         login_client: globus_sdk.AuthLoginClient
+        app_type: type[globus_sdk.GlobusApp]
         if self.is_service:
-            login_client = AgentAuthClient(
-                client_id,
-                self.client_secret,
-                app_name=APP_NAME,
-                transport=transport,
-                retry_config=self.network.retry_config(),
-            )
+            login_client = AgentAuthClient(client_id, self.client_secret, **client_options)
             # No person to ask: a token problem is met by the grant again (which records the
             # client's consents to what it asks), a 403 asking for a consent likewise.
-            app = globus_sdk.ClientApp(
-                APP_NAME,
-                login_client=login_client,
-                scope_requirements=requirements,
-                config=GlobusAppConfig(
-                    token_storage=self.storage,
-                    token_validation_error_handler=self._renew_client_tokens,
-                    auto_redrive_gares=True,
-                ),
+            app_type, config = globus_sdk.ClientApp, GlobusAppConfig(
+                token_storage=self.storage,
+                token_validation_error_handler=self._renew_client_tokens,
+                auto_redrive_gares=True,
             )
         else:
-            login_client = globus_sdk.NativeAppAuthClient(
-                client_id,
-                app_name=APP_NAME,
-                transport=transport,
-                retry_config=self.network.retry_config(),
+            login_client = globus_sdk.NativeAppAuthClient(client_id, **client_options)
+            app_type, config = globus_sdk.UserApp, GlobusAppConfig(
+                token_storage=self.storage,
+                request_refresh_tokens=True,
+                login_flow_manager=TerminalLoginFlowManager,
+                token_validation_error_handler=None,
             )
-            app = globus_sdk.UserApp(
-                APP_NAME,
-                login_client=login_client,
-                scope_requirements=requirements,
-                config=GlobusAppConfig(
-                    token_storage=self.storage,
-                    request_refresh_tokens=True,
-                    login_flow_manager=TerminalLoginFlowManager,
-                    token_validation_error_handler=None,
-                ),
-            )
+        app = app_type(APP_NAME, login_client=login_client, scope_requirements=requirements,
+                       config=config)
         # The consent check (dependent scopes) has its own Auth client inside the app; give
         # it the same patience as ours, so an offline check fails as quickly.
         for validator in app.token_storage.validators:
@@ -554,20 +536,6 @@ class GlobusAuth:
             )
         return text + "; then run `sudo beamflow-as-agent doctor` to check"
 
-    def missing_consents(self) -> list[str]:
-        """Resource servers whose stored tokens do not cover the required scopes.
-
-        Reads the token file; checks dependent (data_access) consents with Auth when an
-        identity is known, so it may call the network."""
-        missing = []
-        for resource_server in self.app.scope_requirements:
-            try:
-                with globus_errors(f"check the consents for {resource_server}"):
-                    self.app.token_storage.get_token_data(resource_server)
-            except LoginRequired:
-                missing.append(resource_server)
-        return missing
-
     def login(self, *, force: bool = False) -> bool:
         """Log in (a person: URL and code; a service: client credentials). Returns whether a
         login flow ran (False: the stored tokens already cover every scope)."""
@@ -597,7 +565,7 @@ class GlobusAuth:
                 try:
                     with globus_errors(f"revoke the token for {rs}"):
                         login_client.oauth2_revoke_token(token)
-                except BackendError as exc:  # report; the tokens are removed here anyway
+                except RunBackendError as exc:  # report; the tokens are removed here anyway
                     problems.append(str(exc))
                     reachable = not exc.transient  # offline: do not wait once per token
                     break
@@ -628,5 +596,5 @@ class GlobusAuth:
 def interactive_auth(settings: Settings) -> GlobusAuth:
     """The Globus login of ``settings`` for a person at a terminal (`beamflow login`,
     `logout`, `whoami`): every registered flow's run scope required, a quick answer on a bad
-    network (:data:`INTERACTIVE`). Raises :class:`BackendError` with what to fix."""
+    network (:data:`INTERACTIVE`). Raises :class:`RunBackendError` with what to fix."""
     return GlobusAuth(settings, flow_ids=registered_flow_ids(settings), network=INTERACTIVE)

@@ -18,7 +18,6 @@ import globus_sdk
 
 import flows as flow_files
 from beamflow import registry as reg
-from beamflow.backend import BackendError, FlowRunInfo, RegistrationResult
 from beamflow.config import Settings, agent_client_id
 from beamflow.globus import compute, transfer
 from beamflow.globus import flows as gflows
@@ -32,6 +31,7 @@ from beamflow.globus.auth import (
 )
 from beamflow.globus.errors import exists_on_service, globus_errors
 from beamflow.globus.roles import flow_roles, run_roles
+from beamflow.runs.backend import FlowRunInfo, RegistrationResult, RunBackendError
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ def deployed_flow_checksum(settings: Settings, name: str) -> str:
     return hashlib.sha256(f"{reg.flow_checksum(name)}\0{roles}".encode()).hexdigest()
 
 
-class GlobusBackend:
-    """:class:`beamflow.backend.Backend` on Globus Flows, Transfer, Compute and Auth."""
+class GlobusRunBackend:
+    """:class:`beamflow.runs.backend.RunBackend` on Globus Flows, Transfer, Compute and Auth."""
 
     name = BACKEND_NAME
 
@@ -144,7 +144,7 @@ class GlobusBackend:
                 client, name, flow_files.load_definition(name), flow_files.load_schema(name)
             )
             if not check.valid:
-                raise BackendError(refusal(name, check), step="register")
+                raise RunBackendError(refusal(name, check), step="register")
             return client
 
         roles = flow_roles(self.settings)
@@ -195,7 +195,7 @@ class GlobusBackend:
                 exists=None if dry_run else exists, dry_run=dry_run, checksum=checksum,
             )  # fmt: skip
         except reg.RegistryError as exc:
-            raise BackendError(str(exc), step="register") from None
+            raise RunBackendError(str(exc), step="register") from None
 
     def validate_flow(
         self, name: str, definition: dict[str, Any], input_schema: dict[str, Any] | None
@@ -209,7 +209,7 @@ class GlobusBackend:
         try:
             return self.registry.require_id("flow", flow)
         except reg.RegistryError as exc:
-            raise BackendError(str(exc), step="start") from None
+            raise RunBackendError(str(exc), step="start") from None
 
     def start_run(self, flow: str, body: dict[str, Any], *, label: str, tags: list[str]) -> str:
         flow_id = self.flow_id(flow)
@@ -267,10 +267,10 @@ class GlobusBackend:
         try:
             function_id = self.registry.require_id("function", function)
         except reg.RegistryError as exc:
-            raise BackendError(str(exc), step="compute") from None
+            raise RunBackendError(str(exc), step="compute") from None
         endpoint = self.settings.compute.endpoint_id
         if not endpoint:
-            raise BackendError("compute.endpoint_id is not set in beamflow.toml", step="compute")
+            raise RunBackendError("compute.endpoint_id is not set in beamflow.toml", step="compute")
         return compute.run_direct(self.auth, endpoint, function_id, kwargs, timeout=timeout,
                                   user_endpoint_config=user_endpoint_config)  # fmt: skip
 
@@ -318,7 +318,7 @@ class GlobusBackend:
             return self.registry.ensure("timer", name, checksum, create=create, update=update,
                                         exists=exists)  # fmt: skip
         except reg.RegistryError as exc:
-            raise BackendError(str(exc), step="register") from None
+            raise RunBackendError(str(exc), step="register") from None
 
     def finished_runs(self, flow: str, *, after: str | None = None) -> list[FlowRunInfo]:
         """The ended runs of the registered ``flow`` (a Timer's), oldest first, those
@@ -339,7 +339,7 @@ class GlobusBackend:
     def close(self) -> None:
         self.auth.close()
 
-    def __enter__(self) -> GlobusBackend:
+    def __enter__(self) -> GlobusRunBackend:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -356,5 +356,5 @@ def validate_with_service(
 ) -> gflows.ServiceValidation:
     """Globus Flows' verdict on a definition (`beamflow flows validate --remote`), as the
     configured identity; raises :class:`LoginRequired` when nobody is logged in."""
-    with GlobusBackend(settings, network=network) as backend:
+    with GlobusRunBackend(settings, network=network) as backend:
         return backend.validate_flow(name, definition, input_schema)

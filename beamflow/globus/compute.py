@@ -6,7 +6,6 @@ it is imported inside those functions; the status check uses globus-sdk's own Co
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import time
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from typing import Any
 import globus_sdk
 
 from beamflow.globus.auth import GlobusAuth
-from beamflow.globus.errors import BackendError, exists_on_service, globus_errors
+from beamflow.globus.errors import RunBackendError, exists_on_service, globus_errors
 
 
 def function_source(function: Callable[..., Any]) -> str:
@@ -23,11 +22,7 @@ def function_source(function: Callable[..., Any]) -> str:
     try:
         return inspect.getsource(function)
     except (OSError, TypeError) as exc:
-        raise BackendError(f"cannot read the source of {function!r}: {exc}") from None
-
-
-def source_checksum(function: Callable[..., Any]) -> str:
-    return hashlib.sha256(function_source(function).encode()).hexdigest()
+        raise RunBackendError(f"cannot read the source of {function!r}: {exc}") from None
 
 
 def compute_client(auth: GlobusAuth) -> Any:
@@ -104,7 +99,7 @@ def run_direct(
             return _submit_and_wait(client, endpoint_id, function_id, kwargs, timeout,
                                     poll_seconds, user_endpoint_config)  # fmt: skip
     except TaskExecutionFailed as exc:  # the function raised on the endpoint
-        raise BackendError(
+        raise RunBackendError(
             f"the function failed on endpoint {endpoint_id}: {exc}", step="compute"
         ) from None
 
@@ -128,7 +123,7 @@ def _submit_and_wait(
     task = client.get_task(task_id)
     while task.get("pending", True):
         if timeout is not None and time.monotonic() - start > timeout:
-            raise BackendError(
+            raise RunBackendError(
                 f"function {function_id} gave no result within {timeout} s (task "
                 f"{task_id}; endpoint {endpoint_id} busy or offline?)",
                 transient=True,
@@ -138,7 +133,7 @@ def _submit_and_wait(
         task = client.get_task(task_id)
     if "result" in task:
         return task["result"]
-    raise BackendError(
+    raise RunBackendError(
         f"the function gave no result on endpoint {endpoint_id} (task {task_id}): "
         f"{task.get('reason') or task.get('status')}",
         step="compute",

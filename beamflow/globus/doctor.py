@@ -20,7 +20,6 @@ import globus_sdk
 
 from beamflow import endpoint_files as ef
 from beamflow import registry as reg
-from beamflow.backend import BackendError
 from beamflow.config import Settings, agent_client_id, environ_overrides, is_uuid
 from beamflow.globus import compute, transfer
 from beamflow.globus import flows as gflows
@@ -35,7 +34,8 @@ from beamflow.globus.auth import (
     expiry_warnings,
 )
 from beamflow.globus.errors import ClientSecretRejected, LoginRequired, globus_errors
-from beamflow.probe import Check
+from beamflow.runs.backend import RunBackendError
+from beamflow.worker_check import Check
 
 
 def config_checks(settings: Settings) -> list[Check]:
@@ -233,7 +233,7 @@ def run_checks(settings: Settings, *, network: NetworkPolicy = INTERACTIVE) -> l
         flow_entries, function_entries = {}, {}
     try:
         auth = GlobusAuth(settings, flow_ids=[e.id for e in flow_entries.values()], network=network)
-    except BackendError as exc:
+    except RunBackendError as exc:
         checks.append(Check(name="token file", outcome="fail", detail=str(exc)))
         return checks
     with auth:
@@ -257,7 +257,7 @@ def run_checks(settings: Settings, *, network: NetworkPolicy = INTERACTIVE) -> l
                 checks.append(
                     Check(name=name, outcome="fail", detail=str(exc), fix="run `beamflow login`")
                 )
-            except BackendError as exc:
+            except RunBackendError as exc:
                 if "cannot reach Globus" in str(exc):
                     offline = True
                 checks.append(
@@ -275,7 +275,7 @@ def run_checks(settings: Settings, *, network: NetworkPolicy = INTERACTIVE) -> l
     return checks
 
 
-def _network_fix(exc: BackendError) -> str:
+def _network_fix(exc: RunBackendError) -> str:
     if "cannot reach Globus" in str(exc):
         return "check the network (DNS, proxy, firewall: HTTPS to *.globus.org)"
     return "see the message; `beamflow doctor` again once fixed"
@@ -341,7 +341,7 @@ def _client_login(auth: GlobusAuth) -> Check:
         missing = auth.consent_gaps()
     except ClientSecretRejected as exc:
         return Check(name="login", outcome="fail", detail=str(exc), fix=ROTATION_FIX)
-    except BackendError as exc:
+    except RunBackendError as exc:
         return Check(name="login", outcome="fail", detail=str(exc), fix=_network_fix(exc))
     if missing:
         return Check(name="login", outcome="fail", detail=auth.consent_gap_text(missing),

@@ -1,8 +1,8 @@
 """Globus failures, said in one sentence that names the service, the action and the fix.
 
 Everything the SDKs raise (token validation, API errors, network errors, the login prompt
-reading EOF) is turned into a :class:`~beamflow.backend.BackendError` here, so the agent can
-decide on a retry (``transient``) and the CLI can print a sentence instead of a traceback.
+reading EOF) is turned into a :class:`~beamflow.runs.backend.RunBackendError` here, so the
+agent can decide on a retry (``transient``) and the CLI can print a sentence instead of a traceback.
 A fault a person must fix by logging in again is a :class:`LoginRequired`.
 """
 
@@ -23,24 +23,24 @@ from globus_sdk.token_storage.validating_token_storage import (
     UnmetScopeRequirementsError,
 )
 
-from beamflow.backend import BackendError
 from beamflow.config import is_uuid
+from beamflow.runs.backend import RunBackendError
 
 LOGIN = "run `beamflow login`"
 
 
-class LoginRequired(BackendError):
+class LoginRequired(RunBackendError):
     """Tokens are missing, expired or lack a consent: a person must run `beamflow login`."""
 
 
-class ConfigIncomplete(BackendError):
+class ConfigIncomplete(RunBackendError):
     """A Globus id the configuration needs is not filled in."""
 
 
 ROTATION = 'docs/deployment.md, "Rotating the client secret"'
 
 
-class ClientSecretRejected(BackendError):
+class ClientSecretRejected(RunBackendError):
     """Globus Auth refused the confidential client's secret (revoked, rotated or mistyped):
     no login helps; an admin must give the agent a current secret."""
 
@@ -56,7 +56,7 @@ class ClientSecretRejected(BackendError):
         self.client_id = client_id
 
 
-class ClientConsentMissing(BackendError):
+class ClientConsentMissing(RunBackendError):
     """Globus Auth holds no consent of the agent's client identity for a dependent scope it
     needs, even right after a client-credentials grant that asked for it: an admin must act
     (the message says what); logging in cannot help a client."""
@@ -82,9 +82,10 @@ def _service_of(exc: globus_sdk.GlobusAPIError) -> str:
     return "service"
 
 
-def explain(exc: BaseException, *, action: str, step: str | None = None) -> BackendError:
-    """The BackendError that says what went wrong while doing ``action`` (e.g. "start the run")."""
-    if isinstance(exc, BackendError):
+def explain(exc: BaseException, *, action: str, step: str | None = None) -> RunBackendError:
+    """The RunBackendError that says what went wrong while doing ``action`` (e.g. "start the
+    run")."""
+    if isinstance(exc, RunBackendError):
         return exc
     if isinstance(exc, MissingTokenError) and is_uuid(exc.resource_server):
         # A flow is its own resource server: logged in, but not yet consented to run it.
@@ -130,16 +131,18 @@ def explain(exc: BaseException, *, action: str, step: str | None = None) -> Back
         return _explain_api(exc, action=action, step=step)
     if isinstance(exc, globus_sdk.NetworkError):
         reason = _short_network_reason(exc)
-        return BackendError(
+        return RunBackendError(
             f"cannot reach Globus while trying to {action} ({reason}); check the network "
             "and proxy settings, then retry",
             transient=True,
             step=step,
         )
-    return BackendError(f"could not {action}: {type(exc).__name__}: {exc}", step=step)
+    return RunBackendError(f"could not {action}: {type(exc).__name__}: {exc}", step=step)
 
 
-def _explain_api(exc: globus_sdk.GlobusAPIError, *, action: str, step: str | None) -> BackendError:
+def _explain_api(
+    exc: globus_sdk.GlobusAPIError, *, action: str, step: str | None
+) -> RunBackendError:
     service = _service_of(exc)
     status = exc.http_status
     message = exc.message or exc.text[:200] or ""
@@ -170,7 +173,7 @@ def _explain_api(exc: globus_sdk.GlobusAPIError, *, action: str, step: str | Non
         )
     transient = status in (408, 409, 429) or status >= 500
     what = f"Globus {service} answered {status} {exc.code}"
-    return BackendError(
+    return RunBackendError(
         f"could not {action}: {what}: {message}".rstrip(": "), transient=transient, step=step
     )
 
@@ -194,7 +197,7 @@ def globus_errors(action: str, *, step: str | None = None) -> Iterator[None]:
     """Translate what the Globus SDKs raise inside the block (see :func:`explain`)."""
     try:
         yield
-    except BackendError:
+    except RunBackendError:
         raise
     except (globus_sdk.GlobusError, TokenValidationError) as exc:
         raise explain(exc, action=action, step=step) from exc

@@ -19,11 +19,11 @@ from typing import Any
 import globus_sdk
 from pydantic import BaseModel, Field
 
-from beamflow.backend import FlowRunInfo, StepInfo
 from beamflow.globus.errors import exists_on_service, globus_errors
 from beamflow.globus.roles import FlowRoles, RunRoles
 from beamflow.registry import GoneOnService
-from beamflow.store import RunStatus
+from beamflow.runs.backend import FlowRunInfo, StepInfo
+from beamflow.runs.records import RunStatus
 
 log = logging.getLogger(__name__)
 

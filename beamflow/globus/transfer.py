@@ -12,8 +12,8 @@ from typing import Any
 
 import globus_sdk
 
-from beamflow.backend import StepInfo
 from beamflow.globus.errors import globus_errors
+from beamflow.runs.backend import StepInfo
 
 # Action URLs of the Transfer action provider (current and older; with or without "/").
 _TRANSFER_URLS = ("transfer.actions.globus.org", "actions.globus.org/transfer")
@@ -83,7 +83,7 @@ def attach_task_status(
 
 def check_collection(client: globus_sdk.TransferClient, collection_id: str) -> tuple[str, str]:
     """Look the collection up and list its root; returns (description, entity type, e.g.
-    ``GCSv5_mapped_collection``); raises BackendError."""
+    ``GCSv5_mapped_collection``); raises RunBackendError."""
     with globus_errors(f"look up collection {collection_id}"):
         info = client.get_endpoint(collection_id).data
     name = info.get("display_name") or info.get("canonical_name") or collection_id

@@ -21,8 +21,8 @@ from beamflow.checkpoint import CheckpointPolicy, LevelConfig
 from beamflow.config import (
     ENGINE_SETTINGS,
     RECONSTRUCTION_DEFAULTS,
-    RENAMED_SETTINGS,
     Reconstruction,
+    current_names,
 )
 from beamflow.error_kinds import ErrorKind
 from beamflow.ptycho.forward.propagation import PropagationModel
@@ -94,8 +94,8 @@ def check_out_dir(out: Path) -> None:
 
 
 #: flat keys accepted as shorthands for `params` fields (CLI, compute function kwargs): the
-#: engine's settings by their names, and the old names of renamed ones
-_PARAM_SHORTHANDS = {**{name: name for name in ENGINE_SETTINGS}, **RENAMED_SETTINGS}
+#: engine's settings by their names (the old names of renamed ones: config.current_names)
+_PARAM_SHORTHANDS = {name: name for name in ENGINE_SETTINGS}
 
 
 class RunParameters(Reconstruction):
@@ -190,9 +190,9 @@ class ReconstructJob(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _shorthands(cls, values: Any) -> Any:
+        values = current_names(values)
         if not isinstance(values, dict):
             return values
-        values = dict(values)
         params = values.get("params", {})
         params = params.model_dump() if isinstance(params, ReconParams) else dict(params)
         for field in ENGINE_SETTINGS:

@@ -35,7 +35,7 @@ class TaskRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    scan: str = Field(min_length=1)
+    scan_path: str = Field(min_length=1)
     output_dir: str = Field(min_length=1)
     allowed_roots: list[str] = Field(min_length=1, max_length=16)
     parameters: RunParameters = Field(default_factory=RunParameters)
@@ -52,9 +52,9 @@ class _Paths(BaseModel):
 
 
 def run_task(**kwargs: Any) -> dict[str, Any]:
-    """Reconstruct ``kwargs["scan"]`` into its ``output_dir`` (product.h5, previews/); return
+    """Reconstruct ``kwargs["scan_path"]`` into its ``output_dir`` (product.h5, previews/); return
     the summary the flow carries back."""
-    scan = kwargs.get("scan")
+    scan = kwargs.get("scan_path")
     label = scan if isinstance(scan, str) else repr(scan)
     request = _checked_request(kwargs, label)
     paths = _confined_paths(request, label)
@@ -103,7 +103,7 @@ def _confined_paths(request: TaskRequest, label: str) -> _Paths:
 
     out = confined(request.output_dir, "output_dir", must_exist=False)
     return _Paths(
-        scan=confined(request.scan, "scan", must_exist=True),
+        scan=confined(request.scan_path, "scan_path", must_exist=True),
         out=out,
         checkpoints=confined(request.checkpoint_dir or str(out / "checkpoints"),
                              "checkpoint_dir", must_exist=False),
@@ -202,7 +202,7 @@ def _report(request: TaskRequest, paths: _Paths, device: str, visible: str | Non
         return str(p.relative_to(out)) if p.is_relative_to(out) else p.name
 
     return {
-        "scan": str(paths.scan),
+        "scan_path": str(paths.scan),
         "run_name": request.run_name,
         "algorithm": request.parameters.algorithm,
         "iterations": data.get("iterations"),

@@ -2,16 +2,17 @@
 Compute action providers (one machine, no network). See :mod:`beamflow.local.backend`.
 
 The public API, all that code outside this package uses (tests/test_architecture.py checks
-it): ``LocalBackend`` (through ``beamflow.runs.get_backend``), and the offline flow tool of
-`beamflow flows validate|run` (:mod:`beamflow.local.flowtool`): ``check_flow``, ``run_flow``,
-``providers_for``, ``load_flow`` and ``FlowToolError``; ``check_local``, `beamflow doctor` of a
-local workspace (:mod:`beamflow.local.doctor`), and ``probe_local``, the worker probe of
-`beamflow doctor --probe` (:mod:`beamflow.local.probe`).
+it): ``LocalRunBackend`` (the run backend: ``beamflow.runs.lifecycle.get_run_backend``), and
+the offline flow tool of `beamflow flows validate|run` (:mod:`beamflow.local.flowtool`):
+``check_flow``, ``run_flow``, ``providers_for``, ``load_flow`` and ``FlowToolError``;
+``check_local``, `beamflow doctor` of a local workspace (:mod:`beamflow.local.doctor`), and
+``check_local_workers``, the worker probe of `beamflow doctor --probe`
+(:mod:`beamflow.local.worker_check`).
 """
 
 from __future__ import annotations
 
-from beamflow.local.backend import LocalBackend
+from beamflow.local.backend import LocalRunBackend
 from beamflow.local.doctor import check_local
 from beamflow.local.flowtool import (
     FlowCheck,
@@ -21,16 +22,16 @@ from beamflow.local.flowtool import (
     providers_for,
     run_flow,
 )
-from beamflow.local.probe import probe_local
+from beamflow.local.worker_check import check_local_workers
 
 __all__ = [
     "FlowCheck",
     "FlowToolError",
-    "LocalBackend",
+    "LocalRunBackend",
     "check_flow",
     "check_local",
+    "check_local_workers",
     "load_flow",
-    "probe_local",
     "providers_for",
     "run_flow",
 ]

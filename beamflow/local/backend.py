@@ -7,7 +7,7 @@ written at registration (``state_dir/local_flows/<id>.json``), so a run uses wha
 registered, as on Globus Flows, and ``register flows`` after editing a flow is what makes
 the edit live.
 
-Runs: :meth:`LocalBackend.start_run` validates the input against the flow's schema and runs
+Runs: :meth:`LocalRunBackend.start_run` validates the input against the flow's schema and runs
 the flow in a background thread. A run lives in the process that started it, so its record
 is what survives: ``state_dir/local_runs/<run id>.json`` is rewritten atomically on every
 run-log entry and on a heartbeat, with the status, log, output, error, and the pid and host
@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from beamflow.atomic import atomic_write_json
-from beamflow.backend import BackendError, FlowRunInfo, RegistrationResult, StepInfo
 from beamflow.config import ConfigError, Settings
 from beamflow.error_kinds import ErrorKind
 from beamflow.local.actions import ActionProvider, iso_time
-from beamflow.local.interpreter import FlowDefinitionError, FlowRunner, RunResult
+from beamflow.local.flow_run import RunResult
+from beamflow.local.interpreter import FlowDefinitionError, FlowRunner
 from beamflow.local.validation import validate_input
 from beamflow.processes import pid_alive
 from beamflow.registry import (
@@ -49,7 +49,8 @@ from beamflow.registry import (
     register_flows,
     register_functions,
 )
-from beamflow.store import RunStatus
+from beamflow.runs.backend import FlowRunInfo, RegistrationResult, RunBackendError, StepInfo
+from beamflow.runs.records import RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class _LocalRun:
             return json.loads(json.dumps(self.record, default=str))
 
 
-class LocalBackend:
+class LocalRunBackend:
     """Flows on one machine; see the module docstring."""
 
     name = "local"
@@ -150,7 +151,7 @@ class LocalBackend:
         try:
             return register_functions(self.registry, create=create, update=update, dry_run=dry_run)
         except RegistryError as exc:
-            raise BackendError(str(exc)) from None
+            raise RunBackendError(str(exc)) from None
 
     def register_flows(self, *, dry_run: bool = False) -> list[RegistrationResult]:
         import flows
@@ -160,7 +161,7 @@ class LocalBackend:
             try:
                 FlowRunner(definition, {})  # validates, as the service does on deploy
             except FlowDefinitionError as exc:
-                raise BackendError(f"flows/{name}.json: {exc}") from None
+                raise RunBackendError(f"flows/{name}.json: {exc}") from None
             self.flows_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_json(
                 self.flows_dir / f"{flow_id}.json",
@@ -184,12 +185,12 @@ class LocalBackend:
                 dry_run=dry_run,
             )
         except RegistryError as exc:
-            raise BackendError(str(exc)) from None
+            raise RunBackendError(str(exc)) from None
 
     def _registered_flow(self, flow: str) -> dict[str, Any]:
         entry = self.registry.get("flow", flow)
         if entry is None:
-            raise BackendError(
+            raise RunBackendError(
                 f"flow {flow!r} is not registered for the local backend: run "
                 "`beamflow register flows`",
                 step="Start",
@@ -198,7 +199,7 @@ class LocalBackend:
         try:
             return json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
-            raise BackendError(
+            raise RunBackendError(
                 f"flow {flow!r} is registered as {entry.id} but its snapshot {path} is missing "
                 "or damaged: run `beamflow register flows` again",
                 step="Start",
@@ -214,7 +215,7 @@ class LocalBackend:
                 try:
                     compute = LocalComputeProvider.from_settings(self.settings)
                 except ConfigError as exc:
-                    raise BackendError(str(exc), step="Start") from None
+                    raise RunBackendError(str(exc), step="Start") from None
                 transfer = LocalTransferProvider.from_settings(self.settings)
                 self._owned_providers = [transfer, compute]
                 self._providers = {transfer.url: transfer, compute.url: compute}
@@ -231,11 +232,11 @@ class LocalBackend:
     # -- runs --------------------------------------------------------------------------------
     def start_run(self, flow: str, body: dict[str, Any], *, label: str, tags: list[str]) -> str:
         if self._closing.is_set():
-            raise BackendError("the local backend is closed", step="Start")
+            raise RunBackendError("the local backend is closed", step="Start")
         registered = self._registered_flow(flow)
         problems = validate_input(body, registered.get("input_schema"))
         if problems:
-            raise BackendError(
+            raise RunBackendError(
                 f"input for flow {flow!r} does not match its schema: " + "; ".join(problems),
                 step="Start",
             )
@@ -250,9 +251,9 @@ class LocalBackend:
                 max_poll_interval=max(self.poll_interval, self.max_poll_interval),
             )
         except FlowDefinitionError as exc:
-            raise BackendError(f"flow {flow!r}: {exc}", step="Start") from None
+            raise RunBackendError(f"flow {flow!r}: {exc}", step="Start") from None
         if runner.missing_providers:
-            raise BackendError(
+            raise RunBackendError(
                 f"flow {flow!r} uses action providers the local backend does not have: "
                 + ", ".join(runner.missing_providers),
                 step="Start",
@@ -354,14 +355,14 @@ class LocalBackend:
 
     def _read_record(self, run_id: str) -> dict[str, Any]:
         if not run_id or "/" in run_id or run_id.startswith("."):
-            raise BackendError(f"{run_id!r} is not a local run id")
+            raise RunBackendError(f"{run_id!r} is not a local run id")
         path = self.runs_dir / f"{run_id}.json"
         try:
             return json.loads(path.read_text())
         except FileNotFoundError:
-            raise BackendError(f"no local run {run_id} (no record in {self.runs_dir})") from None
+            raise RunBackendError(f"no local run {run_id} (no record in {self.runs_dir})") from None
         except (OSError, json.JSONDecodeError) as exc:
-            raise BackendError(
+            raise RunBackendError(
                 f"{path}: cannot read the run record: {exc}", transient=True
             ) from None
 

@@ -1,5 +1,5 @@
 """`beamflow doctor` on the local backend: what the embedded backend needs, checked without
-running anything (``--probe`` adds the worker probe, :mod:`beamflow.local.probe`).
+running anything (``--probe`` adds the worker probe, :mod:`beamflow.local.worker_check`).
 
 The same checks open ``doctor`` and ``doctor --probe``, so the two agree: no Globus id is
 asked of a workspace that never talks to Globus.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from beamflow import registry as reg
 from beamflow.config import Settings
-from beamflow.probe import Check
+from beamflow.worker_check import Check
 
 
 def check_local(settings: Settings) -> list[Check]:

@@ -37,6 +37,10 @@ Action providers (our own protocol; the service speaks the Action Provider HTTP 
 completion_time, details, display_status, creator_id, label``. A provider that cannot start
 an action raises (``ActionUnableToRunError`` to pass a structured error, or any exception).
 
+The rooms beside this one: the Action state (start, poll, time out, fail) is
+:mod:`beamflow.local.action_state`; the run's result and its states' errors,
+:mod:`beamflow.local.flow_run`; Choice's tests, :mod:`beamflow.local.choice`.
+
 Clocks (:mod:`beamflow.local.clock`): ``SystemClock`` (``time_scale=0.01`` makes waits and
 polls 100x shorter while the flow sees full-length time) and ``ManualClock`` (sleeps return at
 once and advance its time; for tests). The provider interface is :mod:`beamflow.local.actions`.
@@ -79,25 +83,27 @@ from __future__ import annotations
 
 import copy
 import getpass
-import json
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from pydantic import BaseModel, Field
-
-from beamflow.local.actions import (
-    ActionProvider,
-    ActionUnableToRunError,
-    RunContext,
-    iso_time,
-    normalize_action_url,
-)
+from beamflow.local.action_state import run_action
+from beamflow.local.actions import ActionProvider, RunContext, iso_time, normalize_action_url
 from beamflow.local.choice import compare, type_test
 from beamflow.local.clock import Clock, SystemClock
 from beamflow.local.expressions import ExpressionError, evaluate
+from beamflow.local.flow_run import (
+    LogListener,
+    RunCanceled,
+    RunResult,
+    RunStatus,
+    StateFailure,
+    cause_text,
+    runtime_failure,
+    strip_private,
+)
 from beamflow.local.jsonpath import (
     JSONPathError,
     PathNotFound,
@@ -119,70 +125,9 @@ __all__ = [
     "FlowInputError",
     "FlowRunner",
     "RunHandle",
-    "RunResult",
 ]
 
 log = logging.getLogger(__name__)
-
-RunStatus = Literal["ACTIVE", "INACTIVE", "SUCCEEDED", "FAILED", "ENDED"]
-DEFAULT_WAIT_TIME = 300
-MAX_STATUS_ERRORS = 5  # consecutive failed status polls before the action counts as failed
-
-
-# -- results -----------------------------------------------------------------------------------
-class RunResult(BaseModel):
-    run_id: str
-    flow_id: str
-    status: RunStatus
-    output: Any = None
-    log: list[dict[str, Any]] = Field(default_factory=list)
-    error: dict[str, Any] | None = None
-    details: dict[str, Any] = Field(default_factory=dict)
-    label: str | None = None
-    tags: list[str] = Field(default_factory=list)
-    start_time: str
-    completion_time: str | None = None
-
-
-LogListener = Callable[[dict[str, Any]], None]
-
-
-class _Failure(Exception):
-    """An error raised by a state: ``Error``/``Cause`` as the States Language has them."""
-
-    def __init__(self, error: str, cause: str, *, catchable: bool = True) -> None:
-        super().__init__(f"{error}: {cause}")
-        self.error = error
-        self.cause = cause
-        self.catchable = catchable
-
-    def error_object(self) -> dict[str, str]:
-        return {"Error": self.error, "Cause": self.cause}
-
-
-class _Canceled(Exception):
-    pass
-
-
-def _runtime(message: str) -> _Failure:
-    return _Failure("States.Runtime", message, catchable=False)
-
-
-def _strip_private(value: Any) -> Any:
-    """The value without ``_private*`` keys (hidden from introspection, per Globus)."""
-    if isinstance(value, dict):
-        return {
-            k: _strip_private(v)
-            for k, v in value.items()
-            if not (isinstance(k, str) and k.startswith("_private"))
-        }
-    if isinstance(value, list):
-        return [_strip_private(v) for v in value]
-    return value
-
-
-def _cause(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -231,7 +176,7 @@ class _Execution:
             "time": iso_time(self.clock.time()),
             "code": code,
             "description": description,
-            "details": _strip_private(copy.deepcopy(details)),
+            "details": strip_private(copy.deepcopy(details)),
         }
         with self.lock:
             self.log.append(entry)
@@ -253,20 +198,20 @@ class _Execution:
 
     def check_cancel(self) -> None:
         if self.cancel_event.is_set():
-            raise _Canceled
+            raise RunCanceled
 
     # -- values --------------------------------------------------------------------------
     def path(self, data: Any, path: str, where: str) -> Any:
         try:
             return get_value(data, path, self.context)
         except (PathNotFound, JSONPathError) as exc:
-            raise _runtime(f"{where}: {exc}") from None
+            raise runtime_failure(f"{where}: {exc}") from None
 
     def expr(self, source: str, data: Any, where: str) -> Any:
         try:
             return evaluate(source, data, self.context)
         except ExpressionError as exc:
-            raise _runtime(f"{where}: {exc}") from None
+            raise runtime_failure(f"{where}: {exc}") from None
 
     def build(self, template: Any, data: Any, where: str) -> tuple[Any, Any]:
         """(value, value for the log): ``.$`` and ``.=`` keys resolved at any depth;
@@ -303,7 +248,7 @@ class _Execution:
         try:
             return set_value(data, result_path, value)
         except (PathNotFound, JSONPathError) as exc:
-            raise _runtime(f"{where}: ResultPath: {exc}") from None
+            raise runtime_failure(f"{where}: ResultPath: {exc}") from None
 
     # -- main loop -----------------------------------------------------------------------
     def execute(self) -> RunResult:
@@ -317,7 +262,7 @@ class _Execution:
                 state = states[name]
                 try:
                     nxt = self.step(name, state)
-                except _Failure as failure:
+                except StateFailure as failure:
                     catcher = self.find_catcher(state, failure)
                     if catcher is None:
                         return self.finish_failed(name, failure)
@@ -331,13 +276,13 @@ class _Execution:
                 if nxt is None:
                     return self.finish("SUCCEEDED")
                 name = nxt
-        except _Failure as failure:  # raised while handling a Catch
+        except StateFailure as failure:  # raised while handling a Catch
             return self.finish_failed(name, failure)
-        except _Canceled:
+        except RunCanceled:
             return self.finish("ENDED")
 
     @staticmethod
-    def find_catcher(state: dict[str, Any], failure: _Failure) -> dict[str, Any] | None:
+    def find_catcher(state: dict[str, Any], failure: StateFailure) -> dict[str, Any] | None:
         if not failure.catchable:
             return None
         for catcher in state.get("Catch") or []:
@@ -374,13 +319,14 @@ class _Execution:
 
     def do_Fail(self, name: str, state: dict[str, Any]) -> None:  # noqa: N802
         self.state_entry(name, "Fail", "Started", input=self.data)
+        where = f"State {name!r}"
         error = state.get("Error")
         cause = state.get("Cause")
         if "ErrorPath" in state:
-            error = _cause(self.path(self.data, state["ErrorPath"], f"State {name!r}: ErrorPath"))
+            error = cause_text(self.path(self.data, state["ErrorPath"], f"{where}: ErrorPath"))
         if "CausePath" in state:
-            cause = _cause(self.path(self.data, state["CausePath"], f"State {name!r}: CausePath"))
-        raise _Failure(error or "States.Fail", cause or "", catchable=False)
+            cause = cause_text(self.path(self.data, state["CausePath"], f"{where}: CausePath"))
+        raise StateFailure(error or "States.Fail", cause or "", catchable=False)
 
     def do_Wait(self, name: str, state: dict[str, Any]) -> None:  # noqa: N802
         self.state_entry(name, "Wait", "Started", input=self.data)
@@ -391,7 +337,7 @@ class _Execution:
         elif "SecondsPath" in state:
             seconds = self.path(self.data, state["SecondsPath"], f"{where}: SecondsPath")
             if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
-                raise _runtime(f"{where}: SecondsPath gave {seconds!r}, not a number ≥ 0")
+                raise runtime_failure(f"{where}: SecondsPath gave {seconds!r}, not a number ≥ 0")
             until = now + float(seconds)
         else:
             if "Timestamp" in state:
@@ -400,7 +346,7 @@ class _Execution:
                 stamp = self.path(self.data, state["TimestampPath"], f"{where}: TimestampPath")
             moment = parse_timestamp(stamp)
             if moment is None:
-                raise _runtime(f"{where}: {stamp!r} is not an RFC 3339 timestamp")
+                raise runtime_failure(f"{where}: {stamp!r} is not an RFC 3339 timestamp")
             until = moment.timestamp()
         while True:
             self.check_cancel()
@@ -421,7 +367,7 @@ class _Execution:
         if chosen is None:
             chosen = state.get("Default")
         if chosen is None:
-            raise _Failure(
+            raise StateFailure(
                 "States.NoChoiceMatched",
                 f"{where}: no choice rule matched and there is no Default",
                 catchable=False,
@@ -446,24 +392,6 @@ class _Execution:
         else:
             body, shown = self.build(state["Parameters"], self.data, f"{where}: Parameters")
         self.state_entry(name, "Action", "Started", input=shown)
-        url = state["ActionUrl"]
-        provider = self.runner.provider_for(url)
-
-        def failed(error: str, cause: Any) -> _Failure:
-            failure = _Failure(error, _cause(cause))
-            self.state_entry(name, "Action", "Failed", error=failure.error_object())
-            return failure
-
-        if provider is None:
-            raise failed(
-                "ActionUnableToRun",
-                {"code": "NoActionProvider", "description": f"no action provider for {url}"},
-            )
-        if not isinstance(body, dict):
-            raise failed(
-                "ActionUnableToRun",
-                {"code": "BadRequest", "description": "the action body must be a JSON object"},
-            )
         context = RunContext(
             run_id=self.run_id,
             flow_id=self.runner.flow_id,
@@ -473,60 +401,18 @@ class _Execution:
             username=self.context["username"],
             user_id=self.context["user_id"],
         )
-        started = self.clock.time()
         try:
-            status = provider.start(copy.deepcopy(body), context)
-        except ActionUnableToRunError as exc:
-            raise failed(
-                "ActionUnableToRun",
-                exc.details if exc.details is not None else {"description": str(exc)},
-            ) from None
-        except Exception as exc:  # noqa: BLE001 - any refusal to start is ActionUnableToRun
-            raise failed(
-                "ActionUnableToRun", {"code": type(exc).__name__, "description": str(exc)}
-            ) from None
-        wait_time = state.get("WaitTime", DEFAULT_WAIT_TIME)
-        deadline = started + wait_time
-        interval = self.runner.poll_interval
-        errors = 0
-        while status.status in ("ACTIVE", "INACTIVE"):
-            self.set_status("INACTIVE" if status.status == "INACTIVE" else "ACTIVE")
-            if self.cancel_event.is_set():
-                self.cancel_action(provider, status.action_id)
-                raise _Canceled
-            now = self.clock.time()
-            if now >= deadline:
-                self.cancel_action(provider, status.action_id)
-                doc = status.document()
-                doc["state_name"] = name
-                raise failed("ActionTimeout", doc)
-            if self.clock.sleep(min(interval, deadline - now), self.cancel_event):
-                continue
-            interval = min(interval * 2, self.runner.max_poll_interval)
-            try:
-                status = provider.status(status.action_id)
-                errors = 0
-            except Exception as exc:  # noqa: BLE001 - a provider fault is retried a few times
-                errors += 1
-                log.warning("run %s: status of %s failed: %s", self.run_id, name, exc)
-                if errors >= MAX_STATUS_ERRORS:
-                    doc = status.document()
-                    doc.update(status="FAILED", display_status="FAILED", state_name=name)
-                    doc["details"] = {"error": f"status polling failed: {exc}"}
-                    raise failed("ActionFailedException", doc) from None
-        self.set_status("ACTIVE")
-        doc = status.document()
-        doc["state_name"] = name
-        if status.status == "FAILED" and state.get("ExceptionOnActionFailure", True):
-            raise failed("ActionFailedException", doc)
+            doc = run_action(
+                state, body, context, self.runner.provider_for(state["ActionUrl"]),
+                clock=self.clock, cancelled=self.cancel_event,
+                poll_interval=self.runner.poll_interval,
+                max_poll_interval=self.runner.max_poll_interval, on_status=self.set_status,
+            )  # fmt: skip
+        except StateFailure as failure:
+            self.state_entry(name, "Action", "Failed", error=failure.error_object())
+            raise
         self.state_entry(name, "Action", "Completed", output=doc)
         self.data = self.put(self.data, state.get("ResultPath", "$"), doc, where)
-
-    def cancel_action(self, provider: ActionProvider, action_id: str) -> None:
-        try:
-            provider.cancel(action_id)
-        except Exception as exc:  # noqa: BLE001 - best effort, the run ends either way
-            log.warning("run %s: cancelling action %s failed: %s", self.run_id, action_id, exc)
 
     def set_status(self, status: RunStatus) -> None:
         with self.lock:
@@ -534,7 +420,7 @@ class _Execution:
 
     # -- endings -------------------------------------------------------------------------
     def finish(self, status: RunStatus) -> RunResult:
-        output = _strip_private(self.data)
+        output = strip_private(self.data)
         if status == "SUCCEEDED":
             self.emit(
                 "FlowSucceeded", "The Flow Instance completed successfully", {"output": output}
@@ -554,8 +440,8 @@ class _Execution:
             }
         return self.result_of(status, output, details, None)
 
-    def finish_failed(self, name: str, failure: _Failure) -> RunResult:
-        output = _strip_private(self.data)
+    def finish_failed(self, name: str, failure: StateFailure) -> RunResult:
+        output = strip_private(self.data)
         error = {**failure.error_object(), "state_name": name}
         description = f"The Flow Instance failed in state {name}: {failure.error}"
         if failure.cause:
@@ -715,7 +601,7 @@ class FlowRunner:
         except Exception as exc:  # an interpreter bug must still end the run, with a reason
             log.exception("run %s: interpreter error", execution.run_id)
             return execution.finish_failed(
-                "?", _Failure("States.Runtime", f"interpreter error: {exc!r}", catchable=False)
+                "?", StateFailure("States.Runtime", f"interpreter error: {exc!r}", catchable=False)
             )
         finally:
             with self._lock:

@@ -11,12 +11,12 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from beamflow import __version__
+from beamflow.runs.store import StoreError
 from beamflow.status import views
 from beamflow.status.forms import read_form
 from beamflow.status.logs import RunLog, run_log
 from beamflow.status.runs_query import RunsQuery
 from beamflow.status.site import MAX_LIMIT, RETRYABLE, RunDetail, RunsPage, Site
-from beamflow.store import StoreError
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ Who may see what is :mod:`beamflow.status.security`'s: off loopback everything b
 The store is read on every request (the agent writes it from another process); handlers are
 plain functions, so FastAPI runs them in its thread pool and each thread has its own SQLite
 connection. Nothing here writes the store except a retry, which goes through the shared run
-path (``beamflow.runs``) that the CLI uses too.
+path (``beamflow.runs.lifecycle``) that the CLI uses too.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from beamflow import __version__
+from beamflow.runs.store import Store
 from beamflow.status import api, auth, files, pages
 from beamflow.status.forms import local_target
 from beamflow.status.security import SecurityMiddleware
 from beamflow.status.site import STATIC, RetryFn, Site, StatusOptions
-from beamflow.store import Store
 
 __all__ = ["RetryFn", "StatusOptions", "create_app"]
 

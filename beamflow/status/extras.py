@@ -15,8 +15,8 @@ from collections import deque
 
 from pydantic import BaseModel
 
+from beamflow.runs.records import Run, RunStatus
 from beamflow.status.views import format_duration, step_label
-from beamflow.store import Run, RunStatus
 
 RATE_WINDOW = 120.0  # seconds of samples behind a speed
 MAX_TRACKED = 1000  # runs followed at once; the least recently seen is dropped first

@@ -7,9 +7,9 @@ from pathlib import PurePath
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse
 
+from beamflow.runs.records import Run
 from beamflow.status import views
 from beamflow.status.site import Site
-from beamflow.store import Run
 
 
 def router(site: Site) -> APIRouter:

@@ -26,8 +26,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from beamflow.runs.records import Run
+from beamflow.runs.store import Store
 from beamflow.status.views import format_time, step_label
-from beamflow.store import Run, Store
 
 MAX_EVENTS = 5000
 MAX_FLOW_LOG_BYTES = 32 << 20  # a run record larger than this is not read into the page

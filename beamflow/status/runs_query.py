@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 from fastapi import HTTPException
 from pydantic import BaseModel
 
-from beamflow.store import RunStatus
+from beamflow.runs.records import RunStatus
 
 DEFAULT_LIMIT = 50
 # sort -> (store sort, oldest first)

@@ -14,9 +14,9 @@ from fastapi import FastAPI
 
 from beamflow.agent_state import state_path
 from beamflow.config import Settings
+from beamflow.runs.store import Store
 from beamflow.status.app import RetryFn, StatusOptions, create_app
 from beamflow.status.security import is_loopback
-from beamflow.store import Store
 
 MIN_TOKEN_LENGTH = 16
 

@@ -19,17 +19,18 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import BaseModel, Field, SecretStr
 
 from beamflow import __version__
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 from beamflow.status import views
 from beamflow.status.extras import RateTracker, RunExtras, extras_of
 from beamflow.status.runs_query import SINCE_LABELS, SORT_LABELS, RunsQuery
 from beamflow.status.security import Guard
 from beamflow.status.sessions import DEFAULT_SESSION_SECONDS, Sessions
-from beamflow.store import Run, RunStatus, Store
 
 PACKAGE = Path(str(files("beamflow.status")))
 TEMPLATES = PACKAGE / "templates"
 STATIC = PACKAGE / "static"
-# What `beamflow runs retry` accepts too (beamflow.runs.retry_run): a new attempt of a run
+# What `beamflow runs retry` accepts too (beamflow.runs.lifecycle.retry_run): a new attempt of a run
 # that ended without a result.
 RETRYABLE = (RunStatus.FAILED, RunStatus.CANCELLED)
 MAX_LIMIT = 500  # runs on one page of the list or the API

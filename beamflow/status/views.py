@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, field_serializer
 
 from beamflow.agent_state import ONCE_PREFIX, AgentStateError, read_state
 from beamflow.ptycho.state import settings_that_apply
-from beamflow.store import Attempt, Event, Run, RunStatus, Step
+from beamflow.runs.records import Attempt, Event, Run, RunStatus, Step
 
 # Icon ids in static/icons.svg. Every status has an icon and a word, never colour alone.
 STATUS_ICON: dict[str, str] = {
@@ -233,7 +233,7 @@ class StepView(_View):
 
 
 class AttemptView(_View):
-    """One attempt of a run (:meth:`beamflow.store.Store.attempts`), as the run page lists
+    """One attempt of a run (:meth:`beamflow.runs.store.Store.attempts`), as the run page lists
     them: when it started and ended, how, and why."""
 
     attempt: int

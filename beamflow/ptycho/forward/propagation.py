@@ -65,15 +65,6 @@ class Propagation(BaseModel):
     def near_field(self) -> bool:
         return self.model == "near-field"
 
-    @property
-    def fresnel_number(self) -> float | None:
-        """``Δx² / (λ z)``: the Fresnel number of one object pixel (None in the far field).
-        A hologram shows fringes, and so is near field, when a window of M pixels has
-        ``M²·Δx²/(λz) ≫ 1``."""
-        if not self.near_field:
-            return None
-        return self.pixel_size_m**2 / (self.wavelength_m * self.distance_m)
-
     def transfer(self, m: int) -> np.ndarray | None:
         """The (M, M) complex64 transfer function H in FFT order, or None in the far field."""
         if not self.near_field:

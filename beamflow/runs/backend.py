@@ -1,10 +1,12 @@
-"""The one interface the agent and the CLI use to register, start, follow and cancel runs.
+"""The run backend: the one interface the agent and the CLI use to register, start, follow
+and cancel flow runs (:class:`RunBackend`, its error :class:`RunBackendError`, and what it
+reports of a run). Not the engine's array backend (numpy or CuPy, ``ptycho.arrays``).
 
 Two implementations sit behind it: ``beamflow.local`` (embedded, one machine) and
 ``beamflow.globus`` (Globus Flows, Transfer, Compute); both import this module and nothing
 above it. Which one runs is chosen by configuration alone (``backend = "local" | "globus"``)
-in :func:`beamflow.runs.get_backend`, one floor up, where runs are started; callers never
-import either package directly.
+in :func:`beamflow.runs.lifecycle.get_run_backend`, one floor up, where runs are started;
+callers never import either package directly.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, Field, ValidationError
 
 from beamflow.error_kinds import ErrorKind
-from beamflow.store import RunStatus
+from beamflow.runs.records import RunStatus
 
 
-class BackendError(Exception):
+class RunBackendError(Exception):
     """The backend could not do what was asked. ``transient`` faults are worth a retry;
     ``kind`` says what kind of fault it is where the raiser knows better (a refused input)."""
 
@@ -89,7 +91,7 @@ class FlowRunInfo(BaseModel):
 
 
 @runtime_checkable
-class Backend(Protocol):
+class RunBackend(Protocol):
     """What every backend offers. Names of flows and functions are the file stems in
     ``flows/`` and ``functions/`` (e.g. ``ptycho_reconstruct``, ``reconstruct``)."""
 

@@ -16,10 +16,10 @@ from beamflow import __version__
 from beamflow.config import ConfigError, Settings
 from beamflow.local.compute import engine_from_settings
 from beamflow.local.engine import EngineError
-from beamflow.probe import Check, Reference, WorkerReport, judge, probe_worker
+from beamflow.worker_check import Check, Reference, WorkerReport, judge, probe_worker
 
 
-def probe_local(settings: Settings, *, timeout: float = 180.0) -> list[Check]:
+def check_local_workers(settings: Settings, *, timeout: float = 180.0) -> list[Check]:
     """Start the engine, run the probe on one of its workers, judge it, stop the engine."""
     try:
         raw = _run_probe(settings, timeout)

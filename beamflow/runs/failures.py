@@ -23,10 +23,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from beamflow.backend import FlowRunInfo
 from beamflow.disk import NO_SPACE_ERRNOS, bytes_text
 from beamflow.error_kinds import ErrorKind
-from beamflow.store import Run
+from beamflow.runs.backend import FlowRunInfo
+from beamflow.runs.records import Run
 
 # Compute exceptions by type. functions/reconstruct.py raises ValueError for bad input and
 # RuntimeError for a reconstruction that failed on good input (built-ins: they deserialise
@@ -229,12 +229,12 @@ def _path_map(run: Run) -> list[tuple[str, str]]:
         return []
     compute = body.get("compute") if isinstance(body.get("compute"), dict) else {}
     beamline = body.get("beamline") if isinstance(body.get("beamline"), dict) else {}
-    hpc_scan, collection_path = compute.get("scan_path"), beamline.get("scan_path")
-    if not isinstance(hpc_scan, str) or not isinstance(collection_path, str):
+    hpc_scan, raw_path = compute.get("scan_path"), beamline.get("raw_path")
+    if not isinstance(hpc_scan, str) or not isinstance(raw_path, str):
         return []  # one file system (ptycho_shared_fs): the paths are the beamline's
     user_scan = PurePosixPath(run.scan_path)
-    # The collection path is the moved directory (the scan's, or the master file's parent).
-    moved_rel = PurePosixPath(collection_path.lstrip("/"))
+    # raw_path is what was moved, in the collection: the scan file, or the master's directory.
+    moved_rel = PurePosixPath(raw_path.lstrip("/"))
     moved = user_scan if user_scan.name == moved_rel.name else user_scan.parent
     root = PurePosixPath(*moved.parts[: len(moved.parts) - len(moved_rel.parts)])
     shown = PurePosixPath(root.name) / moved_rel

@@ -12,7 +12,7 @@ The cluster's files are deleted by the retention flow (``flows/retention_cleanup
 ``cleanup`` function runs where the files are and applies the rules of
 :mod:`beamflow.cleanup_task` (only ``raw/`` and ``checkpoints/``, a scan untouched for the
 kind's days, never a scan in ``keep`` or outside its root, never a product). On Globus a
-Timer runs that flow every ``every_hours`` (:meth:`GlobusBackend.ensure_timer`, made by the
+Timer runs that flow every ``every_hours`` (:meth:`GlobusRunBackend.ensure_timer`, made by the
 agent at start); on the local backend the agent runs it as often, as the Timer would. The
 beamline's previews live on this host: they are deleted here, from the run store, which
 knows which runs have finished.
@@ -36,12 +36,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from beamflow.atomic import atomic_write_json
-from beamflow.backend import Backend, BackendError, FlowRunInfo
 from beamflow.cleanup_task import PRODUCT, clean
 from beamflow.config import Settings
 from beamflow.registry import Registry, RegistryError
-from beamflow.runs import run_name_for, run_resources, scan_key
-from beamflow.store import Run, RunStatus, Store
+from beamflow.runs.backend import FlowRunInfo, RunBackend, RunBackendError
+from beamflow.runs.flow_input import run_resources
+from beamflow.runs.naming import run_name_for, scan_key
+from beamflow.runs.records import Run, RunStatus
+from beamflow.runs.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +149,7 @@ def flow_input(settings: Settings, keep: list[str], *, dry_run: bool,
         function_id = Registry(settings.registry_path, settings.backend).require_id(
             "function", FUNCTION)
     except RegistryError as exc:
-        raise BackendError(str(exc), step="Cleanup") from None
+        raise RunBackendError(str(exc), step="Cleanup") from None
     days = settings.retention.days(older_than)
     return {
         "compute": {
@@ -169,7 +171,7 @@ def flow_input(settings: Settings, keep: list[str], *, dry_run: bool,
 def cluster_report(info: FlowRunInfo, *, dry_run: bool) -> Report:
     """What the retention flow's run reported (its Compute action's result)."""
     if info.status != RunStatus.SUCCEEDED:
-        raise BackendError(f"the retention flow's run {info.backend_run_id} ended "
+        raise RunBackendError(f"the retention flow's run {info.backend_run_id} ended "
                            f"{info.status.value}: {info.error or 'no reason given'}",
                            step=info.error_step or "Cleanup")  # fmt: skip
     details = (info.output.get("cleaned") or {}).get("details") or {}
@@ -180,11 +182,11 @@ def cluster_report(info: FlowRunInfo, *, dry_run: bool) -> Report:
             return Report(dry_run=dry_run, cluster_run=info.backend_run_id,
                           items=[Item(**i) for i in answer["items"]],
                           skipped=[Skipped(**s) for s in answer.get("skipped", [])])
-    raise BackendError(f"the retention flow's run {info.backend_run_id} reported nothing",
+    raise RunBackendError(f"the retention flow's run {info.backend_run_id} reported nothing",
                        step="Cleanup")
 
 
-def start_cluster_cleanup(settings: Settings, store: Store, backend: Backend, *,
+def start_cluster_cleanup(settings: Settings, store: Store, backend: RunBackend, *,
                           dry_run: bool, older_than: float | None = None) -> str:  # fmt: skip
     """Start the retention flow on the backend; returns its run id."""
     body = flow_input(settings, in_flight(store), dry_run=dry_run, older_than=older_than)
@@ -223,7 +225,7 @@ def record(store: Store, report: Report, now: float | None = None) -> int:
     return len(told)
 
 
-def cleanup(settings: Settings, store: Store, backend: Backend, *, dry_run: bool,
+def cleanup(settings: Settings, store: Store, backend: RunBackend, *, dry_run: bool,
             older_than: float | None = None, timeout: float = 3600.0,
             poll_seconds: float = 2.0, sleep: Callable[[float], None] = time.sleep) -> Report:
     """Apply retention now (`beamflow cleanup`): the beamline's previews here, the
@@ -237,7 +239,7 @@ def cleanup(settings: Settings, store: Store, backend: Backend, *, dry_run: bool
         info = backend.get_run(run_id)
         while not info.status.finished:
             if time.monotonic() > deadline:
-                raise BackendError(f"the retention flow's run {run_id} did not end within "
+                raise RunBackendError(f"the retention flow's run {run_id} did not end within "
                                    f"{timeout:.0f} s; it goes on (`beamflow cleanup` again "
                                    "later reports nothing twice)", step="Cleanup")
             sleep(poll_seconds)
@@ -257,7 +259,7 @@ class RetentionPass:
     since the last pass read and recorded (the last one read is kept in
     ``state_dir/retention.json``, so none is recorded twice)."""
 
-    def __init__(self, settings: Settings, store: Store, backend: Backend, *,
+    def __init__(self, settings: Settings, store: Store, backend: RunBackend, *,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.settings, self.store, self.backend, self.clock = settings, store, backend, clock
         self.next_at = clock()  # the first pass at start
@@ -283,7 +285,7 @@ class RetentionPass:
             try:
                 self.running = start_cluster_cleanup(self.settings, self.store, self.backend,
                                                      dry_run=False)  # fmt: skip
-            except BackendError as exc:
+            except RunBackendError as exc:
                 log.error("retention flow not started", extra={"fields": {"error": str(exc)}})
 
     def _anything_due(self, days: dict[str, float | None]) -> bool:
@@ -311,7 +313,7 @@ class RetentionPass:
             last = None
         try:
             ended = self.timer(FLOW, after=last)
-        except BackendError as exc:
+        except RunBackendError as exc:
             log.error("retention: the Timer's runs not read", extra={"fields": {
                 "error": str(exc)}})  # fmt: skip
             return
@@ -323,7 +325,7 @@ class RetentionPass:
     def _report(self, info: FlowRunInfo) -> None:
         try:
             report = cluster_report(info, dry_run=False)
-        except BackendError as exc:
+        except RunBackendError as exc:
             log.error("retention flow failed", extra={"fields": {
                 "run": info.backend_run_id, "error": str(exc)}})  # fmt: skip
             return

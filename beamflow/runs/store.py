@@ -5,7 +5,8 @@ WAL lets readers go on while one writer commits; a busy timeout absorbs the shor
 locks. Each thread gets its own connection (sqlite3 connections are not shared across
 threads). The schema carries a version (``PRAGMA user_version``) and migrates forward on open.
 
-Times are stored as Unix seconds (REAL) and shown as ISO 8601 UTC by the models.
+Times are stored as Unix seconds (REAL); the records (:mod:`beamflow.runs.records`) show
+them as ISO 8601 UTC.
 """
 
 from __future__ import annotations
@@ -17,27 +18,13 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
-from enum import StrEnum
-from pathlib import Path, PurePath
-from typing import Any, Literal
-
-from pydantic import BaseModel, Field, computed_field, field_serializer
+from pathlib import Path
+from typing import Any
 
 from beamflow.error_kinds import ErrorKind
-
-
-class RunStatus(StrEnum):
-    QUEUED = "QUEUED"
-    ACTIVE = "ACTIVE"
-    INACTIVE = "INACTIVE"  # Globus: waiting on something a person must do (e.g. consent)
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-    @property
-    def finished(self) -> bool:
-        return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+from beamflow.runs.naming import scan_labels
+from beamflow.runs.records import Attempt, Event, Run, RunStatus, Step
+from beamflow.runs.schema import MIGRATIONS, SCHEMA_VERSION
 
 
 class StoreError(Exception):
@@ -61,272 +48,6 @@ _SORT_KEYS = {
     "duration": "started_at IS NULL, COALESCE(finished_at, {now}) - started_at {order}",
 }
 
-
-def _iso(t: float | None) -> str | None:
-    if t is None:
-        return None
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-class _Timed(BaseModel):
-    @field_serializer("*", when_used="json")
-    def _times(self, value: Any, info: Any) -> Any:
-        if info.field_name.endswith("_at") or info.field_name == "time":
-            return _iso(value)
-        return value
-
-
-class Run(_Timed):
-    id: str
-    scan_name: str  # the scan's short name (its directory, or file without _master.h5)
-    scan_path: str  # the scan's one path: absolute, as the user's files are on the beamline
-    flow: str
-    backend: str
-    status: RunStatus
-    created_at: float
-    started_at: float | None = None
-    finished_at: float | None = None
-    updated_at: float
-    error: str | None = None
-    error_step: str | None = None
-    error_kind: ErrorKind | None = None  # what kind of fault ended it: decides retries
-    parameters: dict[str, Any] = Field(default_factory=dict)
-    result: dict[str, Any] = Field(default_factory=dict)
-    product: str | None = None
-    previews: list[str] = Field(default_factory=list)
-    current_step: str | None = None
-    iteration: int | None = None
-    iterations_total: int | None = None
-    backend_run_id: str | None = None
-    label: str | None = None
-    attempt: int = 1
-    parent_run_id: str | None = None
-    fraction: float | None = None
-    dedupe_key: str | None = None
-    retried_by: str | None = None  # the one run that retries this one (see Store.add_retry)
-    # Trust in the reconstruction, from its summary when it arrived (None: none finished).
-    verdict: Literal["trusted", "suspect"] | None = None
-    verdict_reasons: list[str] = Field(default_factory=list)
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def duration(self) -> float | None:
-        if self.started_at is None:
-            return None
-        return (self.finished_at or time.time()) - self.started_at
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def retry_refusal(self) -> str | None:
-        """Why a new attempt of this run is refused, in a sentence (None: it may be retried).
-        One failed run has at most one retry; one that failed on bad input would only fail
-        again."""
-        if not self.status.finished:
-            return f"run {self.id} is {self.status.value}: cancel it before retrying"
-        if self.status == RunStatus.SUCCEEDED:
-            return (f"run {self.id} succeeded; start a new run of the scan with "
-                    "`beamflow runs start`")
-        if self.retried_by:
-            return f"run {self.id} was retried already, as run {self.retried_by}"
-        if self.error_kind == ErrorKind.BAD_INPUT:
-            return (f"run {self.id} failed on bad input: a retry would not help; fix the scan "
-                    "or the parameters and start a new run")
-        return None
-
-    def new_attempt(self, backend: str) -> Run:
-        """A QUEUED copy of this run (same scan, flow, parameters and fraction) on
-        ``backend``, linked to it: nothing of this attempt's outcome is carried over."""
-        now = time.time()
-        return Run(
-            **self.model_dump(include=_REQUEST_FIELDS),
-            id=str(uuid.uuid4()),
-            backend=backend,
-            status=RunStatus.QUEUED,
-            created_at=now,
-            updated_at=now,
-            parent_run_id=self.id,
-            attempt=self.attempt + 1,
-        )
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def truth_nrmse(self) -> float | None:
-        """The demo's score against the simulator's ground truth (``result.truth``)."""
-        truth = self.result.get("truth")
-        nrmse = truth.get("nrmse") if isinstance(truth, dict) else None
-        return float(nrmse) if isinstance(nrmse, int | float) else None
-
-
-# What a run was asked to do; everything else of a run is its identity or its outcome.
-_REQUEST_FIELDS = {"scan_name", "scan_path", "flow", "parameters", "fraction", "iterations_total"}
-
-
-class Step(_Timed):
-    run_id: str
-    name: str
-    status: str
-    started_at: float | None = None
-    finished_at: float | None = None
-    details: dict[str, Any] = Field(default_factory=dict)
-
-    @property
-    def duration(self) -> float | None:
-        if self.started_at is None or self.finished_at is None:
-            return None
-        return self.finished_at - self.started_at
-
-
-class Attempt(_Timed):
-    """One attempt of a run: the agent retries a run in its own record (``attempt`` goes
-    up), so the run keeps each earlier attempt here, as it ended."""
-
-    run_id: str
-    attempt: int
-    backend_run_id: str | None = None
-    status: RunStatus  # how it ended (FAILED, or CANCELLED when the agent stopped), or stands
-    started_at: float | None = None
-    finished_at: float | None = None
-    error: str | None = None
-    error_step: str | None = None
-    error_kind: ErrorKind | None = None
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def duration(self) -> float | None:
-        if self.started_at is None:
-            return None
-        return (self.finished_at or time.time()) - self.started_at
-
-
-class Event(_Timed):
-    id: int
-    run_id: str | None
-    time: float
-    level: str
-    code: str
-    message: str
-    details: dict[str, Any] = Field(default_factory=dict)
-
-
-def scan_labels(name: str, paths: Iterable[str]) -> dict[str, str]:
-    """Labels for the scans called ``name`` at ``paths``: the name alone when there is one
-    scan, else the fewest parent directories that tell them apart, then the name
-    (``a/s1``, ``b/s1``; a directory named like the scan, the usual layout, is skipped).
-    A scan's directory and its master (or CXI) file are one scan, one label (runs recorded
-    before the master file became the one ``scan_path`` name the directory)."""
-    files = (f"{name}_master.h5", f"{name}.cxi")
-    place: dict[str, str] = {}  # each path -> the scan it names (one key per scan)
-    context: dict[str, tuple[str, ...]] = {}  # each scan -> the directories it lies in
-    for p in set(paths):
-        path = PurePath(p)
-        folder = path if path.name == name and not path.suffix else path.parent
-        place[p] = str(folder) if folder != path.parent or path.name in files else p
-        parts = [x for x in folder.parts if x not in ("/", "\\")]
-        if parts and parts[-1] == name:
-            parts.pop()
-        context[place[p]] = tuple(parts)
-    if len(context) <= 1:
-        return {p: name for p in place}
-    labels = {scan: name for scan in context}
-    for k in range(1, max(len(c) for c in context.values()) + 1):
-        labels = {scan: "/".join([*c[-k:], name]) for scan, c in context.items()}
-        if len(set(labels.values())) == len(context):
-            return {p: labels[place[p]] for p in place}
-    # Still alike (two scans in one directory): each by its own path.
-    taken = list(labels.values())
-    return {p: p if taken.count(labels[place[p]]) > 1 else labels[place[p]] for p in place}
-
-
-# Each entry moves the schema one version forward; never edit a released entry.
-_MIGRATIONS: list[str] = [
-    """
-    CREATE TABLE runs (
-        id TEXT PRIMARY KEY,
-        scan TEXT NOT NULL,
-        scan_path TEXT,
-        flow TEXT NOT NULL,
-        backend TEXT NOT NULL,
-        status TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        started_at REAL,
-        finished_at REAL,
-        updated_at REAL NOT NULL,
-        error TEXT,
-        error_step TEXT,
-        parameters TEXT NOT NULL DEFAULT '{}',
-        result TEXT NOT NULL DEFAULT '{}',
-        product TEXT,
-        previews TEXT NOT NULL DEFAULT '[]',
-        current_step TEXT,
-        iteration INTEGER,
-        iterations_total INTEGER,
-        backend_run_id TEXT,
-        label TEXT,
-        attempt INTEGER NOT NULL DEFAULT 1,
-        parent_run_id TEXT,
-        fraction REAL,
-        dedupe_key TEXT UNIQUE
-    );
-    CREATE INDEX runs_created ON runs (created_at DESC);
-    CREATE INDEX runs_status_created ON runs (status, created_at DESC);
-    CREATE INDEX runs_scan ON runs (scan);
-    CREATE TABLE steps (
-        run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
-        name TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        status TEXT NOT NULL,
-        started_at REAL,
-        finished_at REAL,
-        details TEXT NOT NULL DEFAULT '{}',
-        PRIMARY KEY (run_id, name)
-    );
-    CREATE TABLE events (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        run_id TEXT,
-        time REAL NOT NULL,
-        level TEXT NOT NULL,
-        code TEXT NOT NULL,
-        message TEXT NOT NULL,
-        details TEXT NOT NULL DEFAULT '{}'
-    );
-    CREATE INDEX events_run ON events (run_id, id);
-    """,
-    # 2: one name per meaning (scan_name, scan_path; rows without a path keep what stood
-    # for it), the kind of fault that ended a run, and the one retry of a run.
-    """
-    ALTER TABLE runs RENAME COLUMN scan TO scan_name;
-    UPDATE runs SET scan_path = scan_name WHERE scan_path IS NULL;
-    ALTER TABLE runs ADD COLUMN error_kind TEXT;
-    ALTER TABLE runs ADD COLUMN retried_by TEXT;
-    ALTER TABLE runs ADD COLUMN verdict TEXT;
-    ALTER TABLE runs ADD COLUMN verdict_reasons TEXT NOT NULL DEFAULT '[]';
-    UPDATE runs SET verdict = json_extract(result, '$.summary.verdict'),
-        verdict_reasons = COALESCE(json_extract(result, '$.summary.verdict_reasons'), '[]')
-        WHERE json_extract(result, '$.summary.verdict') IN ('trusted', 'suspect');
-    CREATE INDEX runs_parent ON runs (parent_run_id);
-    UPDATE runs SET retried_by = (
-        SELECT c.id FROM runs AS c WHERE c.parent_run_id = runs.id
-        ORDER BY c.created_at, c.rowid LIMIT 1
-    );
-    """,
-    # 3: the earlier attempts of a run the agent retried in its own record.
-    """
-    CREATE TABLE attempts (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
-        attempt INTEGER NOT NULL,
-        backend_run_id TEXT,
-        status TEXT NOT NULL,
-        started_at REAL,
-        finished_at REAL,
-        error TEXT,
-        error_step TEXT,
-        error_kind TEXT
-    );
-    CREATE INDEX attempts_run ON attempts (run_id, id);
-    """,
-]
-SCHEMA_VERSION = len(_MIGRATIONS)
 
 _COMPUTED = set(Run.model_computed_fields)
 _JSON_FIELDS = {"parameters", "result", "previews", "verdict_reasons"}
@@ -383,7 +104,7 @@ class Store:
                     f"({SCHEMA_VERSION}); upgrade beamflow"
                 )
             for number in range(version, SCHEMA_VERSION):
-                for statement in _MIGRATIONS[number].split(";"):
+                for statement in MIGRATIONS[number].split(";"):
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {number + 1}")

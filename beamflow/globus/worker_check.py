@@ -12,11 +12,11 @@ from pydantic import ValidationError
 
 from beamflow import __version__
 from beamflow import registry as reg
-from beamflow.backend import BackendError
 from beamflow.config import Settings, is_uuid
 from beamflow.globus import compute
 from beamflow.globus.auth import INTERACTIVE, GlobusAuth, NetworkPolicy
-from beamflow.probe import Check, Reference, WorkerReport, judge, probe_worker
+from beamflow.runs.backend import RunBackendError
+from beamflow.worker_check import Check, Reference, WorkerReport, judge, probe_worker
 
 PROBE = "worker_probe"  # its registry name (not a shipped function: never in a flow)
 
@@ -39,7 +39,7 @@ def _probe_function(settings: Settings, auth: GlobusAuth) -> str:
     return result.id
 
 
-def probe_endpoint(
+def check_endpoint_workers(
     settings: Settings, *, network: NetworkPolicy = INTERACTIVE, timeout: float = 600.0,
     poll_seconds: float = 5.0, as_agent: bool = False,
 ) -> list[Check]:
@@ -69,7 +69,7 @@ def probe_endpoint(
                                      timeout=timeout, poll_seconds=poll_seconds,
                                      user_endpoint_config=resources)  # fmt: skip
         report = WorkerReport.model_validate(raw)
-    except (BackendError, reg.RegistryError) as exc:
+    except (RunBackendError, reg.RegistryError) as exc:
         return [Check(
             name="worker probe", outcome="fail", detail=str(exc),
             fix="is the endpoint online and do its batch jobs start? Read the user endpoint's "
