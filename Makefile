@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(BIN)/python -m pip install -q --no-deps ptychodus==1.7.0
 	$(BIN)/python -m pip install -q scikit-image
 	# CuPy's C++ headers, for NVRTC (the [dev] extra) to compile the element-wise kernels'
-	# bodies on any machine (tests/test_gpu_kernels.py). Beside the venv's site-packages, not
+	# bodies on any machine (tests/ptycho/gpu/test_gpu_kernels.py). Beside the venv's site-packages, not
 	# in it: CuPy stays unimportable, so the suite runs as on a host without a card.
 	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/cupy-headers \
 		cupy-cuda12x==$(CUPY_HEADERS)
@@ -39,7 +39,7 @@ browser:
 		|| echo "warning: could not install chromium; browser tests will be skipped"; \
 	else echo "warning: no /usr/bin/chromium and no root; browser tests will be skipped"; fi
 
-# Debian's Slurm and MUNGE for the one-node-cluster test (tests/test_slurm.py), which runs
+# Debian's Slurm and MUNGE for the one-node-cluster test (tests/flows/test_slurm.py), which runs
 # the daemons as root: installed as root only (the test installs them too when missing).
 SLURM_BINS := /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged /usr/bin/sbatch
 slurm:

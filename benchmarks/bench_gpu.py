@@ -131,7 +131,7 @@ probe modes from the same K-mode guess.
 Launches: a kernel launch costs the host ~5-10 µs (CuPy's Python side and the CUDA launch)
 whatever the kernel's size, so an iteration that launches more kernels than its bytes take
 to move is launch-bound, whatever the card. ``launches_per_iteration`` counts them on the
-counting stand-in for CuPy (``tests/counting_cupy.py``: the engine's GPU code path on numpy
+counting stand-in for CuPy (``tests/kits/counting_cupy.py``: the engine's GPU code path on numpy
 memory; an iteration after one warm-up, the same batches as the timed run), on any
 machine; ``launch_seconds`` is that count times an assumed :data:`LAUNCH_SECONDS` (7.5 µs,
 the middle of CuPy's 5-10 µs on a current CPU — measure it on the GPU host and pass
@@ -140,7 +140,7 @@ kernel there), ``launch_ratio`` that over ``floor_seconds``: above 1 the case is
 launch-bound before it is memory-bound. The stand-in runs the iteration's arithmetic in
 numpy on one thread (seconds at 4000 × 128², minutes at 10000 × 256²); ``--no-launches``
 skips it. The fused kernels (``beamflow/ptycho/gpu/kernels.py``) run there as their numpy
-references (``tests/reference_kernels.py``), each counted as the one launch it is on CuPy
+references (``tests/kits/reference_kernels.py``), each counted as the one launch it is on CuPy
 (the modulus kernel two: it and its sum). What it counts differs from CuPy in small ways:
 CuPy's allocations (``zeros``) are not counted and its ``broadcast_to`` (a view) is.
 An FFT costs the host more than a plain launch (CuPy's argument checks and plan lookup in
@@ -150,7 +150,7 @@ per iteration is about launches × ``measured_launch_us`` + FFTs × (``measured_
 ``measured_launch_us``), to set beside ``seconds_per_iteration``.
 
 Counted traffic and the model: the stand-in also counts the bytes each kernel reads and
-writes in device memory (``tests/counting_cupy.py`` says how), so the engine's own traffic
+writes in device memory (``tests/kits/counting_cupy.py`` says how), so the engine's own traffic
 sits beside the floor's: ``counted_bytes_per_iteration`` and ``counted_passes`` (those bytes
 in passes of the stack). ``model_seconds`` is what an iteration would take on a card with
 ``model_gbs`` of bandwidth (the measured copy bandwidth on a GPU; ``--model-gbs``, default
@@ -204,7 +204,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "tests"))  # the counting stand-in for CuPy
+sys.path.insert(0, str(ROOT / "tests" / "kits"))  # the counting stand-in for CuPy
 
 from beamflow.atomic import atomic_path  # noqa: E402
 from beamflow.ground_truth import (  # noqa: E402

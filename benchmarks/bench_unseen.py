@@ -9,7 +9,7 @@ defaults alone:
   iteration (``opr.LEARNING_DELAY = 0``);
 * ``after``: the defaults (``probe_momentum`` 0.9, ``LEARNING_DELAY`` 20).
 
-Scans: the independent simulators of ``tests/sim_kit.py`` (cone beams from a KB pair or a
+Scans: the independent simulators of ``tests/kits/sim_kit.py`` (cone beams from a KB pair or a
 zone plate with aberrations, cells / nano-particles / a porous material, rings and jittered
 rasters; fly scans along a snake whose beam drifts in position, focus and flux) and, so
 that nothing regresses at home, the project's own simulator (``beamflow.simulate``). Every
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "kits"))
 
 import sim_kit  # noqa: E402
 
@@ -57,7 +57,7 @@ AFTER = {"probe_momentum": None, "delay": opr_module.LEARNING_DELAY}
 def project_scan(near: bool, n: int, m: int, seed: int, photons: float,
                  drift: float = 0.0) -> sim_kit.Scan:
     """The project's own simulator as a :class:`sim_kit.Scan` (its mask and noise seed 5,
-    as tests/test_mpie.py and tests/test_opr.py draw them)."""
+    as tests/ptycho/algorithms/test_mpie.py and tests/ptycho/algorithms/test_opr.py draw them)."""
     if near:
         gt = make_near_field_ground_truth(positions=n, probe_size=m, photons=photons, seed=seed)
     else:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "kits"))
 
 from beamflow.ptycho import (  # noqa: E402
     PtychoData,

@@ -305,7 +305,7 @@ run_all() {
     simulate "far $xpkg" 240 "xpkg" --fields far --cases "$xpkg"
 
     step pytest-gpu 180 /dev/stdout "$PY" -m pytest -m gpu -q --noconftest \
-        -p no:cacheprovider --timeout 120 tests/test_ptycho_engine_gpu.py
+        -p no:cacheprovider --timeout 120 tests/ptycho/gpu/test_ptycho_engine_gpu.py
 
     # Pty-Chi runs in steps of its own (bp), where the machine's interpreter has it.
     local bp=("$PY" "${bench[@]}" --device "$device" --json --no-launches --score-workers 4

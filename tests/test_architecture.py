@@ -292,3 +292,49 @@ def test_only_the_array_backend_imports_cupy():
     through beamflow/ptycho/arrays.py (ArrayBackend) only."""
     users = sorted(m for m in MODULES if _external_imports(m) & {"cupy", "cupyx"})
     assert users == ["beamflow.ptycho.arrays"]
+
+
+# The engine's rooms (docs/architecture.md, "The rooms of beamflow/ptycho/"): the forward
+# models know no algorithm, the algorithms know neither the loop that runs them nor the
+# judging of its result, quality judges states without the machinery that made them, and
+# the GPU's kernels and graphs are handed CuPy and import nothing of beamflow.
+P = "beamflow.ptycho"
+ENGINE_ROOMS = [
+    ((f"{P}.forward",), (f"{P}.algorithms", f"{P}.core", f"{P}.engine", f"{P}.quality",
+                         f"{P}.accumulators")),
+    ((f"{P}.algorithms",), (f"{P}.engine", f"{P}.quality")),
+    ((f"{P}.quality",), (f"{P}.algorithms", f"{P}.core", f"{P}.engine",
+                         f"{P}.accumulators")),
+    ((f"{P}.gpu",), ("beamflow",)),
+]
+
+
+@pytest.mark.parametrize(("room", "forbidden"), ENGINE_ROOMS,
+                         ids=["forward", "algorithms", "quality", "gpu"])
+def test_the_engines_rooms_keep_to_themselves(room, forbidden):
+    wrong = sorted(f"{m} -> {t}" for m, targets in GRAPH.items() if _under(m, room)
+                   for t in targets if _under(t, forbidden) and not _under(t, room))
+    assert wrong == []
+
+
+# Big rooms hide their architecture: no module of the product over 700 lines, no class over
+# 450, no function whose body runs over 120 (a command's option declarations are its
+# signature, not its body).
+def _sizes() -> list[str]:
+    big = []
+    for m, path in MODULES.items():
+        text = path.read_text()
+        if text.count("\n") > 700:
+            big.append(f"{m}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno >= 450:
+                big.append(f"{m}.{node.name}: class of {node.end_lineno - node.lineno + 1} lines")
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                body = node.end_lineno - node.body[0].lineno + 1
+                if body > 120:
+                    big.append(f"{m}.{node.name}: a body of {body} lines")
+    return big
+
+
+def test_no_room_is_too_big_to_read():
+    assert _sizes() == []

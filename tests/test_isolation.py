@@ -27,7 +27,7 @@ def test_suite_ignores_the_developers_configuration(tmp_path):
         BEAMFLOW_STATUS__PORT="1",
         BEAMFLOW_RECONSTRUCTION__ITERATIONS="1",
     )
-    tests = ["test_config.py", "test_globus_auth.py", "test_cli_foundation.py"]
+    tests = ["test_config.py", "globus/test_globus_auth.py", "cli/test_cli_foundation.py"]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
          *(str(ROOT / "tests" / t) for t in tests)],

@@ -118,7 +118,7 @@ FLOW_REQUIRED_PARAMETERS = ("algorithm", "iterations")
 def flow_parameters_schema() -> dict[str, Any]:
     """The ``reconstruction`` part of the flows' input schemas (``flows/*.schema.json``),
     derived from :class:`RunParameters`: the same names, limits and descriptions as the
-    engine and ``[reconstruction]``. tests/test_flows_defs.py checks that the shipped
+    engine and ``[reconstruction]``. tests/flows/test_flows_defs.py checks that the shipped
     schemas hold exactly this; ``python -m beamflow.job.models`` prints it."""
     source = RunParameters.model_json_schema()
     properties = {}

@@ -19,7 +19,8 @@ so a run repeats bit for bit) and, unlike the measuring modes, it leaves the arr
 per (stack length, frame shape, direction, alignment) under a lock, since FFTW's planner is not
 thread-safe; executing a plan on new arrays is, and ctypes releases the GIL around the call, so
 the engine's threads transform their chunks in parallel. FFTW gives the same bits at every
-alignment (tests/test_ptycho_fftw.py), so where malloc places an array never changes a result.
+alignment (tests/ptycho/test_ptycho_fftw.py), so where malloc places an array never
+changes a result.
 Plans live as long as the process: a few kB each, one per chunk shape met.
 """
 

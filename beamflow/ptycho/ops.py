@@ -4,7 +4,7 @@ beside it.
 The forward models and the algorithms call these and never ask which device they run on:
 on the CPU (``kernels`` is None) an operation runs the array code written here; on a GPU it
 runs the one-pass kernel of :mod:`.kernels` that computes the same thing (the array code is
-the kernel's specification, and ``tests/reference_kernels.py`` writes it out per kernel for
+the kernel's specification, and ``tests/kits/reference_kernels.py`` writes it out per kernel for
 the tests' GPU stand-in). :class:`~.arrays.ArrayBackend` inherits them.
 
 Representations that differ by device stay behind these operations:

@@ -103,7 +103,7 @@ class ReconParams(BaseModel):
         description="mpie: the object's momentum η (friction of the heavy-ball velocity); "
         "None: 0.9, or 0.7 with several layers.")
     # The probe's η as the object's: with less, a probe guess far from the beam lags the
-    # accelerated object (docs/reconstruction.md, mPIE; tests/test_unseen_scans.py).
+    # accelerated object (docs/reconstruction.md, mPIE; tests/ptycho/test_unseen_scans.py).
     probe_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="mpie: the probe's η.")
     momentum_every: int = Field(
         8, ge=1, le=1024, description="mpie: apply the momentum every N batches.")
@@ -212,7 +212,8 @@ class ReconParams(BaseModel):
     def momentum_value(self) -> float:
         """``momentum`` or its default: 0.9 (Maiden et al. 2017), 0.7 with several layers —
         measured on a two-layer scan of 81 positions, 0.9 diverged after 20 iterations while
-        0.5–0.8 converged, and 0.7 kept a margin on three layers (tests/test_multislice.py).
+        0.5–0.8 converged, and 0.7 kept a margin on three layers
+        (tests/ptycho/forward/test_multislice.py).
         The exchange of content between layers that the data cannot see is where a fast
         heavy ball runs away."""
         if self.momentum is not None:

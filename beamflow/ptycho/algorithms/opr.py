@@ -70,7 +70,7 @@ STEP_REGULARISATION = 0.1
 # the beam's variation; weights that learn them keep them (eigen-probes grown from them by
 # the power iteration): from a probe guessed from the data, opr_modes=3 ended at NRMSE
 # 0.060 against 0.038 for one probe on an unseen fly scan, 0.036 when OPR waited 20
-# iterations (tests/test_unseen_scans.py, docs/reconstruction.md).
+# iterations (tests/ptycho/test_unseen_scans.py, docs/reconstruction.md).
 LEARNING_DELAY = 20
 
 

@@ -4,8 +4,8 @@ On a GPU the sweep is memory-bound and launch-bound: every element-wise step of 
 code reads and writes whole (b, K, M, M) stacks and costs the host a launch. The steps below
 are the heaviest of a PIE or LSQ-ML batch, each written here once as a kernel that does the
 same arithmetic in one pass. The array code they stand for is the specification: on the CPU
-the engine runs it as it is (``tests/reference_kernels.py`` writes it out per kernel for the
-GPU stand-ins of the tests), and ``tests/test_ptycho_engine_gpu.py`` compares each kernel
+the engine runs it as it is (``tests/kits/reference_kernels.py`` writes it out per kernel for the
+GPU stand-ins of the tests), and ``tests/ptycho/gpu/test_ptycho_engine_gpu.py`` compares each kernel
 with it on a card.
 
 * :meth:`GpuKernels.ramp_product` — a sub-pixel phase ramp r_j = exp(−2πi k·δ_j) times a
@@ -55,7 +55,8 @@ with it on a card.
 This module does not import CuPy: :func:`~beamflow.ptycho.arrays.array_backend` hands it the
 module. The raw kernels' sources are plain CUDA C in ``cuda/*.cu`` (shared device functions
 in ``*.cuh``, prepended where a kernel uses them), read as package data; no CuPy headers, so
-``tests/test_gpu_kernels.py`` runs them on machines without a GPU — compiled as C++ beside a
+``tests/ptycho/gpu/test_gpu_kernels.py`` runs them on machines without a GPU — compiled as
+C++ beside a
 stand-in for CUDA's built-ins, every thread in turn, against the array code — and compiles
 them with NVRTC where it is installed.
 """
@@ -123,7 +124,7 @@ EXIT_WAVE_SOURCE = _cuda("exit_wave.cu")
 # A warp's 32 values summed (shuffles, float64) for one atomic add by its first lane, where
 # thousands of threads would otherwise add into the same few addresses one at a time; and a
 # block's maximum, written by its first thread. The
-# CPU's thread-by-thread run of the sources (tests/test_gpu_kernels.py) defines
+# CPU's thread-by-thread run of the sources (tests/ptycho/gpu/test_gpu_kernels.py) defines
 # BEAMFLOW_ONE_THREAD: there each thread adds its own value (the same total).
 WARP_SUM_SOURCE = _cuda("warp_sum.cuh")
 
