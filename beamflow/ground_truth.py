@@ -21,6 +21,7 @@ import numpy as np
 from beamflow.formats import Geometry, Product, ZonePlateOptics
 from beamflow.formats._h5 import atomic_h5
 from beamflow.formats.eiger import MASTER_SUFFIX
+from beamflow.formats.product import ObjectLayers
 from beamflow.ptycho.forward.propagation import Propagation, near_field_geometry
 from beamflow.ptycho.forward.slices import separation_frequency
 from beamflow.ptycho.quality.metrics import Comparison, compare, fourier_shift, illumination_mask
@@ -29,7 +30,7 @@ GROUND_TRUTH = "ground_truth.h5"
 
 
 @dataclass(eq=False)
-class GroundTruth:
+class GroundTruth(ObjectLayers):
     """What the simulator knows and a reconstruction should recover.
 
     ``positions_px`` are the true top-left corners (y, x) of each probe window in the object
@@ -72,22 +73,6 @@ class GroundTruth:
         if len(self.object_layer_spacing_m) != self.n_layers - 1:
             raise ValueError(f"{self.n_layers} object layers need {self.n_layers - 1} "
                              f"spacings, got {len(self.object_layer_spacing_m)}")
-
-    @property
-    def n_layers(self) -> int:
-        return 1 if self.object.ndim == 2 else int(self.object.shape[0])
-
-    @property
-    def layers(self) -> np.ndarray:
-        """(S, H, W), S = 1 for a thin sample."""
-        return self.object if self.object.ndim == 3 else self.object[None]
-
-    @property
-    def projection(self) -> np.ndarray:
-        """(H, W): the product of the layers (the object itself for one layer)."""
-        if self.object.ndim == 2:
-            return self.object
-        return np.prod(self.object, axis=0, dtype=np.complex64)
 
     @property
     def probe_size(self) -> int:

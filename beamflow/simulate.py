@@ -358,6 +358,17 @@ def _bad_pixels(m: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarra
 # ------------------------------------------------------------------------------ ground truth
 
 
+def _checked_start(positions: int, probe_size: int, photons: float, slices: int,
+                   slice_spacing_m: float | Sequence[float] | str | None, seed: int
+                   ) -> tuple[tuple[float, ...], list[np.random.Generator]]:
+    """A ground truth's arguments checked, its layer spacings, and its three random streams
+    (object, positions, detector), each its own so that one does not shift another."""
+    if positions < 1 or probe_size < 8 or photons <= 0:
+        raise ValueError("need positions ≥ 1, probe_size ≥ 8 and photons > 0")
+    spacings = slice_spacings(slices, slice_spacing_m)
+    return spacings, [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)]
+
+
 def make_ground_truth(
     positions: int = 200,
     probe_size: int = 64,
@@ -378,12 +389,8 @@ def make_ground_truth(
     — every frame sees a slightly different probe. ``slices`` ≥ 2: a thick sample of that
     many layers (:func:`make_layers`) ``slice_spacing_m`` apart (one value, or S−1), its
     frames from :func:`thick_intensities`."""
-    if positions < 1 or probe_size < 8 or photons <= 0:
-        raise ValueError("need positions ≥ 1, probe_size ≥ 8 and photons > 0")
-    spacings = slice_spacings(slices, slice_spacing_m)
-    rng_obj, rng_pos, rng_det = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
-    )
+    spacings, (rng_obj, rng_pos, rng_det) = _checked_start(positions, probe_size, photons,
+                                                            slices, slice_spacing_m, seed)
     m = probe_size
     dx = geometry.object_pixel_size_m(m)
     probe, defocus = make_probe(m, geometry)
@@ -488,12 +495,8 @@ def make_near_field_ground_truth(
     in :func:`make_ground_truth`; its layers and spacings are those of the effective
     (Fresnel-scaled) parallel-beam geometry, in which the engine works (a cone beam
     magnifies deeper layers a little more; the simulator does not model that)."""
-    if positions < 1 or probe_size < 8 or photons <= 0:
-        raise ValueError("need positions ≥ 1, probe_size ≥ 8 and photons > 0")
-    spacings = slice_spacings(slices, slice_spacing_m)
-    rng_obj, rng_pos, rng_det = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
-    )
+    spacings, (rng_obj, rng_pos, rng_det) = _checked_start(positions, probe_size, photons,
+                                                            slices, slice_spacing_m, seed)
     m = probe_size
     dx, z_eff, _ = near_field_geometry(geometry.detector_pixel_size_m, geometry.distance_m,
                                        focus_distance_m)

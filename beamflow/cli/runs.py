@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -237,6 +238,16 @@ def _follow(settings: Settings, store: Store, backend: RunBackend, run: Run) -> 
             raise typer.Exit(130) from None
 
 
+def _started(start: Callable[[], Run]) -> Run:
+    """The run ``start`` makes; input it refuses ends the command (exit 1, the reason)."""
+    from beamflow.runs.request import RunInputError
+
+    try:
+        return start()
+    except RunInputError as exc:
+        fail(str(exc))
+
+
 def _follow_and_report(settings: Settings, store: Store, backend: RunBackend, run: Run, *,
                        wait: bool, as_json: bool, strict: bool) -> None:
     """The end of `runs start` and `runs retry`: a run that started is followed until it ends
@@ -315,17 +326,11 @@ def runs_start(
     store = open_store(settings)
     backend = open_run_backend(settings)
     try:
-        if direct:
-            try:
-                run = run_direct(settings, store, backend, request)
-            except RunInputError as exc:
-                fail(str(exc))
-            _report(store, run, as_json, strict)
+        if direct:  # submitted and waited for: the run has ended
+            _report(store, _started(lambda: run_direct(settings, store, backend, request)),
+                    as_json, strict)
             return
-        try:
-            run = start_scan_run(settings, store, backend, request)
-        except RunInputError as exc:
-            fail(str(exc))
+        run = _started(lambda: start_scan_run(settings, store, backend, request))
         _follow_and_report(settings, store, backend, run, wait=wait, as_json=as_json,
                            strict=strict)  # fmt: skip
     finally:
@@ -343,7 +348,6 @@ def runs_retry(
     """Start a new attempt of a failed run (same scan, flow and parameters; it continues from
     the scan's checkpoints)."""
     from beamflow.runs.lifecycle import retry_run
-    from beamflow.runs.request import RunInputError
 
     settings = settings_from(config, workspace=True)
     if strict and not (wait or settings.backend == "local"):
@@ -352,10 +356,7 @@ def runs_retry(
     old = _find_run(store, run_id)
     backend = open_run_backend(settings)
     try:
-        try:
-            run = retry_run(settings, old.id, store=store, backend=backend)
-        except RunInputError as exc:
-            fail(str(exc))
+        run = _started(lambda: retry_run(settings, old.id, store=store, backend=backend))
         err_console.print(f"run {run.id} retries {old.id} (attempt {run.attempt})")
         _follow_and_report(settings, store, backend, run, wait=wait, as_json=as_json,
                            strict=strict)  # fmt: skip

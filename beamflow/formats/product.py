@@ -51,7 +51,31 @@ def _array(value: Any, dtype: type, ndim: int) -> np.ndarray:
     return a
 
 
-class Product(BaseModel):
+class ObjectLayers:
+    """An object of one layer (H, W) or of a thick sample's S layers (S, H, W), entrance
+    layer first: what a product and a ground truth both hold (as ``object``) and are scored
+    by."""
+
+    @property
+    def n_layers(self) -> int:
+        """Object layers (1 for a thin sample)."""
+        return 1 if self.object.ndim == 2 else int(self.object.shape[0])
+
+    @property
+    def layers(self) -> np.ndarray:
+        """The object as (S, H, W), entrance layer first (a view; S = 1 for a thin sample)."""
+        return self.object if self.object.ndim == 3 else self.object[None]
+
+    @property
+    def projection(self) -> np.ndarray:
+        """(H, W): the product of the layers, the transmission a thin model would see (the
+        object itself for one layer)."""
+        if self.object.ndim == 2:
+            return self.object
+        return np.prod(self.object, axis=0, dtype=np.complex64)
+
+
+class Product(ObjectLayers, BaseModel):
     """A reconstruction: object, probe modes, positions, losses and the metadata to use them."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, validate_assignment=True)
@@ -149,24 +173,6 @@ class Product(BaseModel):
         if not np.all(np.isfinite(spacing) & (spacing > 0)):
             raise ValueError("object_layer_spacing_m must be finite and > 0 metres")
         return self
-
-    @property
-    def n_layers(self) -> int:
-        """Object layers (1 for a thin sample)."""
-        return 1 if self.object.ndim == 2 else int(self.object.shape[0])
-
-    @property
-    def layers(self) -> np.ndarray:
-        """The object as (S, H, W), entrance layer first (a view; S = 1 for a thin sample)."""
-        return self.object if self.object.ndim == 3 else self.object[None]
-
-    @property
-    def projection(self) -> np.ndarray:
-        """(H, W): the product of the layers, the transmission a thin model would see (the
-        object itself for one layer)."""
-        if self.object.ndim == 2:
-            return self.object
-        return np.prod(self.object, axis=0, dtype=np.complex64)
 
 
 _ATTRS = {  # Ptychodus metadata written with neutral defaults (its reader tolerates them)

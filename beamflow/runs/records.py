@@ -36,6 +36,13 @@ def _iso(t: float | None) -> str | None:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _elapsed(started_at: float | None, finished_at: float | None) -> float | None:
+    """Seconds from start to end, or to now while it runs; None before it starts."""
+    if started_at is None:
+        return None
+    return (finished_at or time.time()) - started_at
+
+
 class _Timed(BaseModel):
     @field_serializer("*", when_used="json")
     def _times(self, value: Any, info: Any) -> Any:
@@ -79,9 +86,7 @@ class Run(_Timed):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def duration(self) -> float | None:
-        if self.started_at is None:
-            return None
-        return (self.finished_at or time.time()) - self.started_at
+        return _elapsed(self.started_at, self.finished_at)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -161,9 +166,7 @@ class Attempt(_Timed):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def duration(self) -> float | None:
-        if self.started_at is None:
-            return None
-        return (self.finished_at or time.time()) - self.started_at
+        return _elapsed(self.started_at, self.finished_at)
 
 
 class Event(_Timed):
