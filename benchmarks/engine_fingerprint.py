@@ -79,7 +79,7 @@ def _digest(a: Any) -> str:
 
 
 def _scan(integer: bool) -> dict[str, Any]:
-    from test_ptycho_engine import simulate  # noqa: PLC0415 - the tests' simulator
+    from engine_kit import simulate  # noqa: PLC0415 - the tests' simulator
 
     sim = simulate(n=40)
     if integer:

@@ -8,9 +8,20 @@ forward model: each object window is Fourier-shifted by the position's sub-pixel
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import numpy as np
 
-from beamflow.ptycho import PtychoData, ReconParams, Reconstructor, array_backend, initial_state
+from beamflow.ptycho import (
+    PtychoData,
+    ReconParams,
+    ReconState,
+    Reconstructor,
+    array_backend,
+    initial_state,
+)
+from beamflow.ptycho.forward.propagation import Propagation
 
 M = 32
 
@@ -66,6 +77,10 @@ def simulate(n=60, photons=1e6, modes=None, seed=0, poisson=True, step=3.2):
     }
 
 
+# A thick sample's settings: layers 400 µm apart at 8.8 keV and 58.7 nm pixels (many depths of
+# field), for the device tests (the thin scan's frames do: they compare devices, not truths).
+LAYERS = {"slices": 2, "slice_spacing_m": 400e-6,
+          "propagation": Propagation(wavelength_m=1.239842e-6 / 8800, pixel_size_m=58.7e-9)}
 # Algorithm set-ups the device tests (test_ptycho_engine_gpu, test_ptycho_device_paths) run.
 DEVICE_SETUPS = [
     {"algorithm": "rpie"},
@@ -77,9 +92,12 @@ DEVICE_SETUPS = [
     {"algorithm": "mpie", "momentum_every": 2},
     {"algorithm": "rpie", "opr_modes": 3},
     {"algorithm": "lsqml", "opr_modes": 2, "probe_modes": 2},
+    {"algorithm": "rpie", **LAYERS},
+    {"algorithm": "lsqml", "probe_modes": 2, "layer_regularization": 0.5, **LAYERS,
+     "slices": 3},
 ]
 DEVICE_SETUP_IDS = ["rpie", "rpie-modes-poscorr", "epie", "dm", "lsqml", "mpie", "rpie-opr",
-                    "lsqml-opr-modes"]
+                    "lsqml-opr-modes", "rpie-2-layers", "lsqml-3-layers-modes"]
 
 
 def data_of(sim, positions=None, mask=None, intensities=None):
@@ -109,3 +127,24 @@ def reconstruct(data, iterations, **kw):
     state = initial_state(data, params)
     with Reconstructor(data, state, array_backend("cpu")) as rec:
         return rec.run()
+
+
+def through_a_checkpoint(state: ReconState) -> ReconState:
+    """``state`` as a checkpoint gives it back: its host arrays copied, its metadata through
+    JSON."""
+    arrays = {k: np.array(v, copy=True) for k, v in state.to_host_arrays().items()}
+    return ReconState.from_arrays(arrays, json.loads(json.dumps(state.meta())))
+
+
+def straight_part_resumed(data: PtychoData, params: ReconParams, stop: int,
+                          backend: Any = "cpu", **start: Any
+                          ) -> tuple[ReconState, ReconState, ReconState]:
+    """``params`` run in one go; the same stopped at iteration ``stop``; and that state,
+    through a checkpoint, run on to the end. ``start``: :func:`initial_state`'s keywords."""
+    with Reconstructor(data, initial_state(data, params, **start), backend) as rec:
+        straight = rec.run()
+    with Reconstructor(data, initial_state(data, params, **start), backend) as rec:
+        part = rec.run(stop)
+    with Reconstructor(data, through_a_checkpoint(part), backend) as rec:
+        resumed = rec.run()
+    return straight, part, resumed

@@ -7,12 +7,19 @@ The scans are small (32x32 px frames, 50-80 positions), simulated by the engine 
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pydantic
 import pytest
-from engine_kit import M, data_of, make_probe, nrmse, reconstruct, region, simulate
+from engine_kit import (
+    M,
+    data_of,
+    make_probe,
+    nrmse,
+    reconstruct,
+    region,
+    simulate,
+    straight_part_resumed,
+)
 
 from beamflow.ptycho import (
     ArrayBackendError,
@@ -139,16 +146,7 @@ def test_position_correction_reduces_position_errors(algorithm):
 def test_resume_is_bit_identical(scan, extra):
     data = data_of(scan)
     params = ReconParams(iterations=8, **extra)
-    with Reconstructor(data, initial_state(data, params), "cpu") as rec:
-        straight = rec.run()
-    with Reconstructor(data, initial_state(data, params), "cpu") as rec:
-        part = rec.run(3)
-    # what a checkpoint stores: named arrays + JSON metadata
-    arrays = {k: np.array(v, copy=True) for k, v in part.to_host_arrays().items()}
-    meta = json.loads(json.dumps(part.meta()))
-    restored = ReconState.from_arrays(arrays, meta)
-    with Reconstructor(data, restored, "cpu") as rec:
-        resumed = rec.run()
+    straight, _, resumed = straight_part_resumed(data, params, 3)
     assert resumed.iteration == straight.iteration == 8
     np.testing.assert_array_equal(resumed.object, straight.object)
     np.testing.assert_array_equal(resumed.probe, straight.probe)

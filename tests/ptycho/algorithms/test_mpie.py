@@ -12,17 +12,14 @@ well-lit region after removing the global phase and ramp):
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-from engine_kit import data_of, simulate
+from engine_kit import data_of, simulate, straight_part_resumed
 
 from beamflow.ptycho import (
     CATALOG,
     PtychoData,
     ReconParams,
-    ReconState,
     Reconstructor,
     array_backend,
     initial_state,
@@ -81,15 +78,8 @@ def test_mpie_converges_in_far_field():
 def test_mpie_resume_is_bit_identical():
     data = data_of(simulate())
     params = ReconParams(algorithm="mpie", iterations=12, momentum_every=2)
-    with Reconstructor(data, initial_state(data, params), "cpu") as rec:
-        straight = rec.run()
-    with Reconstructor(data, initial_state(data, params), "cpu") as rec:
-        part = rec.run(5)
+    straight, part, resumed = straight_part_resumed(data, params, 5)
     assert {"mpie_object_velocity", "mpie_probe_velocity"} <= set(part.extras)
-    arrays = {k: np.array(v, copy=True) for k, v in part.to_host_arrays().items()}
-    restored = ReconState.from_arrays(arrays, json.loads(json.dumps(part.meta())))
-    with Reconstructor(data, restored, "cpu") as rec:
-        resumed = rec.run()
     np.testing.assert_array_equal(resumed.object, straight.object)
     np.testing.assert_array_equal(resumed.probe, straight.probe)
     assert resumed.loss_history == straight.loss_history

@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import pytest
 from counting_cupy import installed
+from engine_kit import straight_part_resumed, through_a_checkpoint
 from pydantic import ValidationError
 
 from beamflow.ptycho import (
     PtychoData,
     ReconParams,
-    ReconState,
     Reconstructor,
     array_backend,
     initial_state,
@@ -183,15 +183,8 @@ def test_a_resumed_run_with_layers_continues_bit_for_bit(scan):
     more: the same layers, probe and losses, bit for bit (CPU)."""
     data = data_of(scan)
     p = params(algorithm="mpie", iterations=4, momentum_every=1, layer_regularization=0.5)
-    be = array_backend("cpu", threads=2)
-    with Reconstructor(data, initial_state(data, p), be) as rec:
-        whole = rec.run()
-    with Reconstructor(data, initial_state(data, p), be) as rec:
-        half = rec.run(2)
-    restored = ReconState.from_arrays(half.to_host_arrays(), half.meta())
-    assert restored.object.shape == (2,) + tuple(scan["shape"])
-    with Reconstructor(data, restored, be) as rec:
-        resumed = rec.run()
+    whole, half, resumed = straight_part_resumed(data, p, 2, array_backend("cpu", threads=2))
+    assert through_a_checkpoint(half).object.shape == (2,) + tuple(scan["shape"])
     np.testing.assert_array_equal(resumed.object, whole.object)
     np.testing.assert_array_equal(resumed.probe, whole.probe)
     assert resumed.loss_history == whole.loss_history
