@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated
 
@@ -324,17 +325,14 @@ def runs_start(
         fail(_STRICT_NEEDS_WAIT, code=2)
     request = RunRequest(scan_path=scan, params=params, label=label, flow=flow)
     store = open_store(settings)
-    backend = open_run_backend(settings)
-    try:
+    with closing(open_run_backend(settings)) as backend:
         if direct:  # submitted and waited for: the run has ended
             _report(store, _started(lambda: run_direct(settings, store, backend, request)),
                     as_json, strict)
-            return
-        run = _started(lambda: start_scan_run(settings, store, backend, request))
-        _follow_and_report(settings, store, backend, run, wait=wait, as_json=as_json,
-                           strict=strict)  # fmt: skip
-    finally:
-        backend.close()
+        else:
+            run = _started(lambda: start_scan_run(settings, store, backend, request))
+            _follow_and_report(settings, store, backend, run, wait=wait, as_json=as_json,
+                               strict=strict)  # fmt: skip
 
 
 @app.command("retry")
@@ -354,14 +352,11 @@ def runs_retry(
         fail(_STRICT_NEEDS_WAIT, code=2)
     store = open_store(settings)
     old = _find_run(store, run_id)
-    backend = open_run_backend(settings)
-    try:
+    with closing(open_run_backend(settings)) as backend:
         run = _started(lambda: retry_run(settings, old.id, store=store, backend=backend))
         err_console.print(f"run {run.id} retries {old.id} (attempt {run.attempt})")
         _follow_and_report(settings, store, backend, run, wait=wait, as_json=as_json,
                            strict=strict)  # fmt: skip
-    finally:
-        backend.close()
 
 
 @app.command("cancel")

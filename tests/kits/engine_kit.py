@@ -13,14 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from beamflow.ptycho import (
-    PtychoData,
-    ReconParams,
-    ReconState,
-    Reconstructor,
-    array_backend,
-    initial_state,
-)
+from beamflow.ptycho import PtychoData, ReconParams, ReconState, Reconstructor, initial_state
+from beamflow.ptycho.arrays import array_backend
 from beamflow.ptycho.forward.propagation import Propagation
 
 M = 32

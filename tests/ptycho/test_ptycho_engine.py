@@ -21,17 +21,9 @@ from engine_kit import (
     straight_part_resumed,
 )
 
-from beamflow.ptycho import (
-    ArrayBackendError,
-    PtychoData,
-    ReconParams,
-    ReconState,
-    Reconstructor,
-    array_backend,
-    initial_state,
-)
+from beamflow.ptycho import PtychoData, ReconParams, ReconState, Reconstructor, initial_state
 from beamflow.ptycho.algorithms.batches import overlap_neighbours, sparse_batches
-from beamflow.ptycho.arrays import cpu_ffts
+from beamflow.ptycho.arrays import ArrayBackendError, array_backend, cpu_ffts
 from beamflow.ptycho.engine import counter_rng
 from beamflow.ptycho.forward import Waves
 from beamflow.ptycho.modes import orthogonalize_modes

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from runs_kit import QuietRunBackend
 from typer.testing import CliRunner
 
 from beamflow.cli import app
@@ -25,10 +26,8 @@ from beamflow.runs.store import Store
 from beamflow.status.app import StatusOptions, create_app
 
 
-class StartingBackend:
+class StartingBackend(QuietRunBackend):
     """Starts every run it is given (and nothing else): the run path is what is tested."""
-
-    name = "local"
 
     def __init__(self) -> None:
         self.started: list[str] = []
@@ -41,12 +40,6 @@ class StartingBackend:
 
     def get_run(self, backend_run_id: str) -> FlowRunInfo:
         return FlowRunInfo(backend_run_id=backend_run_id, status=RunStatus.ACTIVE)
-
-    def cancel_run(self, backend_run_id: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from runs_kit import QuietRunBackend
 from typer.testing import CliRunner
 
 from beamflow.cli import app
@@ -20,10 +21,8 @@ from beamflow.runs.request import RunRequest
 from beamflow.runs.store import Store
 
 
-class OneRunBackend:
+class OneRunBackend(QuietRunBackend):
     """A backend whose one run says what the test puts in ``info``."""
-
-    name = "local"
 
     def __init__(self) -> None:
         self.info: FlowRunInfo | None = None
@@ -35,12 +34,6 @@ class OneRunBackend:
     def get_run(self, backend_run_id: str) -> FlowRunInfo:
         assert self.info is not None
         return self.info
-
-    def cancel_run(self, backend_run_id: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_kit import data_of, simulate, straight_part_resumed
+from engine_kit import data_of, reconstruct, simulate, straight_part_resumed
 
 from beamflow.ptycho import (
     CATALOG,
@@ -67,11 +67,7 @@ def test_mpie_reaches_in_200_iterations_what_rpie_reaches_in_500(near):
 
 
 def test_mpie_converges_in_far_field():
-    sim = simulate()
-    data = data_of(sim)
-    params = ReconParams(algorithm="mpie", iterations=40)
-    with Reconstructor(data, initial_state(data, params), "cpu") as rec:
-        out = rec.run()
+    out = reconstruct(data_of(simulate()), 40, algorithm="mpie")
     assert out.loss_history[-1] < out.loss_history[0] / 10
 
 

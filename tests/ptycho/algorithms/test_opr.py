@@ -21,15 +21,9 @@ from product_kit import make_product
 
 from beamflow.formats import read_product
 from beamflow.formats.product import Product, write_product
-from beamflow.ptycho import (
-    PtychoData,
-    ReconParams,
-    ReconState,
-    Reconstructor,
-    array_backend,
-    initial_state,
-)
+from beamflow.ptycho import PtychoData, ReconParams, ReconState, Reconstructor, initial_state
 from beamflow.ptycho.algorithms.opr import LEARNING_DELAY, ptychodus_probes
+from beamflow.ptycho.arrays import array_backend
 from beamflow.ptycho.forward.propagation import Propagation
 from beamflow.ptycho.quality.metrics import compare, illumination_mask
 from beamflow.ptycho.quality.opr_previews import write_opr_preview
