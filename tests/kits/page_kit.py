@@ -9,6 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
+# The page as a client on loopback sees it, and the token a remote client must bring.
+LOOPBACK = "http://127.0.0.1:8765"
+TOKEN = "s3cret-token-for-tests-0123456789"
+
 
 def write_png(path: Path, width: int = 8, height: int = 6, shade: int = 128) -> Path:
     """A real (tiny, grey) PNG, so browsers and content sniffers see an image."""

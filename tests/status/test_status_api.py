@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from page_kit import write_png
+from page_kit import LOOPBACK, TOKEN, write_png
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
@@ -23,15 +23,8 @@ from beamflow.status.security import COOKIE
 from beamflow.status.server import StatusConfigError, options_for, serve_in_thread
 from beamflow.status.views import format_duration, preview_kind
 
-LOOPBACK = "http://127.0.0.1:8765"
-TOKEN = "s3cret-token-for-tests-0123456789"
 XSS_SCAN = "<script>alert(1)</script>"
 XSS_ERROR = '<img src=x onerror="alert(2)"> & more'
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "state" / "runs.sqlite")
 
 
 @pytest.fixture

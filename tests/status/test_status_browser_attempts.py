@@ -5,9 +5,7 @@ appears without a reload; the agent panel speaks plain words (no Markdown backti
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-import pytest
 from browser_kit import BROWSER_MARKS, shot, until
 
 from beamflow.agent_state import AgentState, state_path, write_state
@@ -23,11 +21,6 @@ LOST = "lost: the worker running the task ended (killed, or out of memory)"
 DISK = ("the cluster's disk is full: /scratch/beamflow/s7-1a2b3c4d/raw/s7/s7_data_000003.h5: "
         "No space left on device (12 MB free of 2 TB); the scan needs 41.9 GB there")
 ITEMS = "#attempts li"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "state" / "runs.sqlite")
 
 
 def failed_attempt(store: Store, run_id: str, error: str, step: str, kind: ErrorKind) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
 from browser_kit import BROWSER_MARKS, shot, until
 from page_kit import draw_previews
 
@@ -41,11 +40,6 @@ def finished_run(store: Store, root: Path) -> Run:
         result={"truth": {"nrmse": 0.0241, "metric": "complex NRMSE",
                           "ground_truth": str(root / "detector/demo_scan_001/ground_truth.h5")}},
     )
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "state" / "runs.sqlite")
 
 
 # Each word of each step name inside one line box: a name that breaks mid-word has a word

@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
 from browser_kit import BROWSER_MARKS, shot, until
 
 from beamflow.runs.records import Run, RunStatus
@@ -71,11 +70,6 @@ def runs(store: Store) -> dict[str, Run]:
                                    current_step="ReconstructOnHPC", iteration=20,
                                    iterations_total=200)
     return out
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "state" / "runs.sqlite")
 
 
 def test_phone_width_runs_are_cards(store, browser, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from page_kit import TOKEN
 
 from beamflow.config import Settings
 from beamflow.runs.records import Run, RunStatus
@@ -19,14 +20,8 @@ from beamflow.status.security import BODY_LIMIT, COOKIE
 from beamflow.status.server import options_for, serve_in_thread
 from beamflow.status.sessions import Sessions
 
-TOKEN = "s3cret-token-for-tests-0123456789"
 EXPOSED = "http://10.0.0.5:8765"
 HUNDRED_MB = 100 << 20
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "state" / "runs.sqlite")
 
 
 def failed_run(store: Store) -> Run:

@@ -9,18 +9,11 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from page_kit import LOOPBACK, TOKEN
 
 from beamflow.runs.records import Run, RunStatus
 from beamflow.runs.store import Store
 from beamflow.status import StatusOptions, create_app
-
-LOOPBACK = "http://127.0.0.1:8765"
-TOKEN = "s3cret-token-for-tests-0123456789"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "state" / "runs.sqlite")
 
 
 @pytest.fixture
