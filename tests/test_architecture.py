@@ -5,6 +5,7 @@ functions (a late import hides a circle; it does not remove it)."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,13 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
+def _arrows(source: Callable[[str], bool], wrong: Callable[[str, str], bool]) -> list[str]:
+    """The imports ``m -> t`` from every module ``m`` that ``source`` picks, that are
+    ``wrong(m, t)``."""
+    return sorted(f"{m} -> {t}" for m, targets in GRAPH.items() if source(m)
+                  for t in targets if wrong(m, t))
+
+
 # Floors, bottom first: a module may import its own floor and those below, never above.
 # The run package spans floors: its record and store lie at the bottom, the interface of the
 # run backends (local, Globus) above the job, and its run path (the request, the flow's input,
@@ -149,14 +157,7 @@ def test_the_run_package_is_the_floors_listed():
     ids=["science-and-storage", "job", "backend-interface", "backends"],
 )
 def test_no_arrow_runs_back_up(floor, forbidden):
-    wrong = sorted(
-        f"{m} -> {t}"
-        for m, targets in GRAPH.items()
-        if _under(m, floor)
-        for t in targets
-        if _under(t, forbidden)
-    )
-    assert wrong == []
+    assert _arrows(lambda m: _under(m, floor), lambda m, t: _under(t, forbidden)) == []
 
 
 def test_science_knows_nothing_of_flows_globus_or_the_web():
@@ -202,13 +203,8 @@ SCIENCE = ("beamflow.ptycho", "beamflow.checkpoint", "beamflow.formats")
 
 
 def test_science_imports_nothing_else_of_beamflow_but_leaf_utilities():
-    wrong = sorted(
-        f"{m} -> {t}"
-        for m, targets in GRAPH.items()
-        if _under(m, SCIENCE) or m in LEAVES
-        for t in targets
-        if not _under(t, SCIENCE + LEAVES) or (m in LEAVES and t != m)
-    )
+    wrong = _arrows(lambda m: _under(m, SCIENCE) or m in LEAVES,
+                    lambda m, t: not _under(t, SCIENCE + LEAVES) or (m in LEAVES and t != m))
     assert wrong == []
 
 
@@ -221,25 +217,14 @@ BACKEND_BLIND = ("edge_agent", "beamflow.demo", "beamflow.status")
 
 
 def test_starters_import_a_backend_package_only_through_its_root():
-    wrong = sorted(
-        f"{m} -> {t}"
-        for m, targets in GRAPH.items()
-        if _under(m, STARTERS)
-        for t in targets
-        if _under(t, BACKEND_PACKAGES) and t not in BACKEND_PACKAGES
-    )
+    wrong = _arrows(lambda m: _under(m, STARTERS),
+                    lambda m, t: _under(t, BACKEND_PACKAGES) and t not in BACKEND_PACKAGES)
     assert wrong == []
 
 
 def test_agent_demo_and_status_page_import_no_backend_package():
-    wrong = sorted(
-        f"{m} -> {t}"
-        for m, targets in GRAPH.items()
-        if _under(m, BACKEND_BLIND)
-        for t in targets
-        if _under(t, BACKEND_PACKAGES)
-    )
-    assert wrong == []
+    assert _arrows(lambda m: _under(m, BACKEND_BLIND),
+                   lambda m, t: _under(t, BACKEND_PACKAGES)) == []
 
 
 def _public_names(package: str) -> set[str]:
@@ -312,9 +297,8 @@ ENGINE_ROOMS = [
 @pytest.mark.parametrize(("room", "forbidden"), ENGINE_ROOMS,
                          ids=["forward", "algorithms", "quality", "gpu"])
 def test_the_engines_rooms_keep_to_themselves(room, forbidden):
-    wrong = sorted(f"{m} -> {t}" for m, targets in GRAPH.items() if _under(m, room)
-                   for t in targets if _under(t, forbidden) and not _under(t, room))
-    assert wrong == []
+    assert _arrows(lambda m: _under(m, room),
+                   lambda m, t: _under(t, forbidden) and not _under(t, room)) == []
 
 
 # Big rooms hide their architecture: no module of the product over 700 lines, no class over

@@ -12,9 +12,11 @@ from agent_kit import (
     ScriptedBackend,
     flow_failure,
     make_agent,
+    one_scan_started,
     runs_of,
     settings,
     step,
+    transfer_fault,
     write_scan,
 )
 from typer.testing import CliRunner
@@ -103,11 +105,7 @@ def test_a_partial_run_still_queued_when_more_frames_arrive_is_superseded(
 
 
 def test_transient_failures_are_retried_with_backoff_then_given_up(settings: Settings) -> None:
-    backend, clock = ScriptedBackend(), Clock()
-    agent = make_agent(settings, backend, clock)
-    write_scan(settings.beamline.detector_dir, "s1")
-    step(agent, clock, 2.0)
-    (run,) = runs_of(agent.store)
+    agent, backend, clock, run = one_scan_started(settings)
     for attempt in (1, 2, 3):
         run = agent.store.require_run(run.id)
         assert run.status == RunStatus.ACTIVE and run.attempt == attempt
@@ -129,11 +127,7 @@ def test_transient_failures_are_retried_with_backoff_then_given_up(settings: Set
 
 
 def test_bad_input_is_not_retried(settings: Settings) -> None:
-    backend, clock = ScriptedBackend(), Clock()
-    agent = make_agent(settings, backend, clock)
-    write_scan(settings.beamline.detector_dir, "s1")
-    step(agent, clock, 2.0)
-    (run,) = runs_of(agent.store)
+    agent, backend, clock, run = one_scan_started(settings)
     backend.end(run.backend_run_id, RunStatus.FAILED, "ReconstructFailed", output=flow_failure(
         "Reconstruct", "ActionFailedException", {"error": {
             "type": "ValueError",
@@ -150,15 +144,9 @@ def test_bad_input_is_not_retried(settings: Settings) -> None:
 def test_a_transient_fault_is_retried_however_it_is_worded(settings: Settings) -> None:
     """The kind decides, not the words: a transfer fault that says "invalid" (the old rule
     never retried it) is retried; a reconstruction that failed on good input is not."""
-    backend, clock = ScriptedBackend(), Clock()
-    agent = make_agent(settings, backend, clock)
-    write_scan(settings.beamline.detector_dir, "s1")
-    step(agent, clock, 2.0)
-    (run,) = runs_of(agent.store)
+    agent, backend, clock, run = one_scan_started(settings)
     backend.end(run.backend_run_id, RunStatus.FAILED, "TransferScanToHPCFailed",
-                output=flow_failure("TransferScanToHPC", "ActionFailedException", {
-                    "fatal_error": {"code": "CONNECTION_RESET",
-                                    "description": "invalid response from the data server"}}))
+                output=transfer_fault("CONNECTION_RESET", "invalid response from the data server"))
     step(agent, clock, 1.5)
     run = agent.store.require_run(run.id)
     assert (run.status, run.attempt) == (RunStatus.QUEUED, 2)
@@ -379,15 +367,9 @@ def test_a_retried_run_lists_every_attempt_with_its_start_end_error_and_kind(
 
 def test_a_full_disk_is_retried_once_space_may_have_been_freed(settings: Settings) -> None:
     settings.agent.no_space_backoff_seconds = 100.0
-    backend, clock = ScriptedBackend(), Clock()
-    agent = make_agent(settings, backend, clock)
-    write_scan(settings.beamline.detector_dir, "s1")
-    step(agent, clock, 2.0)
-    (run,) = runs_of(agent.store)
+    agent, backend, clock, run = one_scan_started(settings)
     backend.end(run.backend_run_id, RunStatus.FAILED, "TransferScanToHPCFailed",
-                output=flow_failure("TransferScanToHPC", "ActionFailedException", {
-                    "fatal_error": {"code": "NO_SPACE_LEFT",
-                                    "description": "/scratch/s1/raw/x.h5: No space left"}}))
+                output=transfer_fault("NO_SPACE_LEFT", "/scratch/s1/raw/x.h5: No space left"))
     step(agent, clock, 1.5)
     run = agent.store.require_run(run.id)
     assert (run.status, run.attempt) == (RunStatus.QUEUED, 2)

@@ -10,6 +10,7 @@ import os
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -166,3 +167,21 @@ def age(master: Path, seconds: float) -> None:
     t = time.time() - seconds
     for entry in scan_files(master):
         os.utime(entry.path, (t, t))
+
+
+def one_scan_started(settings: Settings) -> tuple[EdgeAgent, ScriptedBackend, Clock, Any]:
+    """An agent that found scan s1 written whole and started its one run: (agent, backend,
+    clock, the run)."""
+    backend, clock = ScriptedBackend(), Clock()
+    agent = make_agent(settings, backend, clock)
+    write_scan(settings.beamline.detector_dir, "s1")
+    step(agent, clock, 2.0)
+    (run,) = runs_of(agent.store)
+    return agent, backend, clock, run
+
+
+def transfer_fault(code: str, description: str) -> dict:
+    """The flows' failure record of the raw data's transfer failing with Transfer's fault
+    ``code``."""
+    return flow_failure("TransferScanToHPC", "ActionFailedException",
+                        {"fatal_error": {"code": code, "description": description}})
