@@ -36,14 +36,9 @@ sys.path.insert(0, str(ROOT / "tests" / "kits"))
 
 import sim_kit  # noqa: E402
 
-from beamflow.ptycho import (  # noqa: E402
-    PtychoData,
-    ReconParams,
-    Reconstructor,
-    array_backend,
-    initial_state,
-)
+from beamflow.ptycho import PtychoData, ReconParams, Reconstructor, initial_state  # noqa: E402
 from beamflow.ptycho.algorithms import opr as opr_module  # noqa: E402
+from beamflow.ptycho.arrays import array_backend  # noqa: E402
 from beamflow.simulate import (  # noqa: E402
     detector_frames,
     make_ground_truth,

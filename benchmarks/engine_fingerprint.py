@@ -29,13 +29,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "kits"))
 
-from beamflow.ptycho import (  # noqa: E402
-    PtychoData,
-    ReconParams,
-    Reconstructor,
-    array_backend,
-    initial_state,
-)
+from beamflow.ptycho import PtychoData, ReconParams, Reconstructor, initial_state  # noqa: E402
+from beamflow.ptycho.arrays import array_backend  # noqa: E402
 from beamflow.ptycho.forward.propagation import Propagation  # noqa: E402
 
 NEAR = {"model": "near-field", "wavelength_m": 1.0e-10, "distance_m": 0.02,
