@@ -28,7 +28,7 @@ referenced, but whether the service does is unverified, so here it is a warning)
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -125,6 +125,13 @@ def _where(name: str) -> str:
     return f"State {name!r}"
 
 
+# The keys whose value is evaluated, not copied: a path (``.$``) or an expression (``.=``).
+_EVALUATED: dict[str, tuple[str, Callable[[str], str | None]]] = {
+    ".$": ("a JSONPath string", check_path),
+    ".=": ("an expression string", check_expression),
+}
+
+
 def iter_parameter_problems(value: Any, where: str, trail: str = "Parameters") -> Iterator[str]:
     """Problems with ``.$`` paths and ``.=`` expressions anywhere in a Parameters value."""
     if isinstance(value, dict):
@@ -132,19 +139,11 @@ def iter_parameter_problems(value: Any, where: str, trail: str = "Parameters") -
             here = f"{trail}.{key}"
             if not isinstance(key, str):
                 continue
-            if key.endswith(".$"):
+            if key[-2:] in _EVALUATED:
+                what, check = _EVALUATED[key[-2:]]
                 if not isinstance(sub, str):
-                    yield f"{where}: {here} must be a JSONPath string, not {type(sub).__name__}"
-                    continue
-                reason = check_path(sub)
-                if reason:
-                    yield f"{where}: {here}: {reason}"
-            elif key.endswith(".="):
-                if not isinstance(sub, str):
-                    yield f"{where}: {here} must be an expression string"
-                    continue
-                reason = check_expression(sub)
-                if reason:
+                    yield f"{where}: {here} must be {what}, not {type(sub).__name__}"
+                elif reason := check(sub):
                     yield f"{where}: {here}: {reason}"
             elif key == "__Private_Parameters":
                 if not (isinstance(sub, list) and all(isinstance(s, str) for s in sub)):
