@@ -81,11 +81,13 @@ def test_finished_steps_look_finished_and_names_stay_whole(store, browser, tmp_p
             assert truth.is_visible() and truth.text_content().startswith("NRMSE 0.024")
             shot(page, tmp_path, f"status-run-steps-{width}.png")
             if width == 380:
-                # The check sees a word broken across lines (the old CSS broke them so).
-                page.evaluate("document.querySelectorAll('#steps .step-name').forEach(s => "
-                              "Object.assign(s.style, {display: 'inline-block', width: '3ch', "
-                              "wordBreak: 'break-all'}))")
-                assert not page.evaluate(WORDS_WHOLE)
+                # The check sees a word broken across lines (the old CSS broke them so):
+                # styled and checked in one call, before the live poll redraws the steps.
+                assert not page.evaluate(f"""() => {{
+                  document.querySelectorAll('#steps .step-name').forEach(s => Object.assign(
+                    s.style, {{display: 'inline-block', width: '3ch', wordBreak: 'break-all'}}));
+                  return ({WORDS_WHOLE})();
+                }}""")
             page.close()
 
 
