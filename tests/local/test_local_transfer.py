@@ -19,6 +19,17 @@ SRC = "11111111-1111-4111-8111-111111111111"
 DST = "22222222-2222-4222-8222-222222222222"
 
 
+def assert_refused_unverified(details: dict, dst: Path, path: str) -> None:
+    """The transfer failed on a checksum that did not match, naming the file, and left
+    neither the file ``dst/path`` nor a partial copy anywhere under ``dst``."""
+    target = dst / path
+    assert details["status"] == "FAILED"
+    assert details["fatal_error"]["code"] == "CHECKSUM_MISMATCH"
+    assert target.name in details["fatal_error"]["description"]
+    assert not target.exists()
+    assert not list(dst.rglob(f"*{PARTIAL_MARK}*")), "a partial file was left behind"
+
+
 @pytest.fixture
 def roots(tmp_path: Path) -> tuple[Path, Path]:
     src, dst = tmp_path / "beamline", tmp_path / "hpc"
@@ -187,11 +198,7 @@ def test_persistent_checksum_mismatch_fails_naming_the_file(roots: tuple[Path, P
         provider(roots, after_write=corrupt),
         body(item("/f.bin", "/out/f.bin"), verify_checksum=True),
     )
-    assert details["status"] == "FAILED"
-    assert details["fatal_error"]["code"] == "CHECKSUM_MISMATCH"
-    assert "f.bin" in details["fatal_error"]["description"]
-    assert not (dst / "out/f.bin").exists()
-    assert not list(dst.rglob(f"*{PARTIAL_MARK}*")), "a partial file was left behind"
+    assert_refused_unverified(details, dst, "out/f.bin")
 
 
 @pytest.mark.parametrize("verify", [False, True])
@@ -420,11 +427,7 @@ def test_a_source_shrinking_during_a_verified_copy_fails_naming_the_file(
         provider(roots, after_write=truncate),
         body(item("/shrinks.bin", "/shrinks.bin"), verify_checksum=True),
     )
-    assert details["status"] == "FAILED"
-    assert details["fatal_error"]["code"] == "CHECKSUM_MISMATCH"
-    assert "shrinks.bin" in details["fatal_error"]["description"]
-    assert not (dst / "shrinks.bin").exists()
-    assert not list(dst.rglob(f"*{PARTIAL_MARK}*"))
+    assert_refused_unverified(details, dst, "shrinks.bin")
 
 
 def test_a_write_error_mid_pipeline_fails_the_task_and_leaves_no_partial_files(
