@@ -333,7 +333,7 @@ def test_newer_snapshot_replaces_pending_one_and_caller_never_waits(tmp_path: Pa
     def hook(level, step, path):
         if level == "L2" and step == "temp_written" and not gate.is_set():
             blocked.set()
-            gate.wait(10)  # the shared filesystem hangs
+            gate.wait(120)  # the shared filesystem hangs (until the test lets it go)
         if step == "committed":
             committed.append((level, int(path.name[5:14])))  # ckpt-<iteration:09d>-...
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from runs_kit import at_once
 from typer.testing import CliRunner
 
 from beamflow.cli import app
@@ -447,7 +448,6 @@ def test_kill_9_of_the_worker_fails_the_run_cleanly_and_one_retry_resumes(
     settings: Settings, backend, store: Store  # noqa: ANN001
 ) -> None:
     import signal
-    import threading
 
     scan = Path(settings.beamline.detector_dir) / "s1"
     params = {**FOREVER, "iterations": 60, "checkpoint_every": 2}
@@ -468,21 +468,8 @@ def test_kill_9_of_the_worker_fails_the_run_cleanly_and_one_retry_resumes(
     assert run.error.startswith("the worker process running reconstruct ended")
     assert run.error_kind == "lost" and "WorkerLost" in run.result["failure"]["chain"]
     # Two retries at once (the page and a terminal): one run is made and started.
-    barrier, outcomes = threading.Barrier(2), []
-
-    def retry() -> None:
-        barrier.wait()
-        try:
-            outcomes.append(retry_run(settings, run.id, store=Store(settings.store_path),
-                                           backend=backend))  # fmt: skip
-        except RetryRefused as exc:
-            outcomes.append(exc)
-
-    threads = [threading.Thread(target=retry) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outcomes = at_once(lambda: retry_run(settings, run.id, store=Store(settings.store_path),
+                                         backend=backend), 2, RetryRefused)  # fmt: skip
     (new,) = [o for o in outcomes if not isinstance(o, Exception)]
     (refused,) = [o for o in outcomes if isinstance(o, RetryRefused)]
     assert refused.retry_id == new.id

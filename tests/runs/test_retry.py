@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from runs_kit import QuietRunBackend
+from runs_kit import QuietRunBackend, at_once
 from typer.testing import CliRunner
 
 from beamflow.cli import app
@@ -66,22 +66,8 @@ def test_two_retries_at_once_start_one_run(settings: Settings) -> None:
     store = Store(settings.store_path)
     old = failed_run(settings, store, ErrorKind.LOST)
     backend = StartingBackend()
-    barrier = threading.Barrier(4)
-    outcomes: list[Run | RetryRefused] = []
-
-    def retry() -> None:
-        barrier.wait()
-        try:
-            outcomes.append(retry_run(settings, old.id, store=Store(settings.store_path),
-                                           backend=backend))  # fmt: skip
-        except RetryRefused as exc:
-            outcomes.append(exc)
-
-    threads = [threading.Thread(target=retry) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outcomes = at_once(lambda: retry_run(settings, old.id, store=Store(settings.store_path),
+                                         backend=backend), 4, RetryRefused)  # fmt: skip
     (new,) = [o for o in outcomes if isinstance(o, Run)]
     refusals = [o for o in outcomes if isinstance(o, RetryRefused)]
     assert len(refusals) == 3 and {r.retry_id for r in refusals} == {new.id}
