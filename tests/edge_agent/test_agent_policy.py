@@ -272,11 +272,7 @@ def test_a_restarted_agent_reattaches_and_starts_what_was_queued(settings: Setti
 
 
 def test_a_clean_stop_requeues_runs_that_live_in_the_agent(settings: Settings) -> None:
-    backend, clock = ScriptedBackend(outlive=False), Clock()
-    agent = make_agent(settings, backend, clock)
-    write_scan(settings.beamline.detector_dir, "s1")
-    step(agent, clock, 2.0)
-    (run,) = runs_of(agent.store)
+    agent, backend, clock, run = one_scan_started(settings, ScriptedBackend(outlive=False))
     agent.stop()
     agent._shutdown()
     run = agent.store.require_run(run.id)
@@ -388,11 +384,7 @@ def test_a_full_disk_is_retried_once_space_may_have_been_freed(settings: Setting
 def test_an_attempt_cut_short_by_a_clean_stop_is_listed_and_uses_no_retry(
     settings: Settings,
 ) -> None:
-    backend, clock = ScriptedBackend(outlive=False), Clock()
-    agent = make_agent(settings, backend, clock)
-    write_scan(settings.beamline.detector_dir, "s1")
-    step(agent, clock, 2.0)
-    (run,) = runs_of(agent.store)
+    agent, backend, clock, run = one_scan_started(settings, ScriptedBackend(outlive=False))
     agent.stop()
     agent._shutdown()
     run = agent.store.require_run(run.id)

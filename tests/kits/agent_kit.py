@@ -169,10 +169,11 @@ def age(master: Path, seconds: float) -> None:
         os.utime(entry.path, (t, t))
 
 
-def one_scan_started(settings: Settings) -> tuple[EdgeAgent, ScriptedBackend, Clock, Any]:
-    """An agent that found scan s1 written whole and started its one run: (agent, backend,
-    clock, the run)."""
-    backend, clock = ScriptedBackend(), Clock()
+def one_scan_started(settings: Settings, backend: ScriptedBackend | None = None
+                     ) -> tuple[EdgeAgent, ScriptedBackend, Clock, Any]:
+    """An agent that found scan s1 written whole and started its one run on ``backend``
+    (default: a ScriptedBackend): (agent, backend, clock, the run)."""
+    backend, clock = backend or ScriptedBackend(), Clock()
     agent = make_agent(settings, backend, clock)
     write_scan(settings.beamline.detector_dir, "s1")
     step(agent, clock, 2.0)
