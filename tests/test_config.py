@@ -16,6 +16,14 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def refusal_of_a_workspace(tmp_path: Path) -> str:
+    """What loading a new local workspace's beamflow.toml is refused with (the environment
+    set by the test is to blame)."""
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, local_workspace_toml()))
+    return str(info.value)
+
+
 def test_local_workspace_file_loads_with_paths_relative_to_the_file(tmp_path: Path) -> None:
     settings = load_config(write(tmp_path, local_workspace_toml()))
     assert settings.backend == "local"
@@ -97,9 +105,7 @@ def test_a_variable_that_is_not_json_is_one_line_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BEAMFLOW_AGENT__PROGRESSIVE", "notjson")
-    with pytest.raises(ConfigError) as info:
-        load_config(write(tmp_path, local_workspace_toml()))
-    message = str(info.value)
+    message = refusal_of_a_workspace(tmp_path)
     assert message.startswith("BEAMFLOW_AGENT__PROGRESSIVE: agent.progressive takes JSON here")
     assert "[0.25, 0.5]" in message and "'notjson'" in message and "\n" not in message
     monkeypatch.setenv("BEAMFLOW_AGENT__PROGRESSIVE", "[0.5]")
@@ -132,9 +138,8 @@ def test_a_bad_value_from_a_variable_names_the_variable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BEAMFLOW_STATUS__PORT", "0")
-    with pytest.raises(ConfigError) as info:
-        load_config(write(tmp_path, local_workspace_toml()))
-    assert str(info.value).startswith("BEAMFLOW_STATUS__PORT: status.port: Input should be")
+    assert refusal_of_a_workspace(tmp_path).startswith(
+        "BEAMFLOW_STATUS__PORT: status.port: Input should be")
 
 
 def test_broken_toml_names_the_file(tmp_path: Path) -> None:

@@ -10,12 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+from job_kit import scan_with_its_probe
 
 from beamflow.checkpoint import load_latest, read_latest_record
-from beamflow.ground_truth import read_ground_truth
-from beamflow.simulate import simulate_scan
 
 BEAMFLOW = [sys.executable, "-m", "beamflow.cli"]
 
@@ -23,10 +21,8 @@ BEAMFLOW = [sys.executable, "-m", "beamflow.cli"]
 @pytest.fixture(scope="module")
 def scan(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("detector")
-    master = simulate_scan(root, "k", positions=40, probe_size=32, photons=2e5, seed=5,
-                           frames_per_file=20)
-    np.save(root / "probe.npy", read_ground_truth(master.parent / "ground_truth.h5").probe)
-    return master
+    return scan_with_its_probe(root, "k", positions=40, probe_size=32, photons=2e5, seed=5,
+                               frames_per_file=20)
 
 
 def args(scan: Path, out: Path, *extra: str) -> list[str]:

@@ -16,12 +16,15 @@ from edge_agent.scans import Readiness, assess, find_scans, scan_files
 GEOMETRY = Geometry(energy_eV=8800.0, distance_m=2.0, detector_pixel_size_m=75e-6)
 
 
-def start_scan(root: Path, name: str, n: int = 8, per_file: int = 4) -> Path:
+def start_scan(root: Path, name: str, n: int = 8, per_file: int = 4, files: int = 0) -> Path:
+    """A scan's master file promising ``n`` frames, and its first ``files`` data files."""
     master = master_path(root, name)
     master.parent.mkdir(parents=True)
     positions = np.stack([np.arange(n) * 1e-7, np.zeros(n)], axis=1)
     write_master(master, geometry=GEOMETRY, frame_shape=(16, 16), positions_m=positions,
                  frames_per_file=per_file)
+    for index in range(1, files + 1):
+        add_file(master, index, per_file=per_file)
     return master
 
 
@@ -40,17 +43,14 @@ def age(path: Path, seconds: float) -> None:
 
 
 def test_scan_in_progress_is_writing_with_progress(tmp_path: Path) -> None:
-    master = start_scan(tmp_path, "s1")
-    add_file(master, 1)
+    master = start_scan(tmp_path, "s1", files=1)
     state = assess(master, quiet_seconds=0.0, stall_timeout=60.0)
     assert state.readiness == Readiness.WRITING
     assert (state.frames, state.expected) == (4, 8)
 
 
 def test_complete_scan_must_also_be_quiet(tmp_path: Path) -> None:
-    master = start_scan(tmp_path, "s1")
-    add_file(master, 1)
-    add_file(master, 2)
+    master = start_scan(tmp_path, "s1", files=2)
     assert assess(master, quiet_seconds=30.0, stall_timeout=60.0).readiness == Readiness.WRITING
     age(master, 31)
     state = assess(master, quiet_seconds=30.0, stall_timeout=60.0)
@@ -58,17 +58,14 @@ def test_complete_scan_must_also_be_quiet(tmp_path: Path) -> None:
 
 
 def test_hidden_temporary_file_means_still_writing(tmp_path: Path) -> None:
-    master = start_scan(tmp_path, "s1")
-    add_file(master, 1)
-    add_file(master, 2)
+    master = start_scan(tmp_path, "s1", files=2)
     (master.parent / ".s1_data_000003.h5.tmp").write_bytes(b"\x89HDF partial")
     age(master, 100)
     assert assess(master, quiet_seconds=1.0, stall_timeout=60.0).readiness == Readiness.WRITING
 
 
 def test_truncated_data_file_never_counts(tmp_path: Path) -> None:
-    master = start_scan(tmp_path, "s1")
-    add_file(master, 1)
+    master = start_scan(tmp_path, "s1", files=1)
     second = add_file(master, 2)
     second.write_bytes(second.read_bytes()[:500])  # a copy cut short
     age(master, 10)
@@ -77,8 +74,7 @@ def test_truncated_data_file_never_counts(tmp_path: Path) -> None:
 
 
 def test_stalled_short_scan_is_aborted_with_the_frames_it_has(tmp_path: Path) -> None:
-    master = start_scan(tmp_path, "s1")
-    add_file(master, 1)
+    master = start_scan(tmp_path, "s1", files=1)
     age(master, 200)
     state = assess(master, quiet_seconds=1.0, stall_timeout=120.0)
     assert state.readiness == Readiness.ABORTED and state.frames == 4
@@ -152,7 +148,6 @@ def test_complete_scan_whose_master_contradicts_itself_is_broken(tmp_path: Path)
 
 
 def test_progress_can_be_skipped_while_writing(tmp_path: Path) -> None:
-    master = start_scan(tmp_path, "s1")
-    add_file(master, 1)
+    master = start_scan(tmp_path, "s1", files=1)
     state = assess(master, quiet_seconds=30.0, stall_timeout=60.0, progress=False)
     assert state.readiness == Readiness.WRITING and state.frames == 0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from job_kit import scan_with_its_probe
 
 from beamflow.checkpoint import IncompatibleCheckpoint, list_checkpoints, load_latest
 from beamflow.formats import ScanFormatError, read_product
@@ -20,7 +21,6 @@ from beamflow.ptycho.algorithms import opr as opr_module
 from beamflow.ptycho.arrays import cpu_ffts
 from beamflow.ptycho.quality import previews as previews_module
 from beamflow.ptycho.quality.previews import PREVIEW_NAMES
-from beamflow.simulate import simulate_scan
 
 N_POS = 40
 
@@ -28,11 +28,8 @@ N_POS = 40
 @pytest.fixture(scope="module")
 def scan(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("detector")
-    master = simulate_scan(root, "s", positions=N_POS, probe_size=32, photons=2e5, seed=3,
-                           frames_per_file=10)
-    # a true probe guess makes the test reconstructions converge in few iterations
-    np.save(root / "probe.npy", read_ground_truth(master.parent / "ground_truth.h5").probe)
-    return master
+    return scan_with_its_probe(root, "s", positions=N_POS, probe_size=32, photons=2e5, seed=3,
+                               frames_per_file=10)
 
 
 def job(scan: Path, out: Path, **kw) -> ReconstructJob:

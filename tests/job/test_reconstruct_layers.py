@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from job_kit import scan_with_its_probe
 from typer.testing import CliRunner
 
 from beamflow.checkpoint import IncompatibleCheckpoint, load_latest
@@ -18,7 +19,6 @@ from beamflow.ground_truth import read_ground_truth, score_product_layers
 from beamflow.job.checkpoints import previews_from_checkpoint
 from beamflow.job.models import ReconstructJob
 from beamflow.job.run import run_reconstruction
-from beamflow.simulate import simulate_scan
 
 SPACING = 4e-4
 
@@ -26,10 +26,8 @@ SPACING = 4e-4
 @pytest.fixture(scope="module")
 def scan(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("thick")
-    master = simulate_scan(root, "t", positions=60, probe_size=32, photons=3e5, seed=5,
-                           frames_per_file=20, slices=2, slice_spacing_m=SPACING)
-    np.save(root / "probe.npy", read_ground_truth(master.parent / "ground_truth.h5").probe)
-    return master
+    return scan_with_its_probe(root, "t", positions=60, probe_size=32, photons=3e5, seed=5,
+                               frames_per_file=20, slices=2, slice_spacing_m=SPACING)
 
 
 def job(scan: Path, out: Path, **kw) -> ReconstructJob:

@@ -13,15 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from job_kit import scan_with_its_probe
 
 from beamflow.checkpoint import list_checkpoints, load_latest, read_checkpoint
-from beamflow.ground_truth import read_ground_truth
 from beamflow.job import iterate as iterate_step
 from beamflow.job.live_previews import LivePreviews
 from beamflow.job.models import ReconstructJob
 from beamflow.job.run import run_reconstruction
 from beamflow.ptycho.arrays import ArrayBackend, HostCopy
-from beamflow.simulate import simulate_scan
 
 HANG_GUARD_S = 60.0  # only so that a loop that waits for the copy fails instead of hanging
 
@@ -29,10 +28,8 @@ HANG_GUARD_S = 60.0  # only so that a loop that waits for the copy fails instead
 @pytest.fixture(scope="module")
 def scan(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("detector")
-    master = simulate_scan(root, "s", positions=40, probe_size=32, photons=2e5, seed=3,
-                           frames_per_file=20)
-    np.save(root / "probe.npy", read_ground_truth(master.parent / "ground_truth.h5").probe)
-    return master
+    return scan_with_its_probe(root, "s", positions=40, probe_size=32, photons=2e5, seed=3,
+                               frames_per_file=20)
 
 
 def job(scan: Path, out: Path, **kw) -> ReconstructJob:
