@@ -16,7 +16,7 @@ from agent_kit import (
     runs_of,
     settings,
     step,
-    transfer_fault,
+    transfer_failed,
     write_scan,
 )
 from typer.testing import CliRunner
@@ -145,10 +145,8 @@ def test_a_transient_fault_is_retried_however_it_is_worded(settings: Settings) -
     """The kind decides, not the words: a transfer fault that says "invalid" (the old rule
     never retried it) is retried; a reconstruction that failed on good input is not."""
     agent, backend, clock, run = one_scan_started(settings)
-    backend.end(run.backend_run_id, RunStatus.FAILED, "TransferScanToHPCFailed",
-                output=transfer_fault("CONNECTION_RESET", "invalid response from the data server"))
-    step(agent, clock, 1.5)
-    run = agent.store.require_run(run.id)
+    run = transfer_failed(agent, backend, clock, run, "CONNECTION_RESET",
+                          "invalid response from the data server")
     assert (run.status, run.attempt) == (RunStatus.QUEUED, 2)
     assert "invalid response" in agent.store.events(run.id)[-1].message
     step(agent, clock, retry_delay(settings.agent.retry_backoff_seconds, 1) + 0.5)
@@ -364,10 +362,8 @@ def test_a_retried_run_lists_every_attempt_with_its_start_end_error_and_kind(
 def test_a_full_disk_is_retried_once_space_may_have_been_freed(settings: Settings) -> None:
     settings.agent.no_space_backoff_seconds = 100.0
     agent, backend, clock, run = one_scan_started(settings)
-    backend.end(run.backend_run_id, RunStatus.FAILED, "TransferScanToHPCFailed",
-                output=transfer_fault("NO_SPACE_LEFT", "/scratch/s1/raw/x.h5: No space left"))
-    step(agent, clock, 1.5)
-    run = agent.store.require_run(run.id)
+    run = transfer_failed(agent, backend, clock, run, "NO_SPACE_LEFT",
+                          "/scratch/s1/raw/x.h5: No space left")
     assert (run.status, run.attempt) == (RunStatus.QUEUED, 2)
     (ended,) = agent.store.attempts(run)[:-1]
     assert ended.error_kind == ErrorKind.NO_SPACE

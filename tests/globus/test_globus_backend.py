@@ -168,6 +168,12 @@ def _registered(settings, flow_id: str = FLOW_ID) -> None:
     registry(settings).record("flow", FLOW, flow_id, flow_checksum(FLOW))
 
 
+def _transfer_action(status: str, **details) -> dict:
+    """A transfer action's status document, as the flow's log gives it."""
+    return {"action_id": TASK_ID, "status": status,
+            "details": {"task_id": TASK_ID, "status": status, **details}}
+
+
 def test_start_run_sends_body_label_and_tags(settings):
     flow_id = load_response(globus_sdk.SpecificFlowClient.run_flow).metadata["flow_id"]
     _registered(settings, flow_id)
@@ -279,11 +285,7 @@ def test_run_status_and_steps_with_timings_from_paged_logs(settings):
     _registered(settings)
     store_tokens(settings, flow_ids=(FLOW_ID,))
     register("flows", f"/runs/{RUN_ID}", _run_doc("ACTIVE", code="ActionStarted"))
-    transfer_done = {
-        "action_id": TASK_ID,
-        "status": "SUCCEEDED",
-        "details": {"task_id": TASK_ID, "status": "SUCCEEDED", "files_transferred": 12},
-    }
+    transfer_done = _transfer_action("SUCCEEDED", files_transferred=12)
     _logs(
         [
             _entry("00:00", "FlowStarted", input={}),
@@ -307,11 +309,7 @@ def test_failed_run_names_the_step_the_cause_and_the_transfer_fault(settings):
     _registered(settings)
     store_tokens(settings, flow_ids=(FLOW_ID,))
     register("flows", f"/runs/{RUN_ID}", _run_doc("FAILED", code="FlowFailed"))
-    failed = {
-        "action_id": TASK_ID,
-        "status": "FAILED",
-        "details": {"task_id": TASK_ID, "status": "FAILED", "nice_status": "PERMISSION_DENIED"},
-    }
+    failed = _transfer_action("FAILED", nice_status="PERMISSION_DENIED")
     cause = json.dumps({"details": {"description": "permission denied on /detector/scan_017"}})
     failure = {
         "step": "TransferScanToHPC",

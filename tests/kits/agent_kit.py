@@ -186,3 +186,13 @@ def transfer_fault(code: str, description: str) -> dict:
     ``code``."""
     return flow_failure("TransferScanToHPC", "ActionFailedException",
                         {"fatal_error": {"code": code, "description": description}})
+
+
+def transfer_failed(agent: EdgeAgent, backend: ScriptedBackend, clock: Clock, run: Any,
+                    code: str, description: str) -> Any:
+    """The run's raw-data transfer fails with Transfer's fault ``code``, and the agent sees it
+    on its next pass: the run as the store then holds it."""
+    backend.end(run.backend_run_id, RunStatus.FAILED, "TransferScanToHPCFailed",
+                output=transfer_fault(code, description))
+    step(agent, clock, 1.5)
+    return agent.store.require_run(run.id)
