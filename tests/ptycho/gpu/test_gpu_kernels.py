@@ -66,100 +66,46 @@ static inline double atomicAdd(double* a, double v) { double o = *a; *a += v; re
 
 # Run every thread of a 1-D grid (or of a 2-D grid_x × grid_y one) in turn: threads of the
 # kernel share nothing but atomics, so any order is one a GPU may take.
-OBJECT_TERMS_DRIVER = r"""
-extern "C" void run_object_terms(
-    int grid_x, int grid_y, int block, const float2* pd, long long pd_stride,
-    const float2* chi, const float* inten, const long long* flat, float* acc, float* most,
-    int b, int K, int M, long long W, long long HW, int exact)
-{
+def _driver(kernel: str, params: str) -> str:
+    """C that runs the kernel ``beamflow_<kernel>(<params>)`` as a card would, each block and
+    thread in turn: ``run_<kernel>(grid_x, grid_y, block, <params>)``."""
+    args = ", ".join(p.split()[-1].lstrip("*") for p in params.split(","))
+    return f"""
+extern "C" void run_{kernel}(int grid_x, int grid_y, int block, {params})
+{{
     blockDim.x = block; gridDim.x = grid_x; gridDim.y = grid_y;
     for (int gy = 0; gy < grid_y; ++gy)
         for (int g = 0; g < grid_x; ++g)
-            for (int t = 0; t < block; ++t) {
+            for (int t = 0; t < block; ++t) {{
                 blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
-                beamflow_object_terms(pd, pd_stride, chi, inten, flat, acc, most, b, K, M, W,
-                                      HW, exact);
-            }
-}
-"""
-APPLY_STEP_DRIVER = r"""
-extern "C" void run_apply_step(
-    int grid_x, int grid_y, int block, float2* obj, float* acc, const float* top,
-    const float* step, float c_den, float c_max, long long W, long long HW, int y0, int rows,
-    int x0, int cols)
-{
-    blockDim.x = block; gridDim.x = grid_x; gridDim.y = grid_y;
-    for (int gy = 0; gy < grid_y; ++gy)
-        for (int g = 0; g < grid_x; ++g)
-            for (int t = 0; t < block; ++t) {
-                blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
-                beamflow_apply_step(obj, acc, top, step, c_den, c_max, W, HW, y0, rows, x0,
-                                    cols);
-            }
-}
-"""
-POSITION_SUM_DRIVER = r"""
-extern "C" void run_position_sum(int grid_x, int grid_y, int block, const float2* e,
-                                 const float2* a, float* out, int b, int K, int M, int per)
-{
-    blockDim.x = block; gridDim.x = grid_x; gridDim.y = grid_y;
-    for (int gy = 0; gy < grid_y; ++gy)
-        for (int g = 0; g < grid_x; ++g)
-            for (int t = 0; t < block; ++t) {
-                blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
-                beamflow_position_sum(e, a, out, b, K, M, per);
-            }
-}
+                beamflow_{kernel}({args});
+            }}
+}}
 """
 
 
-STEP_SYSTEMS_DRIVER = r"""
-extern "C" void run_step_systems(
-    int grid_x, int grid_y, int block, const float2* pd, long long pd_stride,
-    const float* acc, const float* top, float alpha, const long long* flat,
-    const float2* oj, const float2* sp, long long sp_stride, const float2* chi, double* out,
-    int b, int K, int M, long long W, long long HW, int upd_obj, int upd_probe)
-{
-    blockDim.x = block; gridDim.x = grid_x; gridDim.y = grid_y;
-    for (int gy = 0; gy < grid_y; ++gy)
-        for (int g = 0; g < grid_x; ++g)
-            for (int t = 0; t < block; ++t) {
-                blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
-                beamflow_step_systems(pd, pd_stride, acc, top, alpha, flat, oj, sp,
-                                      sp_stride, chi, out, b, K, M, W, HW, upd_obj,
-                                      upd_probe);
-            }
-}
-"""
-EXIT_WAVE_DRIVER = r"""
-extern "C" void run_exit_wave(
-    int grid_x, int grid_y, int block, const float2* obj, const long long* flat,
-    const float2* pd, long long pd_stride, float2* oj, float2* psi, int b, int K, int M,
-    long long W)
-{
-    blockDim.x = block; gridDim.x = grid_x; gridDim.y = grid_y;
-    for (int gy = 0; gy < grid_y; ++gy)
-        for (int g = 0; g < grid_x; ++g)
-            for (int t = 0; t < block; ++t) {
-                blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
-                beamflow_exit_wave(obj, flat, pd, pd_stride, oj, psi, b, K, M, W);
-            }
-}
-"""
-RAMP_PRODUCT_DRIVER = r"""
-extern "C" void run_ramp_product(
-    int grid_x, int grid_y, int block, const float2* e, const float2* a, long long a_stride,
-    float2* out, int b, int K, int M, int conj)
-{
-    blockDim.x = block; gridDim.x = grid_x; gridDim.y = grid_y;
-    for (int gy = 0; gy < grid_y; ++gy)
-        for (int g = 0; g < grid_x; ++g)
-            for (int t = 0; t < block; ++t) {
-                blockIdx.x = g; blockIdx.y = gy; threadIdx.x = t;
-                beamflow_ramp_product(e, a, a_stride, out, b, K, M, conj);
-            }
-}
-"""
+OBJECT_TERMS_DRIVER = _driver("object_terms", (
+    "const float2* pd, long long pd_stride, const float2* chi, const float* inten, "
+    "const long long* flat, float* acc, float* most, int b, int K, int M, long long W, "
+    "long long HW, int exact"))
+APPLY_STEP_DRIVER = _driver("apply_step", (
+    "float2* obj, float* acc, const float* top, const float* step, float c_den, "
+    "float c_max, long long W, long long HW, int y0, int rows, int x0, int cols"))
+POSITION_SUM_DRIVER = _driver("position_sum", (
+    "const float2* e, const float2* a, float* out, int b, int K, int M, int per"))
+
+
+STEP_SYSTEMS_DRIVER = _driver("step_systems", (
+    "const float2* pd, long long pd_stride, const float* acc, const float* top, "
+    "float alpha, const long long* flat, const float2* oj, const float2* sp, "
+    "long long sp_stride, const float2* chi, double* out, int b, int K, int M, "
+    "long long W, long long HW, int upd_obj, int upd_probe"))
+EXIT_WAVE_DRIVER = _driver("exit_wave", (
+    "const float2* obj, const long long* flat, const float2* pd, long long pd_stride, "
+    "float2* oj, float2* psi, int b, int K, int M, long long W"))
+RAMP_PRODUCT_DRIVER = _driver("ramp_product", (
+    "const float2* e, const float2* a, long long a_stride, float2* out, int b, int K, "
+    "int M, int conj"))
 MODULUS_DRIVER = r"""
 extern "C" void run_modulus(int counts, int grid_x, int grid_y, int block, float2* psi,
                             const void* frames, const long long* rows, const float* mask,
