@@ -82,51 +82,42 @@ def _service_of(exc: globus_sdk.GlobusAPIError) -> str:
     return "service"
 
 
+def _login_problem(exc: BaseException, action: str) -> str | None:
+    """What a token or login problem means for a person, and what to do; None when ``exc``
+    is not one."""
+    if isinstance(exc, MissingTokenError) and is_uuid(exc.resource_server):
+        # A flow is its own resource server: logged in, but not yet consented to run it.
+        return (f"no consent yet to run flow {exc.resource_server} (registered after the last "
+                f"login?) while trying to {action}: {LOGIN}")
+    if isinstance(exc, MissingTokenError):
+        return (f"not logged in to Globus (no token for {exc.resource_server}) "
+                f"while trying to {action}: {LOGIN}")
+    if isinstance(exc, ExpiredTokenError):
+        return (f"the Globus login expired at {exc.expiration:%Y-%m-%d %H:%M} "
+                f"while trying to {action}: {LOGIN}")
+    if isinstance(exc, UnmetScopeRequirementsError):
+        return (f"a Globus consent is missing (a newly registered flow, or data access to a "
+                f"collection) while trying to {action}: {LOGIN} to grant it")
+    if isinstance(exc, IdentityMismatchError | MissingIdentityError):
+        return (f"the stored Globus tokens belong to another identity ({exc}): "
+                "run `beamflow logout`, then `beamflow login`")
+    if isinstance(exc, TokenValidationError):
+        return f"the Globus tokens are not usable ({exc}): {LOGIN}"
+    if isinstance(exc, CommandLineLoginFlowEOFError):
+        return ("Globus login needs an interactive terminal to paste the code into: run "
+                "`beamflow login` in a terminal (an unattended agent uses a client secret, "
+                "see deploy/README.md)")
+    return None
+
+
 def explain(exc: BaseException, *, action: str, step: str | None = None) -> RunBackendError:
     """The RunBackendError that says what went wrong while doing ``action`` (e.g. "start the
     run")."""
     if isinstance(exc, RunBackendError):
         return exc
-    if isinstance(exc, MissingTokenError) and is_uuid(exc.resource_server):
-        # A flow is its own resource server: logged in, but not yet consented to run it.
-        return LoginRequired(
-            f"no consent yet to run flow {exc.resource_server} (registered after the last "
-            f"login?) while trying to {action}: {LOGIN}",
-            step=step,
-        )
-    if isinstance(exc, MissingTokenError):
-        return LoginRequired(
-            f"not logged in to Globus (no token for {exc.resource_server}) "
-            f"while trying to {action}: {LOGIN}",
-            step=step,
-        )
-    if isinstance(exc, ExpiredTokenError):
-        return LoginRequired(
-            f"the Globus login expired at {exc.expiration:%Y-%m-%d %H:%M} "
-            f"while trying to {action}: {LOGIN}",
-            step=step,
-        )
-    if isinstance(exc, UnmetScopeRequirementsError):
-        return LoginRequired(
-            f"a Globus consent is missing (a newly registered flow, or data access to a "
-            f"collection) while trying to {action}: {LOGIN} to grant it",
-            step=step,
-        )
-    if isinstance(exc, IdentityMismatchError | MissingIdentityError):
-        return LoginRequired(
-            f"the stored Globus tokens belong to another identity ({exc}): "
-            "run `beamflow logout`, then `beamflow login`",
-            step=step,
-        )
-    if isinstance(exc, TokenValidationError):
-        return LoginRequired(f"the Globus tokens are not usable ({exc}): {LOGIN}", step=step)
-    if isinstance(exc, CommandLineLoginFlowEOFError):
-        return LoginRequired(
-            "Globus login needs an interactive terminal to paste the code into: run "
-            "`beamflow login` in a terminal (an unattended agent uses a client secret, "
-            "see deploy/README.md)",
-            step=step,
-        )
+    why = _login_problem(exc, action)
+    if why is not None:
+        return LoginRequired(why, step=step)
     if isinstance(exc, globus_sdk.GlobusAPIError):
         return _explain_api(exc, action=action, step=step)
     if isinstance(exc, globus_sdk.NetworkError):
