@@ -47,7 +47,11 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "kits"))  # the engine kit's illuminated region
+
+from engine_kit import region as illuminated  # noqa: E402
 
 from beamflow.ptycho import (  # noqa: E402
     PtychoData,
@@ -209,16 +213,6 @@ def time_algorithm(sim: dict, params: ReconParams, iterations: int, floors: list
         for rec in recs.values():
             rec.close()
     return times
-
-
-def region_of_illumination(sim: dict, frac: float = 0.3) -> np.ndarray:
-    m = sim["probe"].shape[-1]
-    ill = np.zeros(sim["shape"])
-    pint = (np.abs(sim["probe"]) ** 2).sum(axis=0)
-    for py, px in sim["positions"]:
-        ny, nx = int(round(py)), int(round(px))
-        ill[ny : ny + m, nx : nx + m] += pint
-    return ill > frac * ill.max()
 
 
 def nrmse(rec: np.ndarray, true: np.ndarray, region: np.ndarray, ramp: bool = False) -> float:
@@ -488,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             with Reconstructor(data, state, array_backend("cpu")) as rec:
                 final = rec.run()
-            region = region_of_illumination(sim)
+            region = illuminated(sim, frac=0.3)
             print(json.dumps({
                 "bench": "quality", "algorithm": alg, "iterations": 100,
                 "probe_guess_nrmse": guess_err,

@@ -101,11 +101,13 @@ def data_of(sim, positions=None, mask=None, intensities=None):
 
 
 def region(sim, frac=0.4):
+    """Where the scan's summed illumination is above ``frac`` of its maximum."""
+    m = sim["probe"].shape[-1]
     ill = np.zeros(sim["shape"])
     pint = (np.abs(sim["probe"]) ** 2).sum(axis=0)
     for py, px in sim["positions"]:
         ny, nx = int(round(py)), int(round(px))
-        ill[ny : ny + M, nx : nx + M] += pint
+        ill[ny : ny + m, nx : nx + m] += pint
     return ill > frac * ill.max()
 
 
