@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import numpy as np
+from alternated import iteration_seconds
 
 from beamflow.ptycho import PtychoData, ReconParams, Reconstructor, array_backend, initial_state
 from beamflow.ptycho.forward.propagation import Propagation
@@ -40,15 +40,7 @@ def main() -> None:
                               object_shape=gt.object.shape, mask=gt.mask)
             params = ReconParams(algorithm=algorithm, iterations=10**6, propagation=prop)
             recs[name] = Reconstructor(data, initial_state(data, params), backend)
-        times: dict[str, list[float]] = {"far": [], "near": []}
-        for _ in range(args.iterations):
-            for name, rec in recs.items():
-                t0 = time.perf_counter()
-                rec.iterate()
-                backend.synchronize()
-                times[name].append(time.perf_counter() - t0)
-        for rec in recs.values():
-            rec.close()
+        times = iteration_seconds(recs, args.iterations, backend)
         far, near = (statistics.median(times[k][1:]) for k in ("far", "near"))
         print(json.dumps({"benchmark": "near_field", "algorithm": algorithm,
                           "positions": args.positions, "frame": args.size, "fft": backend.fft,

@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import numpy as np
+from alternated import iteration_seconds
 
 from beamflow.ptycho import PtychoData, ReconParams, Reconstructor, array_backend, initial_state
 from beamflow.simulate import detector_frames, make_ground_truth
@@ -42,15 +42,7 @@ def main() -> None:
                           object_shape=gt.object.shape, mask=gt.mask)
         params = ReconParams(algorithm=args.algorithm, iterations=10**6, opr_modes=k)
         recs[k] = Reconstructor(data, initial_state(data, params, probe=gt.probe), backend)
-    times: dict[int, list[float]] = {k: [] for k in ks}
-    for _ in range(args.iterations):
-        for k, rec in recs.items():
-            t0 = time.perf_counter()
-            rec.iterate()
-            backend.synchronize()
-            times[k].append(time.perf_counter() - t0)
-    for rec in recs.values():
-        rec.close()
+    times = iteration_seconds(recs, args.iterations, backend)
     base = statistics.median(times[0][1:])
     for k in ks[1:]:
         s = statistics.median(times[k][1:])
