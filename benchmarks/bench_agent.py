@@ -44,6 +44,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "kits"))
+
+from runs_kit import runs_when  # noqa: E402 (the run store waited on as the tests wait)
 
 PY = sys.executable
 BEAMFLOW = str(Path(sys.executable).with_name("beamflow"))
@@ -172,14 +175,7 @@ def scan_complete_at(master: Path) -> float:
 
 
 def wait_runs(store: Any, predicate: Any, timeout: float) -> list:
-    deadline = time.monotonic() + timeout
-    while True:
-        runs = store.list_runs(limit=None, oldest_first=True)
-        if predicate(runs):
-            return runs
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(runs)} runs: {[(r.scan_name, r.status.value) for r in runs]}")
-        time.sleep(0.05)
+    return runs_when(store, predicate, timeout, "the benchmark's runs")
 
 
 def summary(values: list[float]) -> dict[str, float]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from process_kit import pid_running
+from runs_kit import runs_when
 from typer.testing import CliRunner
 
 from beamflow.cli import app
@@ -109,17 +110,7 @@ def gone(pids: list[int], within: float = 10.0) -> list[int]:
 
 def wait_until(store: Store, what: str, check: Callable[[list[Run]], bool],
                timeout: float = 120.0, log: Path | None = None) -> list[Run]:
-    deadline = time.monotonic() + timeout
-    while True:
-        runs = store.list_runs(limit=None, oldest_first=True)
-        if check(runs):
-            return runs
-        if time.monotonic() > deadline:
-            table = [(r.scan_name, r.status.value, r.current_step, r.attempt, r.error)
-                     for r in runs]
-            tail = log.read_text()[-3000:] if log else ""
-            pytest.fail(f"timed out waiting for {what}; runs: {table}\nlog: {tail}")
-        time.sleep(0.05)
+    return runs_when(store, check, timeout, what, log)
 
 
 @pytest.fixture(autouse=True)
