@@ -274,7 +274,7 @@ def _external_imports(module: str) -> set[str]:
 
 def test_only_the_array_backend_imports_cupy():
     """The engine is one code path over an array module: the GPU's array library is reached
-    through beamflow/ptycho/arrays.py (ArrayBackend) only."""
+    through beamflow/ptycho/arrays/ (ArrayBackend) only."""
     users = sorted(m for m in MODULES if _external_imports(m) & {"cupy", "cupyx"})
     assert users == ["beamflow.ptycho.arrays"]
 

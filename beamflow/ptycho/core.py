@@ -43,7 +43,7 @@ __all__ = ["Chunk", "Core"]
 CPU_CHUNK_PX = 32 * 64 * 64
 GPU_CHUNK = 4096
 MIN_PART = 4
-# Sub-pixel phase ramps are kept per position (:meth:`.ops.ArrayOps.phase_ramps`): gathering
+# Sub-pixel phase ramps are kept per position (:meth:`.arrays.ops.ArrayOps.phase_ramps`): gathering
 # them costs a third of numpy's broadcast outer product. Above this size (bigger scans, where
 # holding ~2x the frames again would break the memory budget) the CPU makes them per chunk
 # instead; a GPU keeps only each position's two (M,) factors, and always keeps them (a CUDA

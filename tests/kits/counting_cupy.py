@@ -88,7 +88,8 @@ def _site() -> str:
     frame = sys._getframe(2)
     while frame is not None:
         path = frame.f_code.co_filename
-        if "/beamflow/ptycho/" in path and not path.endswith(("arrays.py", "ops.py", "kernels.py")):
+        if "/beamflow/ptycho/" in path and not path.endswith(
+                ("arrays/__init__.py", "arrays/ops.py", "kernels.py")):
             return f"{path.rsplit('/', 1)[-1]}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"

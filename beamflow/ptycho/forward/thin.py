@@ -18,7 +18,7 @@ least-squares projection and uses the shifted probes' intensities (``exact``).
 
 A model's methods take a chunk (:class:`~..core.Chunk`) and document which arguments they
 overwrite: the hot path works in place to keep memory traffic down. Everything that runs
-differently on a GPU is an operation of the array backend (:mod:`..ops`).
+differently on a GPU is an operation of the array backend (:mod:`..arrays.ops`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..ops import conj_mode_sum
+from ..arrays.ops import conj_mode_sum
 from ..positions import object_gradient, position_steps
 from .detector import Detector
 
@@ -91,7 +91,7 @@ class ThinModel:
 
     def modulus_projection(self, big: Any, c: Any, scale: Any = None) -> Any:
         """Turn Ψ in place into the far-field correction Ψ' − Ψ (times ``scale`` when one is
-        given); return the loss (:meth:`.ops.ArrayOps.modulus`)."""
+        given); return the loss (:meth:`.arrays.ops.ArrayOps.modulus`)."""
         core = self.core
         return core.backend.modulus(big, core.frames, c, core.mask, core.full_mask, core.eps,
                                     scale)
@@ -106,7 +106,7 @@ class ThinModel:
     def accumulate_object(self, acc: Any, w: Waves, chis: list[Any], c: Any, layer: int,
                           keep: bool = False, exact: bool = False) -> None:
         """Scatter-add a layer's numerators Σ_k conj(ψ_k)·χ_k and illumination into the
-        accumulator pair ``acc`` (:meth:`.ops.ArrayOps.object_terms`); ``keep`` leaves the
+        accumulator pair ``acc`` (:meth:`.arrays.ops.ArrayOps.object_terms`); ``keep`` leaves the
         incident wave as it is (else an owned one may be spent).
 
         The illumination Σ_k|ψ_k|² is each position's own with ``exact`` (DM needs the exact

@@ -14,13 +14,13 @@ with it on a card.
   10000 × 256²), gathers a chunk's (2 passes) and multiplies (3); the kernel reads the
   stack once and writes it once, and the device holds (N, 2, M) factors.
 * :meth:`GpuKernels.exit_wave` — the object patches O_j gathered at the windows and the exit
-  waves ψ_jk = P_k,j·O_j (:meth:`.ops.ArrayOps.exit_wave`). Array code: an int64 index stack, a
-  gather over it and a product — 7 passes; the kernel reads the window and P_j once and
-  writes O_j and ψ_j (4).
+  waves ψ_jk = P_k,j·O_j (:meth:`~beamflow.ptycho.arrays.ops.ArrayOps.exit_wave`). Array
+  code: an int64 index stack, a gather over it and a product — 7 passes; the kernel reads
+  the window and P_j once and writes O_j and ψ_j (4).
 * :meth:`GpuKernels.object_terms` — Σ_k conj(P_k,j)·χ_jk and the illumination scatter-added
-  into the object accumulator pair (:meth:`.ops.ArrayOps.object_terms`). Array code: a conjugate,
-  a product, the illumination broadcast, two index kernels and an atomic scatter over int64
-  indices — ~16 passes of the stack; the kernel reads P_j and χ_j once and adds in place
+  into the object accumulator pair (:meth:`~beamflow.ptycho.arrays.ops.ArrayOps.object_terms`).
+  Array code: a conjugate, a product, the illumination broadcast, two index kernels and an
+  atomic scatter over int64 indices — ~16 passes of the stack; the kernel reads P_j and χ_j once and adds in place
   (the accumulator is object-sized: its atomics mostly hit the cache), and takes the
   largest denominator on the way (no pass over the object box for it).
 * :meth:`GpuKernels.apply_step` — the object step from the accumulator pair over the box,

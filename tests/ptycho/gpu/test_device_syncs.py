@@ -248,7 +248,7 @@ def test_the_stand_in_counts_what_it_should(device):
 def test_lsqml_step_systems_are_the_normal_equations(n):
     """The CPU's step-length sums (the array code the step_systems kernel is checked
     against in tests/ptycho/gpu/test_gpu_kernels.py): Re Σ conj(d_s)·d_t and Re Σ conj(d_s)·χ."""
-    from beamflow.ptycho.ops import step_system_sums
+    from beamflow.ptycho.arrays.ops import step_system_sums
 
     rng = np.random.default_rng(3)
 

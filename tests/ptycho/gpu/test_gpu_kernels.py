@@ -414,7 +414,7 @@ def test_step_systems_kernel_sums_what_the_array_code_sums(cpu_kernels, upd_obj,
     """LSQ-ML's step-length systems: the kernel's rows against the engine's array code (the
     directions side by side, then lsqml._systems) on the same inputs; frames of 24² and 72²
     make a thread sum several pixels, and 72² two blocks a position."""
-    from beamflow.ptycho.ops import step_system_sums
+    from beamflow.ptycho.arrays.ops import step_system_sums
 
     rng = np.random.default_rng(11)
     b, h, w, alpha = 7, m + 21, m + 29, np.float32(0.1)

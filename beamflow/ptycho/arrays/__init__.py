@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from . import fftw
-from .gpu.kernels import GpuKernels
+from .. import fftw
+from ..gpu.kernels import GpuKernels
 from .ops import ArrayOps
 
 # Elements below which one FFT call runs in one thread (4 frames of 128x128).
