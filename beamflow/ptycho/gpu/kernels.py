@@ -20,9 +20,9 @@ with it on a card.
 * :meth:`GpuKernels.object_terms` — Σ_k conj(P_k,j)·χ_jk and the illumination scatter-added
   into the object accumulator pair (:meth:`~beamflow.ptycho.arrays.ops.ArrayOps.object_terms`).
   Array code: a conjugate, a product, the illumination broadcast, two index kernels and an
-  atomic scatter over int64 indices — ~16 passes of the stack; the kernel reads P_j and χ_j once and adds in place
-  (the accumulator is object-sized: its atomics mostly hit the cache), and takes the
-  largest denominator on the way (no pass over the object box for it).
+  atomic scatter over int64 indices — ~16 passes of the stack; the kernel reads P_j and χ_j
+  once and adds in place (the accumulator is object-sized: its atomics mostly hit the
+  cache), and takes the largest denominator on the way (no pass over the object box for it).
 * :meth:`GpuKernels.apply_step` — the object step from the accumulator pair over the box,
   num / (c_den·den + c_max·max) (rPIE's; LSQ-ML's direction times its step length), added to
   the object, and the pair cleared for the next batch, in one pass that skips pixels no
