@@ -28,7 +28,7 @@ from beamflow.config import CONFIG_NAME, RECONSTRUCTION_DEFAULTS, Settings, load
 from beamflow.console import make_console, styled, styled_status, verdict_text
 from beamflow.formats import read_product
 from beamflow.ground_truth import read_ground_truth, score_product
-from beamflow.runs.lifecycle import get_run_backend, retry_run
+from beamflow.run_backends import get_run_backend, retry_and_follow
 from beamflow.runs.records import Run, RunStatus
 from beamflow.runs.store import Store
 from beamflow.simulate import simulate_scan
@@ -230,7 +230,7 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> bool:
     names = _new_scan_names(settings, options.scans)
     scans = _Scans()
     port = options.port or free_port(settings.status.host)
-    app = build_app(settings, host=settings.status.host, retry=partial(retry_run, settings))
+    app = build_app(settings, host=settings.status.host, retry=partial(retry_and_follow, settings))
     with serve_in_thread(app, settings.status.host, port) as url:
         # The address as soon as it answers: the page is worth opening while the runs go.
         console.print(f"status page: {url}", highlight=False, soft_wrap=True)

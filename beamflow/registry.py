@@ -49,15 +49,28 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from beamflow import __version__
 from beamflow.atomic import atomic_write_json
-from beamflow.runs.backend import RegistrationResult
 
 # A timer (Globus Timers) runs a registered flow on a schedule: the retention flow's.
 Kind = Literal["function", "flow", "timer"]
 Action = Literal["created", "updated", "unchanged"]
+
+
+class RegistrationResult(BaseModel):
+    """What `register` did (or would do, with --dry-run) for one function or flow."""
+
+    kind: Kind
+    name: str
+    action: Action
+    id: str | None = None
+    checksum: str
+    # Who may do what with it, where the backend has roles (Globus Flows), by role name.
+    roles: dict[str, list[str]] = Field(default_factory=dict)
+
+
 KINDS: tuple[Kind, ...] = ("function", "flow", "timer")
 REGISTRY_VERSION = 1
 

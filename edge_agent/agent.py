@@ -64,9 +64,9 @@ from beamflow.agent_state import (
     write_state,
 )
 from beamflow.config import Settings
+from beamflow.run_backends import get_run_backend
 from beamflow.runs import retention
 from beamflow.runs.backend import RunBackend, RunBackendError
-from beamflow.runs.lifecycle import get_run_backend
 from beamflow.runs.records import RunStatus
 from beamflow.runs.retention import RetentionPass
 from beamflow.runs.store import Store

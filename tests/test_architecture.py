@@ -65,8 +65,8 @@ def _imports(module: str) -> set[str]:
 GRAPH = {m: _imports(m) for m in MODULES}
 
 
-def _cycles() -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of ``graph`` with more than one node (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -77,7 +77,7 @@ def _cycles() -> list[list[str]]:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in GRAPH[v]:
+        for w in graph.get(v, ()):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -94,14 +94,30 @@ def _cycles() -> list[list[str]]:
             if len(component) > 1:
                 found.append(sorted(component))
 
-    for v in sorted(GRAPH):
+    for v in sorted(graph):
         if v not in index:
             visit(v)
     return found
 
 
 def test_no_import_circles():
-    assert _cycles() == []
+    assert _cycles(GRAPH) == []
+
+
+def _room(module: str) -> str:
+    """The room a module lies in: a top-level module or package of beamflow, or one of the
+    other packages."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "beamflow" and len(parts) > 1 else parts[0]
+
+
+def test_no_circles_between_rooms():
+    """A room (``beamflow.runs``, ``beamflow.local``, ...) is one piece of the design: no two
+    rooms reach each other, whichever of their modules the arrows leave from."""
+    rooms: dict[str, set[str]] = {}
+    for m, targets in GRAPH.items():
+        rooms.setdefault(_room(m), set()).update(_room(t) for t in targets)
+    assert _cycles({r: ts - {r} for r, ts in rooms.items()}) == []
 
 
 def _under(module: str, prefixes: tuple[str, ...]) -> bool:
@@ -130,12 +146,13 @@ SCIENCE_AND_STORAGE = (
 )
 JOB = ("beamflow.job",)
 ABOVE_JOB = (
-    *RUN_BACKEND, "beamflow.local", "beamflow.globus", "beamflow.registry", *RUN_PATH,
+    *RUN_BACKEND, "beamflow.local", "beamflow.globus", *RUN_PATH, "beamflow.run_backends",
     "beamflow.status", "beamflow.cli", "beamflow.demo", "edge_agent", "functions",
 )
 ABOVE_SCIENCE = (*JOB, *ABOVE_JOB)
-BACKENDS = ("beamflow.local", "beamflow.globus", "beamflow.registry")
-STARTERS = (*RUN_PATH, "beamflow.status", "beamflow.cli", "beamflow.demo", "edge_agent")
+BACKENDS = ("beamflow.local", "beamflow.globus")
+STARTERS = (*RUN_PATH, "beamflow.run_backends", "beamflow.status", "beamflow.cli",
+            "beamflow.demo", "edge_agent")
 
 
 def test_the_run_package_is_the_floors_listed():
@@ -211,7 +228,7 @@ def test_science_imports_nothing_else_of_beamflow_but_leaf_utilities():
 # The backend packages, each reached from outside through its root's public API (its
 # ``__all__``) only: the starters never import one backend's internals. The agent, the demo
 # and the status page do not even name a backend: they get one from
-# beamflow.runs.lifecycle.get_run_backend.
+# beamflow.run_backends.get_run_backend.
 BACKEND_PACKAGES = ("beamflow.local", "beamflow.globus")
 BACKEND_BLIND = ("edge_agent", "beamflow.demo", "beamflow.status")
 

@@ -10,7 +10,7 @@
     retention     cleanup
 
 Commands talk to the run backend's interface (``beamflow.runs.backend``, a backend from
-``beamflow.runs.lifecycle.get_run_backend``), never to one backend's internals; the tools that
+``beamflow.run_backends.get_run_backend``), never to one backend's internals; the tools that
 belong to one backend (the flow tool, the Globus account) come from that package's public API.
 
 Exit codes: 0 ok, 1 the work failed (bad input, a failed run, bad configuration), 2 usage.

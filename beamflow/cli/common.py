@@ -185,7 +185,7 @@ def open_store(settings: Settings) -> Store:
 def open_run_backend(settings: Settings, name: str | None = None) -> RunBackend:
     """The configured backend (or ``name``), through the factory: commands talk to the
     backend interface only. The caller closes it."""
-    from beamflow.runs.lifecycle import get_run_backend
+    from beamflow.run_backends import get_run_backend
 
     require_workspace(settings)
     if name is not None and name != settings.backend:

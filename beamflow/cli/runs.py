@@ -98,7 +98,8 @@ def _find_run(store: Store, run_id: str) -> Run:
 def _refreshed(settings: Settings, store: Store, run: Run) -> Run:
     """``run`` brought up to date from its backend; as it was, with a warning, where the
     backend cannot say."""
-    from beamflow.runs.lifecycle import get_run_backend, sync_run
+    from beamflow.run_backends import get_run_backend
+    from beamflow.runs.lifecycle import sync_run
 
     try:
         backend = get_run_backend(settings)

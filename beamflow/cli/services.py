@@ -71,7 +71,7 @@ def serve(
     config: ConfigOption = None,
 ) -> None:
     """Status page and JSON API (/api/runs, /api/runs/{id}, /healthz): live runs, previews."""
-    from beamflow.runs.lifecycle import retry_run
+    from beamflow.run_backends import retry_and_follow
     from beamflow.status.security import is_loopback
     from beamflow.status.server import StatusConfigError, build_app, make_server
 
@@ -79,7 +79,7 @@ def serve(
     host = host or settings.status.host
     port = port or settings.status.port
     try:
-        status_app = build_app(settings, host=host, retry=partial(retry_run, settings))
+        status_app = build_app(settings, host=host, retry=partial(retry_and_follow, settings))
     except StatusConfigError as exc:
         fail(str(exc))
     shown = f"[{host}]" if ":" in host else host

@@ -1,7 +1,7 @@
 """The Globus backend: Auth, Flows, Transfer and Compute (same rooms as beamflow.local).
 
 The public API, all that code outside this package uses (tests/test_architecture.py checks
-it): ``GlobusRunBackend`` (the run backend: ``beamflow.runs.lifecycle.get_run_backend``),
+it): ``GlobusRunBackend`` (the run backend: ``beamflow.run_backends.get_run_backend``),
 and the account tools of `beamflow login|logout|whoami|doctor`: ``interactive_auth`` (a
 :class:`GlobusAuth` for a person at a terminal), ``expiry_warnings`` (of its tokens),
 ``run_checks`` (the doctor) and ``check_endpoint_workers`` (its worker probe, `doctor

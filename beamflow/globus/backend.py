@@ -31,7 +31,8 @@ from beamflow.globus.auth import (
 )
 from beamflow.globus.errors import exists_on_service, globus_errors
 from beamflow.globus.roles import flow_roles, run_roles
-from beamflow.runs.backend import FlowRunInfo, RegistrationResult, RunBackendError
+from beamflow.registry import RegistrationResult
+from beamflow.runs.backend import FlowRunInfo, RunBackendError
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 Compute action providers (one machine, no network). See :mod:`beamflow.local.backend`.
 
 The public API, all that code outside this package uses (tests/test_architecture.py checks
-it): ``LocalRunBackend`` (the run backend: ``beamflow.runs.lifecycle.get_run_backend``), and
+it): ``LocalRunBackend`` (the run backend: ``beamflow.run_backends.get_run_backend``), and
 the offline flow tool of `beamflow flows validate|run` (:mod:`beamflow.local.flowtool`):
 ``check_flow``, ``run_flow``, ``providers_for``, ``load_flow`` and ``FlowToolError``;
 ``check_local``, `beamflow doctor` of a local workspace (:mod:`beamflow.local.doctor`), and

@@ -42,6 +42,7 @@ from beamflow.local.interpreter import FlowDefinitionError, FlowRunner
 from beamflow.local.validation import validate_input
 from beamflow.processes import pid_alive
 from beamflow.registry import (
+    RegistrationResult,
     Registry,
     RegistryError,
     content_checksum,
@@ -49,7 +50,7 @@ from beamflow.registry import (
     register_flows,
     register_functions,
 )
-from beamflow.runs.backend import FlowRunInfo, RegistrationResult, RunBackendError, StepInfo
+from beamflow.runs.backend import FlowRunInfo, RunBackendError, StepInfo
 from beamflow.runs.records import RunStatus
 
 log = logging.getLogger(__name__)

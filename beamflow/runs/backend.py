@@ -5,17 +5,18 @@ reports of a run). Not the engine's array backend (numpy or CuPy, ``ptycho.array
 Two implementations sit behind it: ``beamflow.local`` (embedded, one machine) and
 ``beamflow.globus`` (Globus Flows, Transfer, Compute); both import this module and nothing
 above it. Which one runs is chosen by configuration alone (``backend = "local" | "globus"``)
-in :func:`beamflow.runs.lifecycle.get_run_backend`, one floor up, where runs are started;
+in :func:`beamflow.run_backends.get_run_backend`, above both, where runs are started;
 callers never import either package directly.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, ValidationError
 
 from beamflow.error_kinds import ErrorKind
+from beamflow.registry import RegistrationResult
 from beamflow.runs.records import RunStatus
 
 
@@ -35,18 +36,6 @@ class RunBackendError(Exception):
         self.transient = transient
         self.step = step
         self.kind = kind or (ErrorKind.TRANSIENT if transient else ErrorKind.FAILED)
-
-
-class RegistrationResult(BaseModel):
-    """What `register` did (or would do, with --dry-run) for one function or flow."""
-
-    kind: Literal["function", "flow", "timer"]
-    name: str
-    action: Literal["created", "updated", "unchanged"]
-    id: str | None = None
-    checksum: str
-    # Who may do what with it, where the backend has roles (Globus Flows), by role name.
-    roles: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class Progress(BaseModel):

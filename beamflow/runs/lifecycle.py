@@ -11,8 +11,11 @@ followed and reported the same way wherever it came from.
     run = sync_run(store, backend, run)                   # status, steps, error, previews
     run = start_scan_run(settings, store, backend, request)   # create + launch
     run = follow_run(store, backend, run)                 # sync until it ends
-    run = retry_run(settings, run_id)                     # the one new attempt of a failed run
-    run = cancel_run(settings, run_id)
+    run = retry_run(settings, run_id, backend=backend)    # the one new attempt of a failed run
+    run = cancel_run(settings, run_id, backend=backend)
+
+The backend is always the caller's (:mod:`beamflow.run_backends` opens the one the
+configuration names), so this package imports neither backend.
 
 What a run is asked is :mod:`beamflow.runs.request`; the flow's input it is started with,
 :mod:`beamflow.runs.flow_input`; what the function answered, :mod:`beamflow.runs.compute_output`;
@@ -22,7 +25,6 @@ how it failed, :mod:`beamflow.runs.failures`.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,19 +52,6 @@ from beamflow.runs.request import (
 )
 from beamflow.runs.store import DuplicateRun, Store, StoreError
 from beamflow.validation_text import validation_text
-
-
-def get_run_backend(settings: Settings) -> RunBackend:
-    """The backend the configuration names. The packages are imported here, not at the top,
-    so a local run does not pay for importing the Globus SDKs (nor the reverse); neither
-    package imports this module, so no circle hides behind the late import."""
-    if settings.backend == "local":
-        from beamflow.local import LocalRunBackend
-
-        return LocalRunBackend(settings)
-    from beamflow.globus import GlobusRunBackend
-
-    return GlobusRunBackend(settings)
 
 
 class RetryRefused(RunInputError):
@@ -334,7 +323,7 @@ def retry_run(
     run_id: str,
     *,
     store: Store | None = None,
-    backend: RunBackend | None = None,
+    backend: RunBackend,
 ) -> Run:
     """Start the one new attempt of a failed or cancelled run (same scan, flow and
     parameters; ``parent_run_id`` links them). It continues from the scan's checkpoints.
@@ -343,9 +332,8 @@ def retry_run(
     already (with the id of that retry: two retries at once still make one run), or failed on
     bad input (a retry would not help).
 
-    Without ``backend`` one is opened and a background thread follows the new run until it
-    ends (the status page's retry button), then closes it; with one, following is the
-    caller's (``beamflow runs retry --wait``)."""
+    Following the new run is the caller's (``beamflow runs retry --wait``; the status page's
+    retry button: :func:`beamflow.run_backends.retry_and_follow`)."""
     store = store or Store(settings.store_path)
     old = store.require_run(run_id)
     if old.retry_refusal:
@@ -357,24 +345,7 @@ def retry_run(
                            exc.run_id) from None  # fmt: skip
     cause = f"{old.error_step}: {old.error}" if old.error_step else old.error
     store.add_event(new.id, "RetryOf", f"retry of run {old.id} ({cause})")
-    if backend is not None:
-        return _launch_or_fail(settings, store, backend, new)
-    backend = get_run_backend(settings)
-    new = _launch_or_fail(settings, store, backend, new)
-    if new.status.finished:
-        backend.close()
-        return new
-
-    def follow(run: Run = new, backend: RunBackend = backend, store: Store = store) -> None:
-        try:
-            follow_run(store, backend, run)  # the store keeps one connection per thread
-        except Exception:  # noqa: BLE001 - the run is recorded; following is best effort
-            pass
-        finally:
-            backend.close()
-
-    threading.Thread(target=follow, name=f"follow-{new.id[:8]}", daemon=True).start()
-    return new
+    return _launch_or_fail(settings, store, backend, new)
 
 
 def cancel_run(
@@ -382,7 +353,7 @@ def cancel_run(
     run_id: str,
     *,
     store: Store | None = None,
-    backend: RunBackend | None = None,
+    backend: RunBackend,
 ) -> Run:
     """Cancel a run: a QUEUED one at once; a running one through its backend (the store
     shows CANCELLED once the backend has stopped it)."""
@@ -398,12 +369,6 @@ def cancel_run(
                                error_kind=ErrorKind.CANCELLED)  # fmt: skip
         store.add_event(run.id, "RunCancelled", "cancelled before it started")
         return run
-    own = backend is None
-    backend = backend or get_run_backend(settings)
-    try:
-        backend.cancel_run(run.backend_run_id)
-        store.add_event(run.id, "CancelRequested", f"cancel sent to {backend.name}")
-        return sync_run(store, backend, run)
-    finally:
-        if own:
-            backend.close()
+    backend.cancel_run(run.backend_run_id)
+    store.add_event(run.id, "CancelRequested", f"cancel sent to {backend.name}")
+    return sync_run(store, backend, run)

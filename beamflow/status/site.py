@@ -30,8 +30,9 @@ from beamflow.status.sessions import DEFAULT_SESSION_SECONDS, Sessions
 PACKAGE = Path(str(files("beamflow.status")))
 TEMPLATES = PACKAGE / "templates"
 STATIC = PACKAGE / "static"
-# What `beamflow runs retry` accepts too (beamflow.runs.lifecycle.retry_run): a new attempt of a run
-# that ended without a result.
+# What `beamflow runs retry` accepts too (beamflow.runs.lifecycle.retry_run; the page's
+# button: beamflow.run_backends.retry_and_follow): a new attempt of a run that ended without
+# a result.
 RETRYABLE = (RunStatus.FAILED, RunStatus.CANCELLED)
 MAX_LIMIT = 500  # runs on one page of the list or the API
 

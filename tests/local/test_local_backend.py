@@ -16,9 +16,9 @@ import pytest
 from runs_kit import at_once
 from typer.testing import CliRunner
 
+from beamflow import run_backends
 from beamflow.cli import app
 from beamflow.config import Settings, load_config
-from beamflow.runs import lifecycle
 from beamflow.runs.backend import RunBackendError
 from beamflow.runs.flow_input import flow_input_for
 from beamflow.runs.lifecycle import (
@@ -205,7 +205,7 @@ def test_runs_start_wait_tells_the_verdict_and_strict_exits_2_on_suspect(
 
     simulate_scan(workspace / "beamline/detector", "nf", positions=40, probe_size=32,
                   propagation="near-field")
-    monkeypatch.setattr(lifecycle, "get_run_backend", lambda settings: Shared(backend))
+    monkeypatch.setattr(run_backends, "get_run_backend", lambda settings: Shared(backend))
     params = [f"--param={k}={v}" for k, v in {**FAST, "propagation": "far-field"}.items()]
     result = CliRunner().invoke(app, [
         "runs", "start", str(workspace / "beamline/detector/nf"), "--wait", "--strict", *params,

@@ -256,7 +256,7 @@ def test_cleanup_and_the_agents_pass_run_the_retention_flow_locally(workspace):
     assert sorted(kinds) == ["checkpoints", "previews", "raw"]
     # The agent's pass: the same flow, started and followed without blocking.
     scan_dir(hpc, "later-00000009", 20)
-    from beamflow.runs.lifecycle import get_run_backend
+    from beamflow.run_backends import get_run_backend
 
     backend = get_run_backend(settings)
     try:

@@ -435,11 +435,12 @@ def test_retry_validation(store: Store) -> None:
 def test_retry_goes_through_the_shared_run_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # What `beamflow serve` wires: beamflow.runs.lifecycle.retry_run with the configuration. The
-    # scan file is gone, so the new attempt fails at once, with the reason, linked to the old run.
+    # What `beamflow serve` wires: beamflow.run_backends.retry_and_follow with the
+    # configuration. The scan file is gone, so the new attempt fails at once, with the reason,
+    # linked to the old run.
     from functools import partial
 
-    from beamflow.runs.lifecycle import retry_run
+    from beamflow.run_backends import retry_and_follow
 
     settings = Settings(state_dir=tmp_path / "state")
     store = Store(settings.store_path)
@@ -447,7 +448,7 @@ def test_retry_goes_through_the_shared_run_path(
     old = store.create_run(scan_name="gone", flow="ptycho_reconstruct", backend="local",
                            scan_path=str(missing))
     store.update_run(old.id, status=RunStatus.FAILED, error="boom", error_step="Reconstruct")
-    client = client_for(store, retry=partial(retry_run, settings))
+    client = client_for(store, retry=partial(retry_and_follow, settings))
     csrf = re.search(r'name="csrf-token" content="([0-9a-f]+)"',
                      client.get(f"/runs/{old.id}").text).group(1)
     r = client.post(f"/api/runs/{old.id}/retry", headers={"X-CSRF-Token": csrf})
