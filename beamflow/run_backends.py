@@ -11,7 +11,7 @@ import threading
 
 from beamflow.config import Settings
 from beamflow.runs.backend import RunBackend
-from beamflow.runs.lifecycle import follow_run, retry_run
+from beamflow.runs.lifecycle import RetryRefused, follow_run, retry_run
 from beamflow.runs.records import Run
 from beamflow.runs.store import Store
 
@@ -35,6 +35,9 @@ def retry_and_follow(settings: Settings, run_id: str, *, store: Store | None = N
     backend of its own, and a background thread that follows the new run until it ends,
     then closes the backend."""
     store = store or Store(settings.store_path)
+    old = store.require_run(run_id)
+    if old.retry_refusal:  # refused before a backend is opened for nothing
+        raise RetryRefused(old.retry_refusal, old.retried_by)
     backend = get_run_backend(settings)
     try:
         new = retry_run(settings, run_id, store=store, backend=backend)
