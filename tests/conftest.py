@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import responses
 from browser_kit import CHROMIUM, FLAGS
+from suite_order import slow_modules_first
 
 # Developer knobs of the test suite itself, not beamflow configuration.
 _TEST_KNOBS = {"BEAMFLOW_SCREENSHOT_DIR"}
@@ -65,6 +66,12 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     processes, engines and servers rather than compute; at most 8 (each worker holds a few
     hundred MB and its own engines)."""
     return min(8, 2 * len(os.sched_getaffinity(0)))
+
+
+# -- the order modules are handed out -----------------------------------------------------------
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow modules first (suite_order.py says why)."""
+    slow_modules_first(items)
 
 
 # -- the time budget -----------------------------------------------------------------------------
