@@ -20,7 +20,7 @@ def _reconstruction_toml(**overrides: Any) -> str:
     others = textwrap.fill(", ".join(n for n in ENGINE_SETTINGS if n not in shown), 88,
                            initial_indent="#   ", subsequent_indent="#   ")
     return f"""[reconstruction]
-algorithm = "{r.algorithm}"                     # rpie | epie | dm | lsqml
+algorithm = "{r.algorithm}"                     # auto | rpie | mpie | epie | dm | lsqml
 iterations = {r.iterations}
 probe_modes = {r.probe_modes}
 device = "{r.device}"                        # auto | cpu | cuda

@@ -47,7 +47,7 @@ def load(job: ReconstructJob) -> Inputs:
     """The scan, its propagation model in the engine's geometry, and all its frames."""
     scan = load_scan(job.scan, max_frames=job.max_frames, allow_partial=job.allow_partial)
     propagation, focus_distance = scan_propagation(job, scan)
-    params = job.params.model_copy(update={"propagation": propagation})
+    params = job.params.for_propagation(propagation)
     return Inputs(scan=scan, params=params, focus_distance_m=focus_distance,
                   loaded=LoadedData(scan, read_frames(scan)),
                   notes=_geometry_notes(scan, propagation, focus_distance))

@@ -271,15 +271,15 @@ class ReconstructSummary(BaseModel):
         "near field without a focus distance)")
     parameters: dict[str, Any] = Field(
         default_factory=dict, description="the engine's settings this run used, the "
-        "algorithm's defaults resolved (alpha, beta, batch_size, center_probe)")
+        "algorithm and its defaults resolved (alpha, beta, batch_size, center_probe)")
 
 
 def settings_used(params: ReconParams, n_positions: int) -> dict[str, Any]:
     """The engine's settings (``ENGINE_SETTINGS``) of ``params`` as the engine applies them
-    to ``n_positions`` positions: an unset alpha, beta, batch size or probe centring is
-    replaced by the algorithm's value."""
+    to ``n_positions`` positions: ``auto`` is the algorithm it chose, and an unset alpha,
+    beta, batch size or probe centring is replaced by the algorithm's value."""
     used = params.model_dump(mode="json", include=set(ENGINE_SETTINGS))
-    used.update(alpha=params.alpha_value, beta=params.beta_value,
+    used.update(algorithm=params.algorithm_name, alpha=params.alpha_value, beta=params.beta_value,
                 batch_size=params.batch_size_for(n_positions), center_probe=params.centering)
     return used
 

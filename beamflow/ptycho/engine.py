@@ -241,7 +241,7 @@ class Reconstructor:
         self.backend = backend
         # Re-validate: model_copy(update=...) skips pydantic's checks.
         self.params = ReconParams.model_validate(state.params.model_dump())
-        algorithm = algorithm_class(self.params.algorithm)
+        algorithm = algorithm_class(self.params.algorithm_name)
         reserved = algorithm.device_bytes(self.params, n, self.params.probe_modes,
                                           data.frame_size)
         self.core = Core(data, state, backend, consume=consume_data, reserved_bytes=reserved)
@@ -302,7 +302,8 @@ class Reconstructor:
                     self.algorithm.opr.shifted(shift)
         if not np.isfinite(loss):
             raise FloatingPointError(
-                f"reconstruction diverged at iteration {it + 1} ({p.algorithm}): loss is {loss}"
+                f"reconstruction diverged at iteration {it + 1} ({p.algorithm_name}): "
+                f"loss is {loss}"
             )
         self.iteration += 1
         self.loss_history.append(float(loss))

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .algorithms.catalog import CATALOG, AlgorithmName
+from .algorithms.catalog import AUTO, CATALOG, AlgorithmChoice, algorithm_for
 from .forward.propagation import Propagation
 from .forward.slices import slice_spacings, spacing_from_text
 
@@ -62,8 +62,9 @@ class ReconParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    algorithm: AlgorithmName = Field(
-        "rpie", description="The algorithm: rpie, epie, mpie, dm or lsqml.")
+    algorithm: AlgorithmChoice = Field(
+        AUTO, description="The algorithm: auto (rpie in the far field, mpie in the near "
+        "field), rpie, epie, mpie, dm or lsqml.")
     iterations: int = Field(100, ge=0, le=1_000_000, description="Target total iteration count.")
     batch_size: int | None = Field(
         None, ge=1, description="Positions whose updates are applied together (None: the "
@@ -136,7 +137,7 @@ class ReconParams(BaseModel):
 
     @model_validator(mode="after")
     def _check_algorithm_values(self) -> ReconParams:
-        d = CATALOG[self.algorithm]
+        d = CATALOG[self.algorithm_name]
         for name in ("alpha", "beta"):
             value = getattr(self, name)
             if value is None:
@@ -144,13 +145,13 @@ class ReconParams(BaseModel):
             lo, hi = getattr(d, f"{name}_range")
             if not (math.isfinite(value) and lo < value <= hi):
                 raise ValueError(
-                    f"{name}={value} is out of range for algorithm '{self.algorithm}': "
+                    f"{name}={value} is out of range for algorithm '{self.algorithm_name}': "
                     f"expected {lo} < {name} <= {hi}"
                 )
         if self.noise_model == "poisson" and not d.poisson:
             raise ValueError(
                 f"noise_model='poisson' is only implemented by algorithm "
-                f"{_names(lambda t: t.poisson)}, not '{self.algorithm}'"
+                f"{_names(lambda t: t.poisson)}, not '{self.algorithm_name}'"
             )
         if self.propagation.near_field and self.center_probe:
             raise ValueError(
@@ -160,7 +161,7 @@ class ReconParams(BaseModel):
         if self.opr_modes and not d.variable_probe:
             raise ValueError(
                 f"opr_modes={self.opr_modes} (variable probe) is implemented by "
-                f"{_names(lambda t: t.variable_probe)}, not '{self.algorithm}'"
+                f"{_names(lambda t: t.variable_probe)}, not '{self.algorithm_name}'"
             )
         if self.slices > 1:
             self._check_multislice()
@@ -170,7 +171,7 @@ class ReconParams(BaseModel):
         if d.global_update and self.batch_selection not in ("auto", "all"):
             raise ValueError(
                 f"batch_selection='{self.batch_selection}' does not apply to "
-                f"'{self.algorithm}': it updates from all positions at once (use 'auto' or "
+                f"'{self.algorithm_name}': it updates from all positions at once (use 'auto' or "
                 "'all')"
             )
         return self
@@ -182,13 +183,27 @@ class ReconParams(BaseModel):
         return spacing_from_text(value) if isinstance(value, str) else value
 
     def _check_multislice(self) -> None:
-        if not CATALOG[self.algorithm].layers:
+        if not CATALOG[self.algorithm_name].layers:
             raise ValueError(
-                f"algorithm '{self.algorithm}' does not model thick samples "
+                f"algorithm '{self.algorithm_name}' does not model thick samples "
                 f"(slices={self.slices}): use {_names(lambda t: t.layers)}")
         slice_spacings(self.slices, self.slice_spacing_m)  # raises with the reason
 
     # -- resolved values ------------------------------------------------------------------
+    @property
+    def algorithm_name(self) -> str:
+        """The algorithm that runs: ``algorithm``, with ``auto`` resolved for the
+        propagation (:func:`~.algorithms.catalog.algorithm_for`)."""
+        return algorithm_for(self.algorithm, self.propagation.near_field)
+
+    def for_propagation(self, propagation: Propagation) -> ReconParams:
+        """These settings for a scan of ``propagation`` (a job learns it from the scan's
+        file), ``auto`` resolved: what runs, is recorded and is checkpointed names the
+        algorithm."""
+        return self.model_copy(update={
+            "propagation": propagation,
+            "algorithm": algorithm_for(self.algorithm, propagation.near_field)})
+
     @property
     def slice_spacings(self) -> tuple[float, ...]:
         """The S−1 distances between the layers (metres); () for a thin sample."""
@@ -199,13 +214,13 @@ class ReconParams(BaseModel):
     @property
     def alpha_value(self) -> float:
         """``alpha`` or the algorithm's default."""
-        return float(CATALOG[self.algorithm].alpha if self.alpha is None
+        return float(CATALOG[self.algorithm_name].alpha if self.alpha is None
                      else self.alpha)
 
     @property
     def beta_value(self) -> float:
         """``beta`` or the algorithm's default."""
-        return float(CATALOG[self.algorithm].beta if self.beta is None
+        return float(CATALOG[self.algorithm_name].beta if self.beta is None
                      else self.beta)
 
     @property
@@ -224,7 +239,7 @@ class ReconParams(BaseModel):
     def centering(self) -> bool:
         """``center_probe`` with ``None`` resolved for the algorithm."""
         if self.center_probe is None:
-            return CATALOG[self.algorithm].centres_probe and not self.propagation.near_field
+            return CATALOG[self.algorithm_name].centres_probe and not self.propagation.near_field
         return bool(self.center_probe)
 
     @property
@@ -232,7 +247,7 @@ class ReconParams(BaseModel):
         """Batch selection with ``"auto"`` resolved for the algorithm."""
         if self.batch_selection != "auto":
             return self.batch_selection
-        return CATALOG[self.algorithm].batch_selection
+        return CATALOG[self.algorithm_name].batch_selection
 
     def batch_size_for(self, n_positions: int) -> int:
         """Batch size with ``None`` resolved (DM and 'all': every position).
@@ -257,7 +272,7 @@ class ReconParams(BaseModel):
             return max(1, n_positions)
         b = self.batch_size
         if b is None:
-            traits = CATALOG[self.algorithm]
+            traits = CATALOG[self.algorithm_name]
             b = traits.batch_size
             large = traits.large_scan_batch
             if (large is not None and n_positions >= LARGE_SCAN_BATCHES * large
@@ -282,8 +297,10 @@ def settings_that_apply(settings: dict[str, Any]) -> set[str]:
     correction's start and step limit only with it on, the noise model only for lsqml,
     orthogonalisation only with several probe modes, the layers' spacing and regulariser only
     with several layers."""
-    traits = CATALOG.get(str(settings.get("algorithm")))
-    momentum = traits is not None and traits.momentum
+    choice = str(settings.get("algorithm", AUTO))
+    traits = CATALOG.get(choice)
+    # auto: mPIE's momenta apply to a near-field scan, which its settings do not tell
+    momentum = choice == AUTO or (traits is not None and traits.momentum)
     needs = {
         "momentum": momentum,
         "probe_momentum": momentum,

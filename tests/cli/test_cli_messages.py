@@ -188,7 +188,7 @@ def test_reconstruct_help_is_in_sections_with_defaults() -> None:
     assert "--config" in flat("Options") and "--help" in flat("Options")
     # Where the value comes from when the option is not given.
     assert "[default: config iterations, else 100]" in flat("Algorithm")
-    assert "[default: config algorithm, else rpie]" in flat("Algorithm")
+    assert "[default: config algorithm, else auto]" in flat("Algorithm")
     assert "[default: config probe_modes, else 1]" in flat("Probe")
     assert "[default: config checkpoint_every, else 10]" in flat("Output")
 

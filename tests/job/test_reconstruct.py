@@ -70,7 +70,9 @@ def test_fresh_run_writes_product_previews_checkpoints(scan: Path, tmp_path: Pat
     ck = load_latest(tmp_path / "checkpoints")
     assert ck.iteration == 12 and Path(s.checkpoint) == ck.path
     assert ck.meta["state"]["iteration"] == 12
+    # algorithm "auto" (the default) is rPIE in the far field, and says so everywhere
     assert ck.fingerprint["hard"]["algorithm"] == "rpie"
+    assert s.algorithm == "rpie" and s.parameters["algorithm"] == "rpie"
     assert ck.fingerprint["data"]["n"] == N_POS
     p = read_product(tmp_path / "product.h5")
     assert p.object.dtype == np.complex64 and len(p.loss_values) == 12

@@ -14,7 +14,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["CATALOG", "AlgorithmName", "AlgorithmTraits", "algorithm_class"]
+__all__ = ["AUTO", "CATALOG", "AlgorithmChoice", "AlgorithmTraits", "algorithm_class",
+           "algorithm_for"]
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,23 @@ CATALOG: dict[str, AlgorithmTraits] = {
         variable_probe=True, poisson=True),
 }
 
-#: The algorithms' names, for settings' types (pydantic, typer's choices, JSON schemas).
-AlgorithmName = Literal[tuple(CATALOG)]  # type: ignore[valid-type]
+#: What a user chooses, for settings' types (pydantic, typer's choices, JSON schemas): an
+#: algorithm's name, or ``auto``, the best known for the scan's regime.
+AUTO = "auto"
+AlgorithmChoice = Literal[(AUTO, *CATALOG)]  # type: ignore[valid-type]
+
+
+def algorithm_for(choice: str, near_field: bool) -> str:
+    """The algorithm ``choice`` names; ``auto``: rPIE in the far field, mPIE in the near
+    field. A hologram encodes the object's low spatial frequencies weakly and rPIE moves
+    them slowly: after 200 iterations on 21 near-field scans (this project's simulator and
+    KB and zone-plate cone beams of an independent one, benchmarks/bench_unseen.py) rPIE's
+    NRMSE was 0.99–7.4× mPIE's (median 2.0), and on the measured PETRA III scan mPIE ends
+    at the lower misfit; in the far field rPIE converges as well and is the engine's
+    fastest (docs/reconstruction.md)."""
+    if choice != AUTO:
+        return choice
+    return "mpie" if near_field else "rpie"
 
 
 def algorithm_class(name: str) -> Any:
