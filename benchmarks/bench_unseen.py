@@ -16,7 +16,11 @@ that nothing regresses at home, the project's own simulator (``beamflow.simulate
 run starts from the probe guessed from the data (the job's default without a probe file or
 optics) unless ``probe`` says ``truth``. One JSON line per scan and setting; one thread.
 
-    .venv/bin/python benchmarks/bench_unseen.py [--only near|opr] [--quick]
+    .venv/bin/python benchmarks/bench_unseen.py [--only near|opr|near-modes] [--quick]
+
+``--only near-modes``: the near-field scans with mPIE (the near field's default algorithm)
+and one probe mode against two, 200 iterations each, and the second mode's share of the
+power (``minor_power``).
 """
 
 from __future__ import annotations
@@ -146,13 +150,26 @@ def _fly(name: str, **kw: Any) -> Callable[[], sim_kit.Scan]:
     return lambda: sim_kit.fly_scan(**kw)
 
 
+def reconstruct_modes(scan: sim_kit.Scan, iterations: int, modes: int) -> tuple[float, float]:
+    """mPIE with ``modes`` probe modes from the probe guessed from the data: (NRMSE, the
+    share of the power beyond the first mode)."""
+    data = PtychoData(intensities=scan.frames.copy(), positions_px=scan.positions_px,
+                      object_shape=scan.object.shape, mask=getattr(scan, "mask", None))
+    params = ReconParams(iterations=iterations, propagation=scan.propagation,
+                         algorithm="mpie", probe_modes=modes)
+    with Reconstructor(data, initial_state(data, params), array_backend("cpu", threads=1)) as rec:
+        out = rec.run()
+    power = np.sum(np.abs(out.probe) ** 2, axis=(-2, -1))
+    return round(scan.nrmse(out.object), 4), round(float(1 - power[0] / power.sum()), 3)
+
+
 def emit(row: dict[str, Any]) -> None:
     print(json.dumps({"benchmark": "unseen", **row}), flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=("near", "opr"))
+    ap.add_argument("--only", choices=("near", "opr", "near-modes"))
     ap.add_argument("--quick", action="store_true", help="fewer seeds")
     args = ap.parse_args()
     if args.only in (None, "near"):
@@ -166,6 +183,13 @@ def main() -> None:
                 emit({"scan": name, "algorithm": algorithm, "iterations": its, "probe": "data",
                       "before": before, "after": after,
                       "seconds": round(time.perf_counter() - t0, 1)})
+    if args.only == "near-modes":
+        for name, make in near_cases(args.quick):
+            scan = make()
+            one, _ = reconstruct_modes(scan, 200, 1)
+            two, minor = reconstruct_modes(scan, 200, 2)
+            emit({"scan": name, "algorithm": "mpie", "iterations": 200, "probe": "data",
+                  "one_mode": one, "two_modes": two, "minor_power": minor})
     if args.only in (None, "opr"):
         for name, make, its, probe_from in opr_cases(args.quick):
             scan = make()
