@@ -22,7 +22,7 @@ def _reconstruction_toml(**overrides: Any) -> str:
     return f"""[reconstruction]
 algorithm = "{r.algorithm}"                     # auto | rpie | mpie | epie | dm | lsqml
 iterations = {r.iterations}
-probe_modes = {r.probe_modes}
+{_probe_modes_line(r.probe_modes)}
 device = "{r.device}"                        # auto | cpu | cuda
 checkpoint_every = {r.checkpoint_every}
 preview_every = {r.preview_every}
@@ -30,6 +30,13 @@ preview_every = {r.preview_every}
 # (docs/reconstruction.md#parameters):
 {others}
 """
+
+
+def _probe_modes_line(modes: int | None) -> str:
+    """TOML has no null: the default (None) is a commented line that says what it means."""
+    if modes is None:
+        return "# probe_modes = 1                   # unset: 1, or 2 for a near-field scan"
+    return f"probe_modes = {modes}"
 
 
 def local_workspace_toml(

@@ -86,7 +86,7 @@ def fingerprint(scan: Scan, params: ReconParams, data: LoadedData, job: Reconstr
             "propagation": prop.model,
             "propagation_distance_m": prop.distance_m,
             "frame_shape": list(scan.frame_shape),
-            "probe_modes": params.probe_modes,
+            "probe_modes": params.probe_modes_value,
             "algorithm": params.algorithm,
             # a thick sample's layers (absent for one: older checkpoints say nothing)
             **({"slices": params.slices} if params.slices > 1 else {}),

@@ -109,7 +109,7 @@ def _initial_probe(job: ReconstructJob, scan: Scan, params: ReconParams
     if job.probe is not None:
         try:
             return load_probe(job.probe, frame_size=scan.frame_shape[0],
-                              n_modes=params.probe_modes,
+                              n_modes=params.probe_modes_value,
                               pixel_size_m=scan.object_pixel_size_m), PROBE_FROM_FILE
         except ValueError as e:
             raise ReconstructError(plain_words(str(e))) from e

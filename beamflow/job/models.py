@@ -279,7 +279,8 @@ def settings_used(params: ReconParams, n_positions: int) -> dict[str, Any]:
     to ``n_positions`` positions: ``auto`` is the algorithm it chose, and an unset alpha,
     beta, batch size or probe centring is replaced by the algorithm's value."""
     used = params.model_dump(mode="json", include=set(ENGINE_SETTINGS))
-    used.update(algorithm=params.algorithm_name, alpha=params.alpha_value, beta=params.beta_value,
+    used.update(algorithm=params.algorithm_name, probe_modes=params.probe_modes_value,
+                alpha=params.alpha_value, beta=params.beta_value,
                 batch_size=params.batch_size_for(n_positions), center_probe=params.centering)
     return used
 

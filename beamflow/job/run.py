@@ -80,6 +80,7 @@ def written_bytes_estimate(job: ReconstructJob) -> int:
         propagation.pixel_size_m or scan.object_pixel_size_m)
     h, w = frame.object_shape
     pixels = (job.params.slices * h * w
-              + job.params.probe_modes * scan.frame_shape[0] * scan.frame_shape[1])
+              + job.params.for_propagation(propagation).probe_modes_value
+              * scan.frame_shape[0] * scan.frame_shape[1])
     state = 8 * pixels + 16 * len(scan.planned_positions_m)
     return state * (job.checkpoint_keep + 2) + PREVIEW_BYTES

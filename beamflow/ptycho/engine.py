@@ -87,7 +87,7 @@ def initial_state(data: PtychoData, params: ReconParams, probe: np.ndarray | Non
     """A fresh state: probe modes, object, nominal positions, iteration 0.
 
     probe: None → :func:`probe_from_data`; else an (M, M) or (K0, M, M) complex array (e.g.
-    from ``beamflow.ptycho.probe``). With fewer than ``params.probe_modes`` modes, extra modes
+    from ``beamflow.ptycho.probe``). With fewer than ``params.probe_modes_value`` modes, extra modes
     are made from the first by a small perturbation; with more, the strongest are kept. The
     modes are orthogonalised, ordered by power, and scaled so Σ|F[P]|² matches the mean
     counts per frame (for an object of unit amplitude).
@@ -96,7 +96,7 @@ def initial_state(data: PtychoData, params: ReconParams, probe: np.ndarray | Non
     """
     if not isinstance(params, ReconParams):
         raise TypeError(f"params must be a ReconParams, got {type(params).__name__}")
-    m, k = data.frame_size, params.probe_modes
+    m, k = data.frame_size, params.probe_modes_value
     mean = mean_pattern(data)  # one pass over the frames serves the guess and the scale
     if probe is None:
         p = probe_from_data(data, mean, params.propagation)[None]
@@ -233,16 +233,16 @@ class Reconstructor:
                 f"Reconstructor: the state's object has {state.layers} layer(s) but "
                 f"params.slices={state.params.slices}"
             )
-        if state.probe.shape[0] != state.params.probe_modes:
+        if state.probe.shape[0] != state.params.probe_modes_value:
             raise ValueError(
                 f"Reconstructor: probe has {state.probe.shape[0]} modes but params.probe_modes="
-                f"{state.params.probe_modes}"
+                f"{state.params.probe_modes_value}"
             )
         self.backend = backend
         # Re-validate: model_copy(update=...) skips pydantic's checks.
         self.params = ReconParams.model_validate(state.params.model_dump())
         algorithm = algorithm_class(self.params.algorithm_name)
-        reserved = algorithm.device_bytes(self.params, n, self.params.probe_modes,
+        reserved = algorithm.device_bytes(self.params, n, self.params.probe_modes_value,
                                           data.frame_size)
         self.core = Core(data, state, backend, consume=consume_data, reserved_bytes=reserved)
         self.algorithm: Algorithm = algorithm(self.core, self.params)

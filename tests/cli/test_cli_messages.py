@@ -189,7 +189,8 @@ def test_reconstruct_help_is_in_sections_with_defaults() -> None:
     # Where the value comes from when the option is not given.
     assert "[default: config iterations, else 100]" in flat("Algorithm")
     assert "[default: config algorithm, else auto]" in flat("Algorithm")
-    assert "[default: config probe_modes, else 1]" in flat("Probe")
+    assert "[default: config probe_modes, else unset]" in flat("Probe")
+    assert "unset: 1, or 2 for a near" in flat("Probe")
     assert "[default: config checkpoint_every, else 10]" in flat("Output")
 
 
