@@ -41,7 +41,7 @@ def _nrmse_after(near, algorithm: str, checkpoints: list[int]) -> list[float]:
     data = PtychoData(intensities=frames.copy(), positions_px=gt.positions_px,
                       object_shape=gt.object.shape, mask=gt.mask)
     params = ReconParams(algorithm=algorithm, iterations=max(checkpoints),
-                         propagation=gt.propagation)
+                         propagation=gt.propagation, probe_modes=1)  # docs' figures: one mode
     region = illumination_mask(gt.object.shape, gt.probe, gt.positions_px, fraction=0.3)
     out, done = [], 0
     with Reconstructor(data, initial_state(data, params), array_backend("cpu", threads=1)) as rec:
