@@ -217,12 +217,9 @@ class ReconParams(BaseModel):
         """These settings for a scan of ``propagation`` (a job learns it from the scan's
         file), ``auto`` and the probe modes' default resolved: what runs, is recorded and is
         checkpointed names the algorithm and the modes."""
-        near = propagation.near_field
-        return self.model_copy(update={
-            "propagation": propagation,
-            "algorithm": algorithm_for(self.algorithm, near),
-            "probe_modes": (self.probe_modes if self.probe_modes is not None
-                            else NEAR_FIELD_PROBE_MODES if near else 1)})
+        moved = self.model_copy(update={"propagation": propagation})
+        return moved.model_copy(update={"algorithm": moved.algorithm_name,
+                                        "probe_modes": moved.probe_modes_value})
 
     @property
     def slice_spacings(self) -> tuple[float, ...]:
