@@ -13,11 +13,14 @@ from typing import Any
 
 #: The slowest modules, slowest first, with the seconds their tests took in one
 #: `--durations 0` run on the 2-CPU VM (2026-11-28). Re-measure when the top of
-#: `make test`'s `--durations 15` list changes.
+#: `make test`'s `--durations 15` list changes. Not tests/local/test_local_compute.py (73 s):
+#: handed out first, beside the heaviest modules, three of its tests that SIGSTOP the
+#: engine's idle workers found a task "running" for 60-120 s in two of seven full runs
+#: (never in file order, nor alone) — a pool in flux under load; left where file order puts it
+#: until that is understood.
 SLOW_MODULES = (
     "tests/edge_agent/test_agent_crash.py",  # 90
     "tests/job/test_reconstruct.py",  # 79
-    "tests/local/test_local_compute.py",  # 73
     "tests/checkpoint/test_checkpoint.py",  # 61
     "tests/local/test_local_backend.py",  # 60
     "tests/runs/test_retention.py",  # 49
