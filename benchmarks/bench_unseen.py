@@ -40,7 +40,13 @@ sys.path.insert(0, str(ROOT / "tests" / "kits"))
 
 import sim_kit  # noqa: E402
 
-from beamflow.ptycho import PtychoData, ReconParams, Reconstructor, initial_state  # noqa: E402
+from beamflow.ptycho import (  # noqa: E402
+    PtychoData,
+    ReconParams,
+    ReconState,
+    Reconstructor,
+    initial_state,
+)
 from beamflow.ptycho.algorithms import opr as opr_module  # noqa: E402
 from beamflow.ptycho.arrays import array_backend  # noqa: E402
 from beamflow.simulate import (  # noqa: E402
@@ -71,6 +77,14 @@ def project_scan(near: bool, n: int, m: int, seed: int, photons: float,
 
 def reconstruct(scan: sim_kit.Scan, iterations: int, setting: dict[str, Any],
                 probe: np.ndarray | None, **kw: Any) -> float:
+    """The object's NRMSE after :func:`run`."""
+    return round(scan.nrmse(run(scan, iterations, setting, probe, **kw).object), 4)
+
+
+def run(scan: sim_kit.Scan, iterations: int, setting: dict[str, Any],
+        probe: np.ndarray | None, **kw: Any) -> ReconState:
+    """The final state of a reconstruction of ``scan`` with ``setting``'s defaults, one
+    thread."""
     data = PtychoData(intensities=scan.frames.copy(), positions_px=scan.positions_px,
                       object_shape=scan.object.shape, mask=getattr(scan, "mask", None))
     if setting["probe_momentum"] is not None and kw.get("algorithm") == "mpie":
@@ -83,7 +97,7 @@ def reconstruct(scan: sim_kit.Scan, iterations: int, setting: dict[str, Any],
             out = rec.run()
     finally:
         opr_module.LEARNING_DELAY = AFTER["delay"]
-    return round(scan.nrmse(out.object), 4)
+    return out
 
 
 def near_cases(quick: bool) -> list[tuple[str, Callable[[], sim_kit.Scan]]]:
@@ -153,12 +167,7 @@ def _fly(name: str, **kw: Any) -> Callable[[], sim_kit.Scan]:
 def reconstruct_modes(scan: sim_kit.Scan, iterations: int, modes: int) -> tuple[float, float]:
     """mPIE with ``modes`` probe modes from the probe guessed from the data: (NRMSE, the
     share of the power beyond the first mode)."""
-    data = PtychoData(intensities=scan.frames.copy(), positions_px=scan.positions_px,
-                      object_shape=scan.object.shape, mask=getattr(scan, "mask", None))
-    params = ReconParams(iterations=iterations, propagation=scan.propagation,
-                         algorithm="mpie", probe_modes=modes)
-    with Reconstructor(data, initial_state(data, params), array_backend("cpu", threads=1)) as rec:
-        out = rec.run()
+    out = run(scan, iterations, AFTER, None, algorithm="mpie", probe_modes=modes)
     power = np.sum(np.abs(out.probe) ** 2, axis=(-2, -1))
     return round(scan.nrmse(out.object), 4), round(float(1 - power[0] / power.sum()), 3)
 

@@ -204,7 +204,7 @@ def _report(request: TaskRequest, paths: _Paths, device: str, visible: str | Non
     return {
         "scan_path": str(paths.scan),
         "run_name": request.run_name,
-        "algorithm": data.get("algorithm", request.parameters.algorithm),  # auto resolved
+        "algorithm": data.get("algorithm"),  # the one that ran (auto resolved)
         "iterations": data.get("iterations"),
         "iterations_this_run": data.get("iterations_this_run"),
         "n_frames": data.get("n_frames"),

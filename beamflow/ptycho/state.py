@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .algorithms.catalog import AUTO, CATALOG, AlgorithmChoice, algorithm_for
+from .algorithms.catalog import AUTO, CATALOG, AlgorithmChoice, AlgorithmTraits, algorithm_for
 from .forward.propagation import Propagation
 from .forward.slices import slice_spacings, spacing_from_text
 
@@ -146,7 +146,7 @@ class ReconParams(BaseModel):
 
     @model_validator(mode="after")
     def _check_algorithm_values(self) -> ReconParams:
-        d = CATALOG[self.algorithm_name]
+        d = self.traits
         for name in ("alpha", "beta"):
             value = getattr(self, name)
             if value is None:
@@ -192,7 +192,7 @@ class ReconParams(BaseModel):
         return spacing_from_text(value) if isinstance(value, str) else value
 
     def _check_multislice(self) -> None:
-        if not CATALOG[self.algorithm_name].layers:
+        if not self.traits.layers:
             raise ValueError(
                 f"algorithm '{self.algorithm_name}' does not model thick samples "
                 f"(slices={self.slices}): use {_names(lambda t: t.layers)}")
@@ -204,6 +204,11 @@ class ReconParams(BaseModel):
         """The algorithm that runs: ``algorithm``, with ``auto`` resolved for the
         propagation (:func:`~.algorithms.catalog.algorithm_for`)."""
         return algorithm_for(self.algorithm, self.propagation.near_field)
+
+    @property
+    def traits(self) -> AlgorithmTraits:
+        """What the catalog knows of the algorithm that runs."""
+        return CATALOG[self.algorithm_name]
 
     @property
     def probe_modes_value(self) -> int:
@@ -231,13 +236,13 @@ class ReconParams(BaseModel):
     @property
     def alpha_value(self) -> float:
         """``alpha`` or the algorithm's default."""
-        return float(CATALOG[self.algorithm_name].alpha if self.alpha is None
+        return float(self.traits.alpha if self.alpha is None
                      else self.alpha)
 
     @property
     def beta_value(self) -> float:
         """``beta`` or the algorithm's default."""
-        return float(CATALOG[self.algorithm_name].beta if self.beta is None
+        return float(self.traits.beta if self.beta is None
                      else self.beta)
 
     @property
@@ -256,7 +261,7 @@ class ReconParams(BaseModel):
     def centering(self) -> bool:
         """``center_probe`` with ``None`` resolved for the algorithm."""
         if self.center_probe is None:
-            return CATALOG[self.algorithm_name].centres_probe and not self.propagation.near_field
+            return self.traits.centres_probe and not self.propagation.near_field
         return bool(self.center_probe)
 
     @property
@@ -264,7 +269,7 @@ class ReconParams(BaseModel):
         """Batch selection with ``"auto"`` resolved for the algorithm."""
         if self.batch_selection != "auto":
             return self.batch_selection
-        return CATALOG[self.algorithm_name].batch_selection
+        return self.traits.batch_selection
 
     def batch_size_for(self, n_positions: int) -> int:
         """Batch size with ``None`` resolved (DM and 'all': every position).
@@ -289,9 +294,8 @@ class ReconParams(BaseModel):
             return max(1, n_positions)
         b = self.batch_size
         if b is None:
-            traits = CATALOG[self.algorithm_name]
-            b = traits.batch_size
-            large = traits.large_scan_batch
+            b = self.traits.batch_size
+            large = self.traits.large_scan_batch
             if (large is not None and n_positions >= LARGE_SCAN_BATCHES * large
                     and not self.propagation.near_field):
                 b = large
